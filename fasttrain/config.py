@@ -1,0 +1,377 @@
+"""Typed run configuration, the seeds' recipes, and flag parsing.
+
+Every field of `Config` is a command-line flag (`--field=value` or `--field value`, `_` and `-` both
+accepted). A recipe is a function returning a `Config`; flags given on the command line override it.
+The resolved config is saved as `config.json` in the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """A user error in flags or configuration; the CLI prints it in one line and exits 2."""
+
+
+@dataclass
+class Config:
+    # --- run control -------------------------------------------------------------------------
+    recipe: str = "demo"
+    """Named recipe that sets the defaults: demo, inception_v3, resnet50, resnet101 (see RECIPES)."""
+    train_dir: str = ""
+    """Run directory for checkpoints, config.json and metrics.jsonl (default: runs/<recipe>)."""
+    max_steps: int = 0
+    """Number of optimizer steps to train for (0: the recipe's default)."""
+    seed: int = 0
+    """Seed for model initialisation, data order and augmentation."""
+    deterministic: bool = False
+    """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU."""
+    log_every: int = 10
+    """Print the seeds' `step N, loss = X (...)` line and a metrics record every N steps."""
+    checkpoint_every: int = 5000
+    """Write ckpt-<step>.pt every N steps (and always at the end)."""
+    keep_checkpoints: int = 3
+    """How many of the newest checkpoints to keep in train_dir."""
+    eval_at_end: bool = True
+    """Evaluate top-1/top-5 on the validation split, raw and EMA weights, when training ends."""
+    max_eval_batches: int = 0
+    """Evaluate on at most this many batches per rank (0: the whole validation split)."""
+    max_nonfinite_steps: int = 20
+    """Stop after this many consecutive steps with a non-finite loss (fp16 overflows included)."""
+    fine_tune: bool = False
+    """With pretrained_model_checkpoint_path: restore all but the classifier, which is re-initialised."""
+    pretrained_model_checkpoint_path: str = ""
+    """A fasttrain checkpoint to start from (the run starts at step 0)."""
+    checkpoint_dir: str = ""
+    """Resume from the newest checkpoint in this directory instead of train_dir's own."""
+    num_gpus: int = 0
+    """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node."""
+    profile_comm: bool = False
+    """Measure how much of the gradient all-reduce time is hidden behind backward and report it."""
+
+    # --- data ------------------------------------------------------------------------------
+    data_dir: str = ""
+    """Directory of TFRecord shards train-*-of-* and validation-*-of-* (demo: built in the cache)."""
+    subset: str = "train"
+    """Split to train on: train or validation (the seeds' --subset)."""
+    data_backend: str = "auto"
+    """Input pipeline: auto (DALI if it imports, else torch), dali, torch, or synthetic."""
+    data_cache_dir: str = ""
+    """Cache for the demo data set and for index files of read-only data directories."""
+    num_workers: int = 4
+    """DataLoader worker processes per rank (torch backend) or DALI CPU threads."""
+    shuffle_buffer: int = 2048
+    """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
+    image_size: int = 224
+    """Training and evaluation image side in pixels."""
+    preprocess: str = "resnet"
+    """Preprocessing style: inception (scale to [-1, 1], 87.5% central eval crop) or resnet (means)."""
+    color_distort: bool = False
+    """Inception colour distortion (brightness, saturation, hue, contrast) in training."""
+    label_offset: int = -1
+    """Added to the stored labels 1..1000: 0 keeps background 0 (1001 classes), -1 gives 0..999."""
+    num_classes: int = 1000
+    """Classifier outputs (1001 with label_offset 0)."""
+    epoch_size: int = 0
+    """Training records per epoch for the LR schedule (0: counted from the data)."""
+    skip_corrupt: bool = False
+    """Skip corrupt records (counted in the log) instead of stopping with an error."""
+
+    # --- model -----------------------------------------------------------------------------
+    model: str = "resnet50"
+    """Architecture: resnet18/34/50/101/152 or inception_v3."""
+    resnet_size: int = 0
+    """The ResNet seed's flag: 18, 34, 50, 101 or 152 selects model resnet<N> (0: use --model)."""
+    base_channels: int = 64
+    """Width of the first ResNet stage (64 is the standard architecture; the demo uses less)."""
+    zero_init_residual: bool = True
+    """Zero-initialise the last BN gamma of every residual block."""
+    bn_momentum: float = 0.003
+    """BatchNorm running-statistics momentum in torch's convention (1 - TF decay)."""
+    bn_eps: float = 1e-5
+    """BatchNorm epsilon."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the cross-entropy loss."""
+    aux_loss_weight: float = 0.0
+    """Weight of the Inception auxiliary head's loss (0.4 in the Inception seed)."""
+
+    # --- optimisation ----------------------------------------------------------------------
+    batch_size: int = 32
+    """Images per device per step (the seeds' --batch_size / --train-batch-size)."""
+    optimizer: str = "momentum"
+    """rmsprop (TensorFlow's RMSPropOptimizer) or momentum (TensorFlow's MomentumOptimizer)."""
+    optimizer_impl: str = "auto"
+    """Optimizer implementation: auto (Triton on supported GPUs), triton, or torch (reference)."""
+    initial_learning_rate: float = 0.1
+    """Learning rate at step 0 (before lr_batch_scaling)."""
+    lr_batch_scaling: bool = False
+    """Multiply the learning rate by global_batch / 256 (the ResNet seed's rule)."""
+    lr_schedule: str = "exponential"
+    """exponential (staircase decay every num_epochs_per_decay) or piecewise (lr_boundary_epochs)."""
+    num_epochs_per_decay: float = 30.0
+    """Exponential schedule: epochs between decays."""
+    learning_rate_decay_factor: float = 0.16
+    """Exponential schedule: multiplier per decay; piecewise: multiplier at each boundary."""
+    lr_boundary_epochs: str = "30,60,80,90"
+    """Piecewise schedule: comma-separated epochs at which the LR is multiplied by the factor."""
+    momentum: float = 0.9
+    """Momentum of either optimizer."""
+    rmsprop_decay: float = 0.9
+    """RMSProp decay of the mean square."""
+    rmsprop_epsilon: float = 1.0
+    """RMSProp epsilon (inside the square root, as in TensorFlow)."""
+    weight_decay: float = 1e-4
+    """L2 weight decay added to the gradient, g += wd * w (TensorFlow's loss term)."""
+    no_decay_bn_bias: bool = False
+    """Exempt BatchNorm parameters and biases from weight decay."""
+    ema_decay: float = 0.0
+    """Exponential moving average of weights and BN statistics (0: off; 0.9999 in the Inception seed)."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step (only the last one communicates)."""
+
+    # --- precision, layout, speed -----------------------------------------------------------
+    precision: str = "auto"
+    """fp32, fp16 (dynamic loss scaling), bf16, or auto (by GPU class; fp32 on the CPU)."""
+    channels_last: bool | None = None
+    """NHWC memory layout (default: on for CUDA devices with tensor cores, off on the CPU)."""
+    cuda_graph: bool | None = None
+    """Capture the whole training step in a CUDA graph (default: on for CUDA)."""
+    grad_sync: str = "buckets"
+    """Multi-process gradient sync: buckets (fasttrain's flat-buffer all-reduce) or ddp (torch DDP)."""
+    bucket_cap_mb: float = 25.0
+    """All-reduce bucket size in MiB (the first bucket is about 1 MiB)."""
+    sync_bn: bool = False
+    """Synchronise BatchNorm statistics across ranks (default: per rank, as in the seeds)."""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    @property
+    def model_name(self) -> str:
+        """The architecture after applying --resnet_size."""
+        return f"resnet{self.resnet_size}" if self.resnet_size else self.model
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+
+_CHOICES = {
+    "subset": ("train", "validation"),
+    "data_backend": ("auto", "dali", "torch", "synthetic"),
+    "preprocess": ("inception", "resnet"),
+    "model": ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "inception_v3"),
+    "optimizer": ("rmsprop", "momentum"),
+    "optimizer_impl": ("auto", "triton", "torch"),
+    "lr_schedule": ("exponential", "piecewise"),
+    "precision": ("auto", "fp32", "fp16", "bf16"),
+    "grad_sync": ("buckets", "ddp"),
+}
+_POSITIVE = ("batch_size", "log_every", "checkpoint_every", "keep_checkpoints", "image_size",
+             "num_classes", "grad_accum_steps", "base_channels", "max_nonfinite_steps")
+_NON_NEGATIVE = ("max_steps", "num_workers", "shuffle_buffer", "epoch_size", "max_eval_batches",
+                 "num_gpus", "weight_decay", "label_smoothing", "aux_loss_weight", "ema_decay")
+
+
+def _validate(cfg: Config) -> None:
+    for name, choices in _CHOICES.items():
+        if getattr(cfg, name) not in choices:
+            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is not one of {', '.join(choices)}")
+    for name in _POSITIVE:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"--{name} must be positive, got {getattr(cfg, name)}")
+    for name in _NON_NEGATIVE:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
+    if cfg.resnet_size not in (0, 18, 34, 50, 101, 152):
+        raise ConfigError(f"--resnet_size={cfg.resnet_size} is not one of 18, 34, 50, 101, 152")
+    if cfg.label_offset not in (0, -1):
+        raise ConfigError(f"--label_offset must be 0 (background class 0) or -1, got {cfg.label_offset}")
+    if not 0.0 <= cfg.ema_decay < 1.0:
+        raise ConfigError(f"--ema_decay must be in [0, 1), got {cfg.ema_decay}")
+    if cfg.label_smoothing >= 1.0:
+        raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
+    if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
+        raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
+    try:
+        lr_boundaries(cfg)
+    except ValueError:
+        raise ConfigError(f"--lr_boundary_epochs={cfg.lr_boundary_epochs!r} is not a comma-separated "
+                          "list of increasing numbers") from None
+
+
+def lr_boundaries(cfg: Config) -> list[float]:
+    """The piecewise schedule's boundaries in epochs, increasing."""
+    values = [float(v) for v in cfg.lr_boundary_epochs.split(",") if v.strip()]
+    if any(b <= a for a, b in zip(values, values[1:])):
+        raise ValueError("boundaries must increase")
+    return values
+
+
+# --- recipes ---------------------------------------------------------------------------------
+
+def _demo() -> dict:
+    # A small ResNet-18 (16 channels wide) at 64 px on a synthetic 10-class set: trains on 2 CPU
+    # cores in about two minutes and reaches well above chance.
+    return dict(model="resnet18", base_channels=16, image_size=64, num_classes=10, label_offset=-1,
+                batch_size=32, max_steps=300, optimizer="momentum", initial_learning_rate=0.1,
+                lr_schedule="exponential", num_epochs_per_decay=2.0, learning_rate_decay_factor=0.5,
+                weight_decay=5e-5, ema_decay=0.99, log_every=25, checkpoint_every=100,
+                num_workers=2, shuffle_buffer=256, bn_momentum=0.1, data_backend="torch")
+
+
+def _inception_v3() -> dict:
+    # The TF Inception v3 multi-GPU trainer (inception_train.py + inception_model.py).
+    return dict(model="inception_v3", image_size=299, preprocess="inception", color_distort=True,
+                label_offset=0, num_classes=1001, batch_size=32, max_steps=10_000_000,
+                optimizer="rmsprop", initial_learning_rate=0.1, lr_schedule="exponential",
+                num_epochs_per_decay=30.0, learning_rate_decay_factor=0.16, momentum=0.9,
+                rmsprop_decay=0.9, rmsprop_epsilon=1.0, weight_decay=4e-5, ema_decay=0.9999,
+                label_smoothing=0.1, aux_loss_weight=0.4, bn_momentum=0.0003, bn_eps=0.001,
+                zero_init_residual=False, checkpoint_every=5000)
+
+
+def _resnet(size: int) -> dict:
+    # The TF 1.4 ResNet ImageNet example: momentum 0.9, 32 per device, LR 0.1 x batch/256,
+    # x0.1 at epochs 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5.
+    return dict(model=f"resnet{size}", image_size=224, preprocess="resnet", label_offset=-1,
+                num_classes=1000, batch_size=32, max_steps=0, optimizer="momentum",
+                initial_learning_rate=0.1, lr_batch_scaling=True, lr_schedule="piecewise",
+                lr_boundary_epochs="30,60,80,90", learning_rate_decay_factor=0.1, momentum=0.9,
+                weight_decay=1e-4, bn_momentum=0.003, bn_eps=1e-5, checkpoint_every=5000)
+
+
+RECIPES: dict[str, typing.Callable[[], dict]] = {
+    "demo": _demo,
+    "inception_v3": _inception_v3,
+    "resnet50": lambda: _resnet(50),
+    "resnet101": lambda: _resnet(101),
+}
+
+# The seeds' spellings that are not field names.
+ALIASES = {"train_batch_size": "batch_size", "output_dir": "train_dir"}
+
+
+# --- flag parsing ----------------------------------------------------------------------------
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_HINTS = typing.get_type_hints(Config)
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _convert(name: str, text: str):
+    hint = _HINTS[name]
+    base = [a for a in typing.get_args(hint) if a is not type(None)][0] if typing.get_args(hint) else hint
+    if base is bool:
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        if typing.get_args(hint) and text.lower() in ("auto", "none"):
+            return None
+        raise ConfigError(f"--{name} takes true or false, got {text!r}")
+    try:
+        return base(text)
+    except ValueError:
+        raise ConfigError(f"--{name} takes {base.__name__}, got {text!r}") from None
+
+
+def _canonical(flag: str) -> tuple[str, bool]:
+    """Map '--some-flag' to ('some_flag', negated)."""
+    name = flag[2:].replace("-", "_")
+    name = ALIASES.get(name, name)
+    if name not in _FIELDS and name.startswith("no_") and name[3:] in _FIELDS:
+        return name[3:], True
+    return name, False
+
+
+def parse_args(argv: list[str]) -> Config:
+    """Build the Config for a command line: the recipe's defaults, then the flags in order."""
+    values: dict[str, object] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in ("-h", "--help"):
+            raise SystemExit(_usage())
+        if not arg.startswith("--"):
+            raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
+        flag, eq, text = arg.partition("=")
+        name, negated = _canonical(flag)
+        if name not in _FIELDS:
+            raise ConfigError(f"unknown flag {flag} (python -m fasttrain --help lists the flags)")
+        is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
+        if negated:
+            if eq or not is_bool:
+                raise ConfigError(f"{flag} takes no value")
+            values[name] = False
+        elif eq:
+            values[name] = _convert(name, text)
+        elif is_bool and (i + 1 >= len(argv) or argv[i + 1].lower() not in _TRUE + _FALSE):
+            values[name] = True
+        else:
+            if i + 1 >= len(argv):
+                raise ConfigError(f"{flag} needs a value")
+            i += 1
+            values[name] = _convert(name, argv[i])
+        i += 1
+    return make_config(**values)
+
+
+def make_config(**overrides) -> Config:
+    """The named recipe's Config (overrides['recipe'], default demo) with overrides applied."""
+    recipe = overrides.get("recipe", "demo")
+    if recipe not in RECIPES:
+        raise ConfigError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
+    values = {**RECIPES[recipe](), **overrides, "recipe": recipe}
+    unknown = set(values) - set(_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    return Config(**values)
+
+
+def _usage() -> str:
+    lines = ["usage: python -m fasttrain [--recipe NAME] [--flag=value ...]", "",
+             f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false.", ""]
+    doc = _field_docs()
+    for name in _FIELDS:
+        default = getattr(Config, name, None)
+        lines.append(f"  --{name:<34} {doc.get(name, '')} [default: {default}]")
+    return "\n".join(lines)
+
+
+def _field_docs() -> dict[str, str]:
+    """Field docstrings (the string literal under each field), read from this file's source."""
+    import ast
+
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
+    docs, last = {}, None
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            last = node.target.id
+        elif last and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            docs[last] = str(node.value.value)
+            last = None
+    return docs
+
+
+def default_cache_dir() -> Path:
+    """Where the demo data set and index files for read-only data directories are cached."""
+    root = os.environ.get("FASTTRAIN_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain")
+    return Path(root)
+
+
+def save_config(cfg: Config, run_dir: Path) -> None:
+    (run_dir / "config.json").write_text(cfg.to_json() + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    print(parse_args(sys.argv[1:]).to_json())

@@ -1,0 +1,90 @@
+"""Input pipelines: one dispatch point (`build_loader`) over the DALI, torch and synthetic backends.
+
+Every loader follows the same protocol, so the trainer never asks which backend it has:
+
+    loader = build_loader(cfg, split, rank, world_size, device)
+    loader.set_epoch(epoch)          # reshuffles (shard order, shuffle buffer, augmentation seeds)
+    for images, labels in loader:    # one epoch of this rank's batches
+        ...                          # images: (N, H, W, C); uint8 unless loader.normalized
+    len(loader)                      # batches per epoch on this rank
+    loader.num_records               # records in the split, all ranks together
+    loader.normalized                # True: images are already float, normalised, NHWC
+    loader.state_dict() / loader.load_state_dict(sd)   # {'epoch': e, 'batch': b}: resume exactly
+
+Training loaders drop each rank's last partial batch; evaluation loaders see every record of the split
+exactly once across ranks and keep partial batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fasttrain.config import Config, ConfigError
+
+
+class DataError(RuntimeError):
+    """Bad input data (missing directory, no shards, corrupt record): printed in one line."""
+
+
+def dali_available() -> bool:
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_backend(cfg: Config) -> str:
+    if cfg.data_backend == "auto":
+        return "dali" if dali_available() else "torch"
+    if cfg.data_backend == "dali" and not dali_available():
+        raise ConfigError("--data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'")
+    return cfg.data_backend
+
+
+def build_loader(cfg: Config, split: str, rank: int = 0, world_size: int = 1,
+                 device: torch.device | None = None):
+    """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank."""
+    backend = resolve_backend(cfg)
+    training = split == cfg.subset and split == "train" or split == cfg.subset
+    if backend == "synthetic":
+        return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
+    if backend == "dali":
+        from fasttrain.data.dali_pipeline import DaliLoader
+
+        return DaliLoader(cfg, split, training, rank, world_size, device)
+    from fasttrain.data.torch_pipeline import TorchLoader
+
+    return TorchLoader(cfg, split, training, rank, world_size)
+
+
+class SyntheticLoader:
+    """Random uint8 images made once on the device: for pure compute benchmarks, no input cost."""
+
+    normalized = False
+
+    def __init__(self, cfg: Config, training: bool, rank: int, device: torch.device, batches: int = 100):
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+        shape = (cfg.batch_size, cfg.image_size, cfg.image_size, 3)
+        self._images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).to(device)
+        self._labels = torch.randint(0, cfg.num_classes, (cfg.batch_size,), generator=gen).to(device)
+        self._batches = batches
+        self.num_records = batches * cfg.batch_size
+        self.epoch, self._start = 0, 0
+
+    def __len__(self) -> int:
+        return self._batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        start, self._start = self._start, 0
+        for _ in range(start, self._batches):
+            yield self._images, self._labels
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._start}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._start = int(state["epoch"]), int(state["batch"])

@@ -1,0 +1,36 @@
+"""fasttrain: a fast, honest ImageNet trainer in PyTorch (TFRecord input, TF-exact RMSProp + EMA)."""
+
+from setuptools import setup
+
+setup(
+    name="fasttrain",
+    version="0.1.0",
+    description="Fast ImageNet training in PyTorch on TensorFlow-models TFRecord shards",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=["fasttrain", "fasttrain.data", "fasttrain.models", "fasttrain.kernels"],
+    # `kernels` is a generic top-level name other packages use: install it as fasttrain.kernels.
+    package_dir={"fasttrain.kernels": "kernels"},
+    install_requires=[
+        "torch>=2.4",
+        "numpy>=1.24",
+        "pillow>=10",
+        "google-crc32c>=1.5",
+        "protobuf>=4.21",
+        "tqdm>=4.60",
+        "triton>=3.0; platform_system == 'Linux'",
+    ],
+    extras_require={
+        "dali": ["nvidia-dali-cuda120>=1.40"],
+        "test": [
+            "pytest>=7",
+            "pytest-benchmark>=4",
+            "nvidia-dali-cuda120>=1.40; platform_system == 'Linux' and platform_machine == 'x86_64'",
+            "matplotlib>=3.5",
+            "ruff>=0.5",
+        ],
+    },
+    entry_points={"console_scripts": ["fasttrain=fasttrain.__main__:main"]},
+    classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
+)
