@@ -2,7 +2,7 @@
 
 Every loader follows the same protocol, so the trainer never asks which backend it has:
 
-    loader = build_loader(cfg, split, rank, world_size, device)
+    loader = build_loader(cfg, split, training, rank, world_size, device)
     loader.set_epoch(epoch)          # reshuffles (shard order, shuffle buffer, augmentation seeds)
     for images, labels in loader:    # one epoch of this rank's batches
         ...                          # images: (N, H, W, C); uint8 unless loader.normalized
@@ -42,11 +42,14 @@ def resolve_backend(cfg: Config) -> str:
     return cfg.data_backend
 
 
-def build_loader(cfg: Config, split: str, rank: int = 0, world_size: int = 1,
+def build_loader(cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1,
                  device: torch.device | None = None):
-    """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank."""
+    """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank.
+
+    training=True: shuffled, augmented with the train transform, partial batches dropped.
+    training=False: in order, the eval transform, every record exactly once across ranks.
+    """
     backend = resolve_backend(cfg)
-    training = split == cfg.subset and split == "train" or split == cfg.subset
     if backend == "synthetic":
         return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
     if backend == "dali":
