@@ -1,0 +1,22 @@
+"""Shared test set-up: GPU-only tests skip cleanly; Triton kernels run in the interpreter on the CPU."""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    # Must be set before triton is first imported anywhere in this process: with it, @triton.jit
+    # kernels run on CPU tensors in Triton's interpreter (slow: tests keep sizes small).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
