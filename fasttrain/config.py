@@ -28,7 +28,9 @@ class Config:
     train_dir: str = ""
     """Run directory for checkpoints, config.json and metrics.jsonl (default: runs/<recipe>)."""
     max_steps: int = 0
-    """Number of optimizer steps to train for (0: the recipe's default)."""
+    """Number of optimizer steps to train for (0: train_epochs epochs)."""
+    train_epochs: float = 0.0
+    """Epochs to train for when max_steps is 0 (the ResNet seed's 90)."""
     seed: int = 0
     """Seed for model initialisation, data order and augmentation."""
     deterministic: bool = False
@@ -175,7 +177,7 @@ _CHOICES = {
 }
 _POSITIVE = ("batch_size", "log_every", "checkpoint_every", "keep_checkpoints", "image_size",
              "num_classes", "grad_accum_steps", "base_channels", "max_nonfinite_steps")
-_NON_NEGATIVE = ("max_steps", "num_workers", "shuffle_buffer", "epoch_size", "max_eval_batches",
+_NON_NEGATIVE = ("max_steps", "train_epochs", "num_workers", "shuffle_buffer", "epoch_size", "max_eval_batches",
                  "num_gpus", "weight_decay", "label_smoothing", "aux_loss_weight", "ema_decay")
 
 
@@ -197,6 +199,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"--ema_decay must be in [0, 1), got {cfg.ema_decay}")
     if cfg.label_smoothing >= 1.0:
         raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
+    if cfg.max_steps == 0 and cfg.train_epochs == 0:
+        raise ConfigError("set --max_steps or --train_epochs: both are 0")
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
         raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
     try:
@@ -241,7 +245,7 @@ def _resnet(size: int) -> dict:
     # The TF 1.4 ResNet ImageNet example: momentum 0.9, 32 per device, LR 0.1 x batch/256,
     # x0.1 at epochs 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5.
     return dict(model=f"resnet{size}", image_size=224, preprocess="resnet", label_offset=-1,
-                num_classes=1000, batch_size=32, max_steps=0, optimizer="momentum",
+                num_classes=1000, batch_size=32, max_steps=0, train_epochs=90.0, optimizer="momentum",
                 initial_learning_rate=0.1, lr_batch_scaling=True, lr_schedule="piecewise",
                 lr_boundary_epochs="30,60,80,90", learning_rate_decay_factor=0.1, momentum=0.9,
                 weight_decay=1e-4, bn_momentum=0.003, bn_eps=1e-5, checkpoint_every=5000)

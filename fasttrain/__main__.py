@@ -1,0 +1,39 @@
+"""Command line: `python -m fasttrain [--recipe NAME] [--flag=value ...]` (also under torchrun).
+
+User errors (a bad flag, a missing directory, a corrupt shard or checkpoint) end with one line on
+stderr and no traceback: exit code 2 for flags and configuration, 1 for data and checkpoints.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fasttrain.checkpoint import CheckpointError
+    from fasttrain.config import ConfigError, parse_args
+    from fasttrain.data import DataError
+
+    try:
+        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    except ConfigError as err:
+        print(f"fasttrain: error: {err}", file=sys.stderr)
+        return 2
+    if cfg.num_gpus:
+        print(f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "
+              "does not set the device count; launch with torchrun --nproc_per_node=N", file=sys.stderr)
+    from fasttrain.train import TrainingStopped, train
+
+    try:
+        train(cfg)
+    except ConfigError as err:
+        print(f"fasttrain: error: {err}", file=sys.stderr)
+        return 2
+    except (DataError, CheckpointError, TrainingStopped) as err:
+        print(f"fasttrain: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Top-1 / top-5 evaluation over the validation split, summed across ranks."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from fasttrain.data.normalize import normalize_images
+from fasttrain.precision import Precision
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, precision: Precision, device: torch.device,
+             preprocess: str, max_batches: int = 0, world_size: int = 1) -> dict:
+    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together)."""
+    was_training = model.training
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
+    for i, (images, labels) in enumerate(loader):
+        if max_batches and i >= max_batches:
+            break
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        if images.is_floating_point():
+            x = images.permute(0, 3, 1, 2)  # DALI's normalised NHWC batch as a channels_last view
+        else:
+            x = normalize_images(images, preprocess, precision.dtype, precision.channels_last)
+        with torch.autocast(device.type, dtype=precision.dtype, enabled=precision.autocast):
+            logits = model(x)
+        k = min(5, logits.shape[1])
+        top = logits.float().topk(k, dim=1).indices
+        hit = top == labels[:, None]
+        sums += torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+    if world_size > 1:
+        torch.distributed.all_reduce(sums)
+    model.train(was_training)
+    correct1, correct5, count = sums.tolist()  # note: host sync, once per evaluation
+    count = max(count, 1.0)
+    return {"top1": correct1 / count, "top5": correct5 / count, "count": int(count)}
+
+
+@contextlib.contextmanager
+def ema_weights(optimizer, bn_ema):
+    """Evaluate with the EMA of the weights and of the BN statistics swapped in, then swap back."""
+    with optimizer.swap_ema():
+        if bn_ema is not None:
+            bn_ema.swap()
+        try:
+            yield
+        finally:
+            if bn_ema is not None:
+                bn_ema.swap()

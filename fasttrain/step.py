@@ -1,0 +1,197 @@
+"""One training step, run eagerly or captured once into a CUDA graph and replayed.
+
+A step is, with everything on the device and no host synchronisation:
+  zero the flat gradient buffer
+  for each micro-batch: normalise (uint8 NHWC -> float, channels_last), forward under autocast,
+      loss (label smoothing, Inception aux head), backward of loss * scale / accum
+      (the gradient buckets all-reduce as they fill; only the last micro-batch communicates)
+  wait for the all-reduces
+  found_inf = loss or any gradient not finite        # one read of the gradient buffer
+  lr = schedule(step)                                 # from the device step counter
+  fused optimizer + EMA with grad_scale = 1 / (scale * world), skipped bit-for-bit on found_inf
+  BN running-statistics EMA, loss-scale update, step counter += 1
+The loss is read back to the host only when the trainer logs.
+
+CUDA graphs: the first `warmup_steps` steps run eagerly on a side stream (as PyTorch's CUDA-graph
+notes require, and so that the bucketer can observe the backward order), then the next step is
+captured into static input buffers and every step after that is `copy inputs; replay`. The warm-up
+steps are real steps on real batches, so a graph run is numerically the same as an eager one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fasttrain.data.normalize import normalize_images
+from fasttrain.precision import DynamicLossScaler, Precision, grads_not_finite
+from fasttrain.schedule import LRSchedule
+
+
+def classification_loss(output, labels: torch.Tensor, label_smoothing: float = 0.0,
+                        aux_weight: float = 0.0) -> torch.Tensor:
+    """Cross-entropy in fp32 with label smoothing; Inception's aux logits weighted by aux_weight."""
+    if isinstance(output, tuple):
+        logits, aux = output
+        loss = F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+        return loss + aux_weight * F.cross_entropy(aux.float(), labels, label_smoothing=label_smoothing)
+    return F.cross_entropy(output.float(), labels, label_smoothing=label_smoothing)
+
+
+class BufferEMA:
+    """EMA of BatchNorm running statistics, the seed's averaging of moving_mean/moving_variance.
+
+    shadow -= (1 - d) * (shadow - buffer), d = min(decay, (1 + n) / (10 + n)), n = applied steps.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.names = [n for n, b in model.named_buffers() if b.is_floating_point()]
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.shadows = [b.detach().clone() for b in self.buffers]
+
+    def update(self, applied_steps: torch.Tensor, found_inf: torch.Tensor) -> None:
+        n = applied_steps.to(torch.float32)
+        d = torch.clamp((1 + n) / (10 + n), max=self.decay)
+        weight = (1 - d) * (1 - found_inf)
+        for shadow, buf in zip(self.shadows, self.buffers):
+            shadow.lerp_(buf, weight)
+
+    def swap(self) -> None:
+        """Exchange shadows and live buffers (call twice to undo)."""
+        for shadow, buf in zip(self.shadows, self.buffers):
+            tmp = buf.clone()
+            buf.copy_(shadow)
+            shadow.copy_(tmp)
+
+    def state_dict(self) -> dict:
+        return dict(zip(self.names, self.shadows))
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, shadow in zip(self.names, self.shadows):
+            shadow.copy_(state[name])
+
+
+class TrainStep:
+    """Owns the device-side step state: step counter, LR, loss scale, last loss, non-finite streak."""
+
+    def __init__(self, model: torch.nn.Module, optimizer, precision: Precision, device: torch.device,
+                 schedule: LRSchedule, loss_fn: Callable, preprocess: str, world_size: int = 1,
+                 buckets=None, ddp_model: torch.nn.Module | None = None,
+                 bn_ema: BufferEMA | None = None, warmup_steps: int = 3):
+        self.model, self.optimizer, self.precision = model, optimizer, precision
+        self.device, self.schedule, self.loss_fn = device, schedule, loss_fn
+        self.preprocess, self.buckets, self.bn_ema = preprocess, buckets, bn_ema
+        self.forward_model = ddp_model or model
+        # torch DDP averages over ranks itself; fasttrain's buckets sum and fold 1/world in here.
+        self.world_divisor = 1.0 if ddp_model is not None else float(world_size)
+        self.scaler = DynamicLossScaler(device, enabled=precision.loss_scaling)
+        self.step_count = torch.zeros((), dtype=torch.int64, device=device)
+        self.lr = torch.zeros((), dtype=torch.float32, device=device)
+        self.last_loss = torch.zeros((), dtype=torch.float32, device=device)
+        self.nonfinite_streak = torch.zeros((), dtype=torch.int64, device=device)
+        for group in optimizer.param_groups:
+            group["lr"] = self.lr
+        self.flat_grad = optimizer.flat.grad
+        self.warmup_steps = warmup_steps if precision.cuda_graph else 0
+        self.eager_steps_done = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # --- the step itself -----------------------------------------------------------------------
+
+    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, inv_accum: float,
+                          communicate: bool) -> torch.Tensor:
+        x = images if images.is_floating_point() else normalize_images(
+            images, self.preprocess, self.precision.dtype, self.precision.channels_last)
+        if images.is_floating_point() and self.precision.channels_last:
+            x = x.permute(0, 3, 1, 2)  # NHWC batch from DALI: a channels_last NCHW view, no copy
+        if self.buckets is not None:
+            self.buckets.begin(communicate=communicate)
+        # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes).
+        with torch.autocast(self.device.type, dtype=self.precision.dtype,
+                            enabled=self.precision.autocast, cache_enabled=not self.precision.cuda_graph):
+            output = self.forward_model(x)
+            loss = self.loss_fn(output, labels)
+        (loss * (self.scaler.scale * inv_accum)).backward()
+        return loss.detach()
+
+    def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.flat_grad.zero_()
+        total = torch.zeros((), dtype=torch.float32, device=self.device)
+        ddp = self.forward_model is not self.model
+        for i, (images, labels) in enumerate(batches):
+            last = i == len(batches) - 1
+            if ddp and not last:
+                with self.forward_model.no_sync():
+                    total += self._forward_backward(images, labels, 1.0 / len(batches), False)
+            else:
+                total += self._forward_backward(images, labels, 1.0 / len(batches), last)
+        if self.buckets is not None:
+            self.buckets.wait()
+        loss = total / len(batches)
+        found_inf = grads_not_finite(self.flat_grad, loss)
+        self.schedule.on_device(self.step_count, self.lr)
+        grad_scale = torch.reciprocal(self.scaler.scale * self.world_divisor)
+        self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
+        if self.bn_ema is not None:
+            self.bn_ema.update(self.optimizer.applied_steps, found_inf)
+        self.scaler.update(found_inf)
+        self.step_count += 1
+        self.nonfinite_streak.add_(1).mul_(found_inf.to(torch.int64))
+        self.last_loss.copy_(loss)
+
+    def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
+        if not self.precision.cuda_graph:
+            self._body([(i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
+                        for i, lb in batches])
+            return
+        if self.eager_steps_done < self.warmup_steps:
+            self._warmup_step(batches)
+        elif self.graph is None:
+            self._capture(batches)
+        for (static_images, static_labels), (images, labels) in zip(self.static_batches, batches):
+            static_images.copy_(images, non_blocking=True)
+            static_labels.copy_(labels, non_blocking=True)
+        if self.graph is not None:
+            self.graph.replay()
+
+    # --- CUDA graph ------------------------------------------------------------------------------
+
+    def _warmup_step(self, batches) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._body([(i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
+                        for i, lb in batches])
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self.eager_steps_done += 1
+        if self.buckets is not None and self.eager_steps_done == 1:
+            self.buckets.rebuild_from_observed_order()
+
+    def _capture(self, batches) -> None:
+        self.static_batches = [(torch.empty_like(i, device=self.device),
+                                torch.empty_like(lb, device=self.device)) for i, lb in batches]
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize(self.device)  # note: a one-off host sync, before capture only
+        try:
+            with torch.cuda.graph(graph):
+                self._body(self.static_batches)
+        except Exception as exc:
+            raise RuntimeError(f"this training step cannot be captured in a CUDA graph ({exc}); "
+                               "run with --no-cuda_graph") from exc
+        self.graph = graph
+
+    # --- state -----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"step_count": self.step_count.clone(), "nonfinite_streak": self.nonfinite_streak.clone(),
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count.copy_(state["step_count"])
+        self.nonfinite_streak.copy_(state["nonfinite_streak"])
+        self.scaler.load_state_dict(state["scaler"])

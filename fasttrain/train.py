@@ -1,0 +1,350 @@
+"""The training loop: set-up, restore, steps, logging, checkpoints, evaluation. Reads top to bottom.
+
+    python -m fasttrain [--recipe ...]                       one process (CPU or one GPU)
+    torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from fasttrain import checkpoint as ckpt
+from fasttrain.config import Config, ConfigError, default_cache_dir, save_config
+from fasttrain.data import DataError, build_loader
+from fasttrain.distributed import (GradBuckets, all_reduce_flag, broadcast_module, cleanup,
+                                   init_distributed, maybe_sync_bn, wrap_ddp)
+from fasttrain.evaluate import ema_weights, evaluate
+from fasttrain.models import classifier_names, create_model, param_groups, reset_classifier
+from fasttrain.optim import FusedMomentum, FusedRMSPropTF
+from fasttrain.precision import resolve_precision
+from fasttrain.rng import get_rng_state, set_rng_state
+from fasttrain.schedule import LRSchedule
+from fasttrain.step import BufferEMA, TrainStep, classification_loss
+
+DEMO_DATA = dict(train_shards=4, val_shards=2, per_shard=640, classes=10, seed=1234)
+
+
+class TrainingStopped(RuntimeError):
+    """The run cannot continue (non-finite loss): printed in one line, exit code 1."""
+
+
+def train(cfg: Config) -> dict:
+    info = init_distributed()
+    log = print if info.is_main else (lambda *a, **k: None)
+    precision = resolve_precision(cfg, info.device)
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+    # --- data ------------------------------------------------------------------------------
+    data_dir = prepare_data_dir(cfg, info, log)
+    cfg = dataclasses.replace(cfg, data_dir=str(data_dir))
+    train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
+    global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
+    epoch_size = cfg.epoch_size or train_loader.num_records
+    steps_per_epoch = max(1, epoch_size // global_batch)
+    max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
+
+    # --- run directory ----------------------------------------------------------------------
+    run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir)
+    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+
+    # --- model, optimizer, step --------------------------------------------------------------
+    model = create_model(cfg.model_name, cfg.num_classes, base_channels=cfg.base_channels,
+                         zero_init_residual=cfg.zero_init_residual, bn_momentum=cfg.bn_momentum,
+                         bn_eps=cfg.bn_eps)
+    if cfg.pretrained_model_checkpoint_path and not has_checkpoint(cfg, run_dir):
+        restore_pretrained(model, cfg, log)
+    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1)
+    memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
+    model = model.to(info.device, memory_format=memory_format)
+    broadcast_module(model)
+    optimizer = build_optimizer(cfg, model)
+    bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    buckets, ddp_model = None, None
+    if info.world_size > 1 and cfg.grad_sync == "ddp":
+        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb)
+    elif info.world_size > 1:
+        buckets = GradBuckets(optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb)
+    schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
+    loss_fn = lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
+    step_fn = TrainStep(model, optimizer, precision, info.device, schedule, loss_fn, cfg.preprocess,
+                        info.world_size, buckets, ddp_model, bn_ema,
+                        warmup_steps=11 if ddp_model is not None else 3)
+
+    # --- resume ------------------------------------------------------------------------------
+    step = restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, train_loader, info, log)
+    log(f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
+        f"{precision.name}{' channels_last' if precision.channels_last else ''}"
+        f"{' cuda-graph' if precision.cuda_graph else ''} | global batch {global_batch} | "
+        f"{steps_per_epoch} steps/epoch | data {data_dir} | run dir {run_dir}")
+    if step >= max_steps:
+        log(f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating it; "
+            "pass a new --train_dir or a larger --max_steps to train more")
+
+    # --- the loop ------------------------------------------------------------------------------
+    stop = StopRequest()
+    progress = progress_bar(max_steps, step, enabled=info.is_main)
+    last_saved, tick, tick_step = step, time.perf_counter(), step
+    batches = batch_stream(train_loader, cfg.grad_accum_steps)
+    while step < max_steps:
+        step_fn(next(batches))
+        step += 1
+        progress.update(1)
+        if step % cfg.log_every == 0 or step == max_steps:
+            # note: CPU-GPU sync point, once per log_every steps
+            loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+            elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+            sec_per_batch = elapsed / (step - tick_step)
+            tick_step = step
+            log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
+            metrics.write(step=step, loss=loss, lr=schedule.at(step - 1), examples_per_sec=global_batch /
+                          sec_per_batch, sec_per_batch=sec_per_batch, loss_scale=step_fn.scaler.scale.item(),
+                          skipped_steps=int(step_fn.scaler.skipped_steps.item()), epoch=train_loader.epoch)
+            check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
+        if step % cfg.checkpoint_every == 0 or step == max_steps:
+            save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+            last_saved = step
+        if stop.requested(info, step):
+            save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+            progress.close()
+            log(f"stopped by {stop.signal_name} at step {step}; checkpoint {ckpt.checkpoint_path(run_dir, step)} "
+                "written; run the same command to resume")
+            cleanup()
+            return {"step": step, "stopped": True}
+    progress.close()
+    stop.restore()
+
+    # --- evaluation ----------------------------------------------------------------------------
+    result = {"step": step}
+    if cfg.eval_at_end:
+        eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+        raw = evaluate(model, eval_loader, precision, info.device, cfg.preprocess, cfg.max_eval_batches,
+                       info.world_size)
+        result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
+        if cfg.ema_decay:
+            with ema_weights(optimizer, bn_ema):
+                ema = evaluate(model, eval_loader, precision, info.device, cfg.preprocess,
+                               cfg.max_eval_batches, info.world_size)
+            result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
+        metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
+        chance = 1.0 / cfg.num_classes
+        ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
+        verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
+        log(f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, top-5 {result['top5']:.3f} "
+            f"on {result['count']} images; chance is {chance:.3f}, so top-1 is {verdict} chance")
+    cleanup()
+    return result
+
+
+# --- named pieces of the loop -----------------------------------------------------------------
+
+def prepare_data_dir(cfg: Config, info, log) -> Path:
+    """cfg.data_dir checked; for the demo with no --data_dir, a synthetic set built once in the cache."""
+    if cfg.data_dir:
+        path = Path(cfg.data_dir)
+        if not path.is_dir():
+            raise DataError(f"data directory {path} does not exist (--data_dir)")
+        return path
+    if cfg.recipe != "demo" and cfg.data_backend != "synthetic":
+        raise ConfigError(f"--data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)")
+    from fasttrain.data.imagenet import make_synthetic
+
+    cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
+    target = cache / "demo-imagenet-v1"
+    if info.is_main and not (target / "DONE").exists():
+        log(f"building the demo data set (synthetic ImageNet-layout TFRecords) in {target} ...")
+        tmp = cache / f".demo-imagenet-v1.tmp{int(time.time())}"
+        make_synthetic(tmp, **DEMO_DATA)
+        (tmp / "DONE").write_text("ok\n")
+        if target.exists():  # a half-built leftover of a crashed earlier build
+            import shutil
+
+            shutil.rmtree(target)
+        tmp.rename(target)
+    if info.world_size > 1:
+        torch.distributed.barrier()
+    return target
+
+
+def build_optimizer(cfg: Config, model: torch.nn.Module):
+    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
+    ema = cfg.ema_decay or None
+    if cfg.optimizer == "rmsprop":
+        return FusedRMSPropTF(groups, lr=cfg.initial_learning_rate, decay=cfg.rmsprop_decay,
+                              momentum=cfg.momentum, eps=cfg.rmsprop_epsilon,
+                              weight_decay=cfg.weight_decay, ema_decay=ema, impl=cfg.optimizer_impl)
+    return FusedMomentum(groups, lr=cfg.initial_learning_rate, momentum=cfg.momentum,
+                         weight_decay=cfg.weight_decay, ema_decay=ema, impl=cfg.optimizer_impl)
+
+
+def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
+    return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
+
+
+def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
+    """Start from another run's weights; with --fine_tune, all but the re-initialised classifier."""
+    state = ckpt.load_checkpoint(Path(cfg.pretrained_model_checkpoint_path))["model"]
+    skip = tuple(classifier_names(model)) if cfg.fine_tune else ()
+    own = model.state_dict()
+    wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
+    missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
+    mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
+    if missing or mismatched or set(wanted) - set(own):
+        problem = (f"shapes differ for {', '.join(mismatched[:3])}" if mismatched else
+                   f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}")
+        hint = "" if cfg.fine_tune else " (pass --fine_tune to re-initialise the classifier)"
+        raise ckpt.CheckpointError(f"{cfg.pretrained_model_checkpoint_path} does not fit model "
+                                   f"{cfg.model_name}: {problem}{hint}")
+    model.load_state_dict(wanted, strict=False)
+    if cfg.fine_tune:
+        reset_classifier(model)
+    log(f"restored weights from {cfg.pretrained_model_checkpoint_path}"
+        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}")
+
+
+def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, log) -> int:
+    """Resume from the newest usable checkpoint (train_dir, or --checkpoint_dir); returns the step."""
+    source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
+    if cfg.checkpoint_dir and not source.is_dir():
+        raise ckpt.CheckpointError(f"--checkpoint_dir {source} is not a directory")
+    found = ckpt.load_latest(source, log=log, map_location=info.device)
+    if found is None:
+        if cfg.checkpoint_dir:
+            raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
+        return 0
+    state, path = found
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if bn_ema is not None and state.get("bn_ema"):
+            bn_ema.load_state_dict(state["bn_ema"])
+        step_fn.load_state_dict(state["train_step"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        raise ckpt.CheckpointError(f"{path} does not fit this run's model/optimizer: "
+                                   f"{str(exc).splitlines()[0]}") from None
+    loader.load_state_dict(state["data"][info.rank] if len(state["data"]) == info.world_size
+                           else state["data"][0])
+    rng = state.get("rng", [])
+    if len(rng) == info.world_size:
+        set_rng_state(rng[info.rank])
+    log(f"resuming from step {state['step']} ({path})")
+    return int(state["step"])
+
+
+def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info) -> None:
+    """Every rank contributes its data position and RNG state; rank 0 writes the file."""
+    per_rank = {"data": loader.state_dict(), "rng": get_rng_state()}
+    gathered = [per_rank] * info.world_size
+    if info.world_size > 1:
+        torch.distributed.all_gather_object(gathered, per_rank)
+    if not info.is_main:
+        return
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+             "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
+             "ema": dict(zip([n for n, _ in model.named_parameters()], optimizer.ema_parameters())),
+             "train_step": step_fn.state_dict(), "data": [g["data"] for g in gathered],
+             "rng": [g["rng"] for g in gathered], "config": dataclasses.asdict(cfg),
+             "world_size": info.world_size}
+    ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
+
+
+def batch_stream(loader, accum: int):
+    """Endless lists of `accum` (images, labels) batches, moving to the next epoch as needed."""
+    while True:
+        group = []
+        for images, labels in loader:
+            group.append((images, labels))
+            if len(group) == accum:
+                yield group
+                group = []
+        loader.set_epoch(loader.epoch + 1)
+
+
+def check_finite(streak: int, step: int, cfg: Config, loss_scaling: bool, last_saved: int,
+                 run_dir: Path) -> None:
+    """Stop on non-finite losses: at once without loss scaling, after a streak of skips with it."""
+    if streak == 0 or (loss_scaling and streak < cfg.max_nonfinite_steps):
+        return
+    kept = f"; the last good checkpoint is {ckpt.checkpoint_path(run_dir, last_saved)}" if last_saved else ""
+    raise TrainingStopped(f"the loss was not finite for the last {streak} step(s) at step {step} "
+                          f"(updates were skipped, weights are unchanged){kept}; lower "
+                          "--initial_learning_rate or use --precision=fp32")
+
+
+def log_step(log, progress, step: int, loss: float, examples_per_sec: float, sec_per_batch: float) -> None:
+    line = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
+            f"({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)")
+    if progress.enabled:
+        progress.write(line)
+    else:
+        log(line, flush=True)
+
+
+class MetricsLog:
+    """JSON lines in the run directory, appended and flushed as they come."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def write(self, **record) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+
+class progress_bar:  # noqa: N801 - used like a function
+    """A tqdm bar when stdout is a terminal on the main rank; otherwise it does nothing."""
+
+    def __init__(self, total: int, initial: int, enabled: bool):
+        self.enabled = enabled and sys.stdout.isatty()
+        if self.enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        if self.enabled:
+            self._bar.update(n)
+
+    def write(self, line: str) -> None:
+        self._bar.write(line)
+
+    def close(self) -> None:
+        if self.enabled:
+            self._bar.close()
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; all ranks agree (all-reduced) to stop at the same step."""
+
+    def __init__(self, check_every: int = 10):
+        self.flag, self.signal_name, self.check_every = False, "", check_every
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def _handle(self, signum, frame) -> None:
+        self.flag, self.signal_name = True, signal.Signals(signum).name
+
+    def requested(self, info, step: int) -> bool:
+        if info.world_size == 1:
+            return self.flag
+        if step % self.check_every:
+            return False
+        agreed = all_reduce_flag(self.flag, info)  # note: a small collective every check_every steps
+        self.signal_name = self.signal_name or "a signal on another rank"
+        return agreed
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
