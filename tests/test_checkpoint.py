@@ -1,0 +1,111 @@
+"""Checkpoint files: atomic writes, numeric keep-last-K, checksums, fallback, refusing unsafe pickles."""
+
+import errno
+import os
+import pickle
+
+import pytest
+import torch
+
+from fasttrain import checkpoint as ckpt
+
+
+def _state(step):
+    return {"model": {"w": torch.full((3,), float(step))}, "step": step, "optimizer": {}, "ema": {}}
+
+
+def test_round_trip_is_plain_weights_only(tmp_path):
+    path = ckpt.save_checkpoint(tmp_path, 7, _state(7))
+    assert path.name == "ckpt-7.pt"
+    loaded = torch.load(path, weights_only=True)
+    assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], torch.full((3,), 7.0))
+    assert (tmp_path / "ckpt-7.pt.sha256").read_text().split()[0] == ckpt._sha256(path)
+
+
+def test_keeps_newest_k_in_numeric_order(tmp_path):
+    for step in (8, 9, 10, 11, 100):
+        ckpt.save_checkpoint(tmp_path, step, _state(step), keep=3)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 11, 100]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".sha256") == [
+        "ckpt-10.pt.sha256", "ckpt-100.pt.sha256", "ckpt-11.pt.sha256"]
+
+
+def test_corrupt_newest_falls_back_to_previous(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    newest = ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    messages = []
+    state, path = ckpt.load_latest(tmp_path, log=messages.append)
+    assert state["step"] == 1 and path.name == "ckpt-1.pt"
+    assert "ckpt-2.pt does not match its checksum" in messages[0]
+
+
+def test_truncated_checkpoint_without_sidecar_is_reported(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    newest = ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    newest.with_name(newest.name + ".sha256").unlink()
+    newest.write_bytes(newest.read_bytes()[:100])
+    messages = []
+    state, _ = ckpt.load_latest(tmp_path, log=messages.append)
+    assert state["step"] == 1 and "cannot read checkpoint" in messages[0]
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.mkdir, (str(_RunsCode.marker),))
+
+
+def test_malicious_pickle_is_refused_without_running(tmp_path):
+    _RunsCode.marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt-5.pt"
+    with open(path, "wb") as f:
+        pickle.dump({"model": _RunsCode(), "step": 5}, f)
+    with pytest.raises(ckpt.CheckpointError, match="refusing to load"):
+        ckpt.load_checkpoint(path)
+    assert not _RunsCode.marker.exists()
+
+
+@pytest.mark.parametrize("bad, words", [("missing.pt", "does not exist"), (".", "is a directory")])
+def test_bad_paths(tmp_path, bad, words):
+    with pytest.raises(ckpt.CheckpointError, match=words):
+        ckpt.load_checkpoint(tmp_path / bad)
+
+
+def test_not_a_fasttrain_checkpoint(tmp_path):
+    torch.save({"weights": torch.zeros(1)}, tmp_path / "x.pt")
+    with pytest.raises(ckpt.CheckpointError, match="not a fasttrain checkpoint"):
+        ckpt.load_checkpoint(tmp_path / "x.pt")
+
+
+_PHASES = ["torch.save", "fsync", "sidecar", "replace", "dir-fsync"]
+
+
+@pytest.mark.parametrize("phase", _PHASES)
+def test_crash_at_each_phase_leaves_previous_checkpoint_intact(tmp_path, monkeypatch, phase):
+    ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def boom(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_replace = os.replace
+    if phase == "torch.save":
+        monkeypatch.setattr(ckpt.torch, "save", boom)
+    elif phase == "fsync":
+        monkeypatch.setattr(ckpt.os, "fsync", boom)
+    elif phase == "sidecar":
+        monkeypatch.setattr(ckpt, "_write_atomic", boom)
+    elif phase == "replace":
+        monkeypatch.setattr(ckpt.os, "replace", lambda a, b: boom() if str(b).endswith(".pt") else real_replace(a, b))
+    else:
+        monkeypatch.setattr(ckpt, "_fsync_dir", boom)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    monkeypatch.undo()
+    # The old checkpoint is byte-identical and still loads; no temporary file is left behind.
+    assert ckpt.load_latest(tmp_path)[0]["step"] == (2 if phase == "dir-fsync" else 1)
+    for name, data in before.items():
+        assert (tmp_path / name).read_bytes() == data
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
