@@ -18,8 +18,10 @@ def _map_checkout_kernels() -> None:
     if _importlib_util.find_spec("fasttrain.kernels") is not None:  # an editable install maps it
         return
     spec = _importlib_util.spec_from_file_location(
-        "fasttrain.kernels", checkout_kernels / "__init__.py",
-        submodule_search_locations=[str(checkout_kernels)])
+        "fasttrain.kernels",
+        checkout_kernels / "__init__.py",
+        submodule_search_locations=[str(checkout_kernels)],
+    )
     module = _importlib_util.module_from_spec(spec)
     _sys.modules["fasttrain.kernels"] = module
     spec.loader.exec_module(module)

@@ -20,8 +20,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2
     if cfg.num_gpus:
-        print(f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "
-              "does not set the device count; launch with torchrun --nproc_per_node=N", file=sys.stderr)
+        print(
+            f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "
+            "does not set the device count; launch with torchrun --nproc_per_node=N",
+            file=sys.stderr,
+        )
     from fasttrain.train import TrainingStopped, train
 
     try:

@@ -38,8 +38,9 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory)
-             if (m := _NAME.match(name))]
+    found = [
+        (int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.match(name))
+    ]
     return sorted(found)
 
 
@@ -88,8 +89,9 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
             f.flush()
             os.fsync(f.fileno())
         digest = _sha256(tmp)
-        _write_atomic(final.with_name(final.name + ".sha256"),
-                      lambda f: f.write(f"{digest}  {final.name}\n".encode()))
+        _write_atomic(
+            final.with_name(final.name + ".sha256"), lambda f: f.write(f"{digest}  {final.name}\n".encode())
+        )
         os.replace(tmp, final)
         _fsync_dir(directory)
     except BaseException:
@@ -124,16 +126,19 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     except Exception as exc:  # noqa: BLE001 - every failure mode means the same to the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            raise CheckpointError(f"refusing to load {path}: it holds Python objects that would run "
-                                  f"code when unpickled (only tensors and plain data are accepted)") from None
+            raise CheckpointError(
+                f"refusing to load {path}: it holds Python objects that would run "
+                f"code when unpickled (only tensors and plain data are accepted)"
+            ) from None
         raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"{path} is not a fasttrain checkpoint (no 'model' and 'step' entries)")
     return state
 
 
-def load_latest(directory: Path, log: Callable[[str], None] = print,
-                map_location="cpu") -> tuple[dict, Path] | None:
+def load_latest(
+    directory: Path, log: Callable[[str], None] = print, map_location="cpu"
+) -> tuple[dict, Path] | None:
     """The newest usable checkpoint in directory, falling back past corrupt ones (each reported)."""
     for _, path in reversed(list_checkpoints(directory)):
         try:

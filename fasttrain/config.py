@@ -175,10 +175,30 @@ _CHOICES = {
     "precision": ("auto", "fp32", "fp16", "bf16"),
     "grad_sync": ("buckets", "ddp"),
 }
-_POSITIVE = ("batch_size", "log_every", "checkpoint_every", "keep_checkpoints", "image_size",
-             "num_classes", "grad_accum_steps", "base_channels", "max_nonfinite_steps")
-_NON_NEGATIVE = ("max_steps", "train_epochs", "num_workers", "shuffle_buffer", "epoch_size", "max_eval_batches",
-                 "num_gpus", "weight_decay", "label_smoothing", "aux_loss_weight", "ema_decay")
+_POSITIVE = (
+    "batch_size",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "image_size",
+    "num_classes",
+    "grad_accum_steps",
+    "base_channels",
+    "max_nonfinite_steps",
+)
+_NON_NEGATIVE = (
+    "max_steps",
+    "train_epochs",
+    "num_workers",
+    "shuffle_buffer",
+    "epoch_size",
+    "max_eval_batches",
+    "num_gpus",
+    "weight_decay",
+    "label_smoothing",
+    "aux_loss_weight",
+    "ema_decay",
+)
 
 
 def _validate(cfg: Config) -> None:
@@ -206,8 +226,10 @@ def _validate(cfg: Config) -> None:
     try:
         lr_boundaries(cfg)
     except ValueError:
-        raise ConfigError(f"--lr_boundary_epochs={cfg.lr_boundary_epochs!r} is not a comma-separated "
-                          "list of increasing numbers") from None
+        raise ConfigError(
+            f"--lr_boundary_epochs={cfg.lr_boundary_epochs!r} is not a comma-separated "
+            "list of increasing numbers"
+        ) from None
 
 
 def lr_boundaries(cfg: Config) -> list[float]:
@@ -220,35 +242,88 @@ def lr_boundaries(cfg: Config) -> list[float]:
 
 # --- recipes ---------------------------------------------------------------------------------
 
+
 def _demo() -> dict:
     # A small ResNet-18 (16 channels wide) at 64 px on a synthetic 10-class set: trains on 2 CPU
     # cores in about two minutes and reaches well above chance.
-    return dict(model="resnet18", base_channels=16, image_size=64, num_classes=10, label_offset=-1,
-                batch_size=32, max_steps=300, optimizer="momentum", initial_learning_rate=0.1,
-                lr_schedule="exponential", num_epochs_per_decay=2.0, learning_rate_decay_factor=0.5,
-                weight_decay=5e-5, ema_decay=0.99, log_every=25, checkpoint_every=100,
-                num_workers=2, shuffle_buffer=256, bn_momentum=0.1, data_backend="torch")
+    return dict(
+        model="resnet18",
+        base_channels=16,
+        image_size=64,
+        num_classes=10,
+        label_offset=-1,
+        batch_size=32,
+        max_steps=300,
+        optimizer="momentum",
+        initial_learning_rate=0.1,
+        lr_schedule="exponential",
+        num_epochs_per_decay=2.0,
+        learning_rate_decay_factor=0.5,
+        weight_decay=5e-5,
+        ema_decay=0.99,
+        log_every=25,
+        checkpoint_every=100,
+        num_workers=2,
+        shuffle_buffer=256,
+        bn_momentum=0.1,
+        data_backend="torch",
+    )
 
 
 def _inception_v3() -> dict:
     # The TF Inception v3 multi-GPU trainer (inception_train.py + inception_model.py).
-    return dict(model="inception_v3", image_size=299, preprocess="inception", color_distort=True,
-                label_offset=0, num_classes=1001, batch_size=32, max_steps=10_000_000,
-                optimizer="rmsprop", initial_learning_rate=0.1, lr_schedule="exponential",
-                num_epochs_per_decay=30.0, learning_rate_decay_factor=0.16, momentum=0.9,
-                rmsprop_decay=0.9, rmsprop_epsilon=1.0, weight_decay=4e-5, ema_decay=0.9999,
-                label_smoothing=0.1, aux_loss_weight=0.4, bn_momentum=0.0003, bn_eps=0.001,
-                zero_init_residual=False, checkpoint_every=5000)
+    return dict(
+        model="inception_v3",
+        image_size=299,
+        preprocess="inception",
+        color_distort=True,
+        label_offset=0,
+        num_classes=1001,
+        batch_size=32,
+        max_steps=10_000_000,
+        optimizer="rmsprop",
+        initial_learning_rate=0.1,
+        lr_schedule="exponential",
+        num_epochs_per_decay=30.0,
+        learning_rate_decay_factor=0.16,
+        momentum=0.9,
+        rmsprop_decay=0.9,
+        rmsprop_epsilon=1.0,
+        weight_decay=4e-5,
+        ema_decay=0.9999,
+        label_smoothing=0.1,
+        aux_loss_weight=0.4,
+        bn_momentum=0.0003,
+        bn_eps=0.001,
+        zero_init_residual=False,
+        checkpoint_every=5000,
+    )
 
 
 def _resnet(size: int) -> dict:
     # The TF 1.4 ResNet ImageNet example: momentum 0.9, 32 per device, LR 0.1 x batch/256,
     # x0.1 at epochs 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5.
-    return dict(model=f"resnet{size}", image_size=224, preprocess="resnet", label_offset=-1,
-                num_classes=1000, batch_size=32, max_steps=0, train_epochs=90.0, optimizer="momentum",
-                initial_learning_rate=0.1, lr_batch_scaling=True, lr_schedule="piecewise",
-                lr_boundary_epochs="30,60,80,90", learning_rate_decay_factor=0.1, momentum=0.9,
-                weight_decay=1e-4, bn_momentum=0.003, bn_eps=1e-5, checkpoint_every=5000)
+    return dict(
+        model=f"resnet{size}",
+        image_size=224,
+        preprocess="resnet",
+        label_offset=-1,
+        num_classes=1000,
+        batch_size=32,
+        max_steps=0,
+        train_epochs=90.0,
+        optimizer="momentum",
+        initial_learning_rate=0.1,
+        lr_batch_scaling=True,
+        lr_schedule="piecewise",
+        lr_boundary_epochs="30,60,80,90",
+        learning_rate_decay_factor=0.1,
+        momentum=0.9,
+        weight_decay=1e-4,
+        bn_momentum=0.003,
+        bn_eps=1e-5,
+        checkpoint_every=5000,
+    )
 
 
 RECIPES: dict[str, typing.Callable[[], dict]] = {
@@ -341,8 +416,12 @@ def make_config(**overrides) -> Config:
 
 
 def _usage() -> str:
-    lines = ["usage: python -m fasttrain [--recipe NAME] [--flag=value ...]", "",
-             f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false.", ""]
+    lines = [
+        "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
+        "",
+        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false.",
+        "",
+    ]
     doc = _field_docs()
     for name in _FIELDS:
         default = getattr(Config, name, None)
@@ -369,7 +448,8 @@ def _field_docs() -> dict[str, str]:
 def default_cache_dir() -> Path:
     """Where the demo data set and index files for read-only data directories are cached."""
     root = os.environ.get("FASTTRAIN_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain"
+    )
     return Path(root)
 
 

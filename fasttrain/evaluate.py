@@ -11,8 +11,15 @@ from fasttrain.precision import Precision
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader, precision: Precision, device: torch.device,
-             preprocess: str, max_batches: int = 0, world_size: int = 1) -> dict:
+def evaluate(
+    model: torch.nn.Module,
+    loader,
+    precision: Precision,
+    device: torch.device,
+    preprocess: str,
+    max_batches: int = 0,
+    world_size: int = 1,
+) -> dict:
     """{'top1', 'top5', 'count'} over every record of the loader (all ranks together)."""
     was_training = model.training
     model.eval()

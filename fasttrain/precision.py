@@ -72,8 +72,15 @@ class DynamicLossScaler:
     Disabled (fp32/bf16) it keeps scale 1 and never changes it.
     """
 
-    def __init__(self, device: torch.device, enabled: bool, init_scale: float = 2.0**16,
-                 growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000):
+    def __init__(
+        self,
+        device: torch.device,
+        enabled: bool,
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+    ):
         self.enabled = enabled
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval
@@ -85,12 +92,21 @@ class DynamicLossScaler:
         """found_inf: 0-d float32 (1.0 when this step's gradients were not finite)."""
         self.skipped_steps += found_inf.to(torch.int64)
         if self.enabled:
-            torch._amp_update_scale_(self.scale, self.growth_tracker, found_inf, self.growth_factor,
-                                     self.backoff_factor, self.growth_interval)
+            torch._amp_update_scale_(
+                self.scale,
+                self.growth_tracker,
+                found_inf,
+                self.growth_factor,
+                self.backoff_factor,
+                self.growth_interval,
+            )
 
     def state_dict(self) -> dict:
-        return {"scale": self.scale.clone(), "growth_tracker": self.growth_tracker.clone(),
-                "skipped_steps": self.skipped_steps.clone()}
+        return {
+            "scale": self.scale.clone(),
+            "growth_tracker": self.growth_tracker.clone(),
+            "skipped_steps": self.skipped_steps.clone(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.scale.copy_(state["scale"])

@@ -3,7 +3,7 @@
 exponential (Inception seed, tf.train.exponential_decay with staircase=True):
     lr = lr0 * factor ** floor(step / decay_steps),  decay_steps = steps_per_epoch * num_epochs_per_decay
 piecewise (ResNet seed, tf.train.piecewise_constant):
-    lr = lr0 * factor ** (number of boundaries b with step >= b * steps_per_epoch)
+    lr = lr0 * factor ** (number of boundaries b with step > b * steps_per_epoch)
 lr0 is --initial_learning_rate, times global_batch / 256 with --lr_batch_scaling.
 
 `on_device` computes the same value from a device step counter with tensor ops only, so a captured
@@ -20,8 +20,9 @@ from fasttrain.config import Config, lr_boundaries
 
 
 class LRSchedule:
-    def __init__(self, cfg: Config, steps_per_epoch: int, global_batch: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(
+        self, cfg: Config, steps_per_epoch: int, global_batch: int, device: torch.device | str = "cpu"
+    ):
         self.lr0 = cfg.initial_learning_rate * (global_batch / 256 if cfg.lr_batch_scaling else 1.0)
         self.factor = cfg.learning_rate_decay_factor
         self.kind = cfg.lr_schedule
@@ -35,12 +36,12 @@ class LRSchedule:
         """The LR for the update that follows `step` completed steps."""
         if self.kind == "exponential":
             return self.lr0 * self.factor ** math.floor(step / self.decay_steps)
-        return self.lr0 * self.factor ** sum(step >= b for b in self.boundaries)
+        return self.lr0 * self.factor ** sum(step > b for b in self.boundaries)
 
     def on_device(self, step: torch.Tensor, out: torch.Tensor) -> None:
         """Write the LR for device step counter `step` (0-d int64) into `out` (0-d float32), no sync."""
         if self.kind == "exponential":
             exponent = torch.div(step, self.decay_steps, rounding_mode="floor")
         else:
-            exponent = (step >= self._bounds).sum()
+            exponent = (step > self._bounds).sum()
         out.copy_(self.lr0 * torch.pow(self._factor, exponent.to(torch.float64)))

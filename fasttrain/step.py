@@ -30,8 +30,9 @@ from fasttrain.precision import DynamicLossScaler, Precision, grads_not_finite
 from fasttrain.schedule import LRSchedule
 
 
-def classification_loss(output, labels: torch.Tensor, label_smoothing: float = 0.0,
-                        aux_weight: float = 0.0) -> torch.Tensor:
+def classification_loss(
+    output, labels: torch.Tensor, label_smoothing: float = 0.0, aux_weight: float = 0.0
+) -> torch.Tensor:
     """Cross-entropy in fp32 with label smoothing; Inception's aux logits weighted by aux_weight."""
     if isinstance(output, tuple):
         logits, aux = output
@@ -77,10 +78,21 @@ class BufferEMA:
 class TrainStep:
     """Owns the device-side step state: step counter, LR, loss scale, last loss, non-finite streak."""
 
-    def __init__(self, model: torch.nn.Module, optimizer, precision: Precision, device: torch.device,
-                 schedule: LRSchedule, loss_fn: Callable, preprocess: str, world_size: int = 1,
-                 buckets=None, ddp_model: torch.nn.Module | None = None,
-                 bn_ema: BufferEMA | None = None, warmup_steps: int = 3):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer,
+        precision: Precision,
+        device: torch.device,
+        schedule: LRSchedule,
+        loss_fn: Callable,
+        preprocess: str,
+        world_size: int = 1,
+        buckets=None,
+        ddp_model: torch.nn.Module | None = None,
+        bn_ema: BufferEMA | None = None,
+        warmup_steps: int = 3,
+    ):
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.device, self.schedule, self.loss_fn = device, schedule, loss_fn
         self.preprocess, self.buckets, self.bn_ema = preprocess, buckets, bn_ema
@@ -102,17 +114,25 @@ class TrainStep:
 
     # --- the step itself -----------------------------------------------------------------------
 
-    def _forward_backward(self, images: torch.Tensor, labels: torch.Tensor, inv_accum: float,
-                          communicate: bool) -> torch.Tensor:
-        x = images if images.is_floating_point() else normalize_images(
-            images, self.preprocess, self.precision.dtype, self.precision.channels_last)
+    def _forward_backward(
+        self, images: torch.Tensor, labels: torch.Tensor, inv_accum: float, communicate: bool
+    ) -> torch.Tensor:
+        x = (
+            images
+            if images.is_floating_point()
+            else normalize_images(images, self.preprocess, self.precision.dtype, self.precision.channels_last)
+        )
         if images.is_floating_point() and self.precision.channels_last:
             x = x.permute(0, 3, 1, 2)  # NHWC batch from DALI: a channels_last NCHW view, no copy
         if self.buckets is not None:
             self.buckets.begin(communicate=communicate)
         # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes).
-        with torch.autocast(self.device.type, dtype=self.precision.dtype,
-                            enabled=self.precision.autocast, cache_enabled=not self.precision.cuda_graph):
+        with torch.autocast(
+            self.device.type,
+            dtype=self.precision.dtype,
+            enabled=self.precision.autocast,
+            cache_enabled=not self.precision.cuda_graph,
+        ):
             output = self.forward_model(x)
             loss = self.loss_fn(output, labels)
         (loss * (self.scaler.scale * inv_accum)).backward()
@@ -146,8 +166,12 @@ class TrainStep:
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
         if not self.precision.cuda_graph:
-            self._body([(i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
-                        for i, lb in batches])
+            self._body(
+                [
+                    (i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
+                    for i, lb in batches
+                ]
+            )
             return
         if self.eager_steps_done < self.warmup_steps:
             self._warmup_step(batches)
@@ -165,31 +189,41 @@ class TrainStep:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            self._body([(i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
-                        for i, lb in batches])
+            self._body(
+                [
+                    (i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
+                    for i, lb in batches
+                ]
+            )
         torch.cuda.current_stream(self.device).wait_stream(side)
         self.eager_steps_done += 1
         if self.buckets is not None and self.eager_steps_done == 1:
             self.buckets.rebuild_from_observed_order()
 
     def _capture(self, batches) -> None:
-        self.static_batches = [(torch.empty_like(i, device=self.device),
-                                torch.empty_like(lb, device=self.device)) for i, lb in batches]
+        self.static_batches = [
+            (torch.empty_like(i, device=self.device), torch.empty_like(lb, device=self.device))
+            for i, lb in batches
+        ]
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)  # note: a one-off host sync, before capture only
         try:
             with torch.cuda.graph(graph):
                 self._body(self.static_batches)
         except Exception as exc:
-            raise RuntimeError(f"this training step cannot be captured in a CUDA graph ({exc}); "
-                               "run with --no-cuda_graph") from exc
+            raise RuntimeError(
+                f"this training step cannot be captured in a CUDA graph ({exc}); run with --no-cuda_graph"
+            ) from exc
         self.graph = graph
 
     # --- state -----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"step_count": self.step_count.clone(), "nonfinite_streak": self.nonfinite_streak.clone(),
-                "scaler": self.scaler.state_dict()}
+        return {
+            "step_count": self.step_count.clone(),
+            "nonfinite_streak": self.nonfinite_streak.clone(),
+            "scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count.copy_(state["step_count"])

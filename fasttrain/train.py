@@ -1,7 +1,7 @@
 """The training loop: set-up, restore, steps, logging, checkpoints, evaluation. Reads top to bottom.
 
-    python -m fasttrain [--recipe ...]                       one process (CPU or one GPU)
-    torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
+python -m fasttrain [--recipe ...]                       one process (CPU or one GPU)
+torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
 """
 
 from __future__ import annotations
@@ -19,8 +19,15 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, ConfigError, default_cache_dir, save_config
 from fasttrain.data import DataError, build_loader
-from fasttrain.distributed import (GradBuckets, all_reduce_flag, broadcast_module, cleanup,
-                                   init_distributed, maybe_sync_bn, wrap_ddp)
+from fasttrain.distributed import (
+    GradBuckets,
+    all_reduce_flag,
+    broadcast_module,
+    cleanup,
+    init_distributed,
+    maybe_sync_bn,
+    wrap_ddp,
+)
 from fasttrain.evaluate import ema_weights, evaluate
 from fasttrain.models import classifier_names, create_model, param_groups, reset_classifier
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
@@ -61,9 +68,14 @@ def train(cfg: Config) -> dict:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step --------------------------------------------------------------
-    model = create_model(cfg.model_name, cfg.num_classes, base_channels=cfg.base_channels,
-                         zero_init_residual=cfg.zero_init_residual, bn_momentum=cfg.bn_momentum,
-                         bn_eps=cfg.bn_eps)
+    model = create_model(
+        cfg.model_name,
+        cfg.num_classes,
+        base_channels=cfg.base_channels,
+        zero_init_residual=cfg.zero_init_residual,
+        bn_momentum=cfg.bn_momentum,
+        bn_eps=cfg.bn_eps,
+    )
     if cfg.pretrained_model_checkpoint_path and not has_checkpoint(cfg, run_dir):
         restore_pretrained(model, cfg, log)
     model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1)
@@ -79,19 +91,34 @@ def train(cfg: Config) -> dict:
         buckets = GradBuckets(optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb)
     schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
     loss_fn = lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
-    step_fn = TrainStep(model, optimizer, precision, info.device, schedule, loss_fn, cfg.preprocess,
-                        info.world_size, buckets, ddp_model, bn_ema,
-                        warmup_steps=11 if ddp_model is not None else 3)
+    step_fn = TrainStep(
+        model,
+        optimizer,
+        precision,
+        info.device,
+        schedule,
+        loss_fn,
+        cfg.preprocess,
+        info.world_size,
+        buckets,
+        ddp_model,
+        bn_ema,
+        warmup_steps=11 if ddp_model is not None else 3,
+    )
 
     # --- resume ------------------------------------------------------------------------------
     step = restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, train_loader, info, log)
-    log(f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
+    log(
+        f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
         f"{' cuda-graph' if precision.cuda_graph else ''} | global batch {global_batch} | "
-        f"{steps_per_epoch} steps/epoch | data {data_dir} | run dir {run_dir}")
+        f"{steps_per_epoch} steps/epoch | data {data_dir} | run dir {run_dir}"
+    )
     if step >= max_steps:
-        log(f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating it; "
-            "pass a new --train_dir or a larger --max_steps to train more")
+        log(
+            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating it; "
+            "pass a new --train_dir or a larger --max_steps to train more"
+        )
 
     # --- the loop ------------------------------------------------------------------------------
     stop = StopRequest()
@@ -109,9 +136,16 @@ def train(cfg: Config) -> dict:
             sec_per_batch = elapsed / (step - tick_step)
             tick_step = step
             log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
-            metrics.write(step=step, loss=loss, lr=schedule.at(step - 1), examples_per_sec=global_batch /
-                          sec_per_batch, sec_per_batch=sec_per_batch, loss_scale=step_fn.scaler.scale.item(),
-                          skipped_steps=int(step_fn.scaler.skipped_steps.item()), epoch=train_loader.epoch)
+            metrics.write(
+                step=step,
+                loss=loss,
+                lr=schedule.at(step - 1),
+                examples_per_sec=global_batch / sec_per_batch,
+                sec_per_batch=sec_per_batch,
+                loss_scale=step_fn.scaler.scale.item(),
+                skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+                epoch=train_loader.epoch,
+            )
             check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
         if step % cfg.checkpoint_every == 0 or step == max_steps:
             save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
@@ -119,8 +153,10 @@ def train(cfg: Config) -> dict:
         if stop.requested(info, step):
             save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
             progress.close()
-            log(f"stopped by {stop.signal_name} at step {step}; checkpoint {ckpt.checkpoint_path(run_dir, step)} "
-                "written; run the same command to resume")
+            log(
+                f"stopped by {stop.signal_name} at step {step}; checkpoint "
+                f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume"
+            )
             cleanup()
             return {"step": step, "stopped": True}
     progress.close()
@@ -130,25 +166,36 @@ def train(cfg: Config) -> dict:
     result = {"step": step}
     if cfg.eval_at_end:
         eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
-        raw = evaluate(model, eval_loader, precision, info.device, cfg.preprocess, cfg.max_eval_batches,
-                       info.world_size)
+        raw = evaluate(
+            model, eval_loader, precision, info.device, cfg.preprocess, cfg.max_eval_batches, info.world_size
+        )
         result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
         if cfg.ema_decay:
             with ema_weights(optimizer, bn_ema):
-                ema = evaluate(model, eval_loader, precision, info.device, cfg.preprocess,
-                               cfg.max_eval_batches, info.world_size)
+                ema = evaluate(
+                    model,
+                    eval_loader,
+                    precision,
+                    info.device,
+                    cfg.preprocess,
+                    cfg.max_eval_batches,
+                    info.world_size,
+                )
             result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
         metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
         chance = 1.0 / cfg.num_classes
         ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
         verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
-        log(f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, top-5 {result['top5']:.3f} "
-            f"on {result['count']} images; chance is {chance:.3f}, so top-1 is {verdict} chance")
+        log(
+            f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, top-5 {result['top5']:.3f} "
+            f"on {result['count']} images; chance is {chance:.3f}, so top-1 is {verdict} chance"
+        )
     cleanup()
     return result
 
 
 # --- named pieces of the loop -----------------------------------------------------------------
+
 
 def prepare_data_dir(cfg: Config, info, log) -> Path:
     """cfg.data_dir checked; for the demo with no --data_dir, a synthetic set built once in the cache."""
@@ -182,11 +229,24 @@ def build_optimizer(cfg: Config, model: torch.nn.Module):
     groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
     ema = cfg.ema_decay or None
     if cfg.optimizer == "rmsprop":
-        return FusedRMSPropTF(groups, lr=cfg.initial_learning_rate, decay=cfg.rmsprop_decay,
-                              momentum=cfg.momentum, eps=cfg.rmsprop_epsilon,
-                              weight_decay=cfg.weight_decay, ema_decay=ema, impl=cfg.optimizer_impl)
-    return FusedMomentum(groups, lr=cfg.initial_learning_rate, momentum=cfg.momentum,
-                         weight_decay=cfg.weight_decay, ema_decay=ema, impl=cfg.optimizer_impl)
+        return FusedRMSPropTF(
+            groups,
+            lr=cfg.initial_learning_rate,
+            decay=cfg.rmsprop_decay,
+            momentum=cfg.momentum,
+            eps=cfg.rmsprop_epsilon,
+            weight_decay=cfg.weight_decay,
+            ema_decay=ema,
+            impl=cfg.optimizer_impl,
+        )
+    return FusedMomentum(
+        groups,
+        lr=cfg.initial_learning_rate,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        ema_decay=ema,
+        impl=cfg.optimizer_impl,
+    )
 
 
 def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
@@ -202,16 +262,22 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
     missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
     mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
     if missing or mismatched or set(wanted) - set(own):
-        problem = (f"shapes differ for {', '.join(mismatched[:3])}" if mismatched else
-                   f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}")
+        problem = (
+            f"shapes differ for {', '.join(mismatched[:3])}"
+            if mismatched
+            else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
+        )
         hint = "" if cfg.fine_tune else " (pass --fine_tune to re-initialise the classifier)"
-        raise ckpt.CheckpointError(f"{cfg.pretrained_model_checkpoint_path} does not fit model "
-                                   f"{cfg.model_name}: {problem}{hint}")
+        raise ckpt.CheckpointError(
+            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}"
+        )
     model.load_state_dict(wanted, strict=False)
     if cfg.fine_tune:
         reset_classifier(model)
-    log(f"restored weights from {cfg.pretrained_model_checkpoint_path}"
-        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}")
+    log(
+        f"restored weights from {cfg.pretrained_model_checkpoint_path}"
+        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}"
+    )
 
 
 def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, log) -> int:
@@ -232,10 +298,12 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
             bn_ema.load_state_dict(state["bn_ema"])
         step_fn.load_state_dict(state["train_step"])
     except (KeyError, RuntimeError, ValueError) as exc:
-        raise ckpt.CheckpointError(f"{path} does not fit this run's model/optimizer: "
-                                   f"{str(exc).splitlines()[0]}") from None
-    loader.load_state_dict(state["data"][info.rank] if len(state["data"]) == info.world_size
-                           else state["data"][0])
+        raise ckpt.CheckpointError(
+            f"{path} does not fit this run's model/optimizer: {str(exc).splitlines()[0]}"
+        ) from None
+    loader.load_state_dict(
+        state["data"][info.rank] if len(state["data"]) == info.world_size else state["data"][0]
+    )
     rng = state.get("rng", [])
     if len(rng) == info.world_size:
         set_rng_state(rng[info.rank])
@@ -251,12 +319,18 @@ def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info
         torch.distributed.all_gather_object(gathered, per_rank)
     if not info.is_main:
         return
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-             "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
-             "ema": dict(zip([n for n, _ in model.named_parameters()], optimizer.ema_parameters())),
-             "train_step": step_fn.state_dict(), "data": [g["data"] for g in gathered],
-             "rng": [g["rng"] for g in gathered], "config": dataclasses.asdict(cfg),
-             "world_size": info.world_size}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
+        "ema": dict(zip([n for n, _ in model.named_parameters()], optimizer.ema_parameters())),
+        "train_step": step_fn.state_dict(),
+        "data": [g["data"] for g in gathered],
+        "rng": [g["rng"] for g in gathered],
+        "config": dataclasses.asdict(cfg),
+        "world_size": info.world_size,
+    }
     ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
 
 
@@ -272,20 +346,25 @@ def batch_stream(loader, accum: int):
         loader.set_epoch(loader.epoch + 1)
 
 
-def check_finite(streak: int, step: int, cfg: Config, loss_scaling: bool, last_saved: int,
-                 run_dir: Path) -> None:
+def check_finite(
+    streak: int, step: int, cfg: Config, loss_scaling: bool, last_saved: int, run_dir: Path
+) -> None:
     """Stop on non-finite losses: at once without loss scaling, after a streak of skips with it."""
     if streak == 0 or (loss_scaling and streak < cfg.max_nonfinite_steps):
         return
     kept = f"; the last good checkpoint is {ckpt.checkpoint_path(run_dir, last_saved)}" if last_saved else ""
-    raise TrainingStopped(f"the loss was not finite for the last {streak} step(s) at step {step} "
-                          f"(updates were skipped, weights are unchanged){kept}; lower "
-                          "--initial_learning_rate or use --precision=fp32")
+    raise TrainingStopped(
+        f"the loss was not finite for the last {streak} step(s) at step {step} "
+        f"(updates were skipped, weights are unchanged){kept}; lower "
+        "--initial_learning_rate or use --precision=fp32"
+    )
 
 
 def log_step(log, progress, step: int, loss: float, examples_per_sec: float, sec_per_batch: float) -> None:
-    line = (f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
-            f"({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)")
+    line = (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
+        f"({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)"
+    )
     if progress.enabled:
         progress.write(line)
     else:

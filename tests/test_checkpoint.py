@@ -27,7 +27,10 @@ def test_keeps_newest_k_in_numeric_order(tmp_path):
         ckpt.save_checkpoint(tmp_path, step, _state(step), keep=3)
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [10, 11, 100]
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".sha256") == [
-        "ckpt-10.pt.sha256", "ckpt-100.pt.sha256", "ckpt-11.pt.sha256"]
+        "ckpt-10.pt.sha256",
+        "ckpt-100.pt.sha256",
+        "ckpt-11.pt.sha256",
+    ]
 
 
 def test_corrupt_newest_falls_back_to_previous(tmp_path):
@@ -98,7 +101,9 @@ def test_crash_at_each_phase_leaves_previous_checkpoint_intact(tmp_path, monkeyp
     elif phase == "sidecar":
         monkeypatch.setattr(ckpt, "_write_atomic", boom)
     elif phase == "replace":
-        monkeypatch.setattr(ckpt.os, "replace", lambda a, b: boom() if str(b).endswith(".pt") else real_replace(a, b))
+        monkeypatch.setattr(
+            ckpt.os, "replace", lambda a, b: boom() if str(b).endswith(".pt") else real_replace(a, b)
+        )
     else:
         monkeypatch.setattr(ckpt, "_fsync_dir", boom)
     with pytest.raises(OSError):

@@ -15,10 +15,11 @@ def tf_exponential_decay(lr0, step, decay_steps, rate):
 
 
 def tf_piecewise_constant(step, boundaries, values):
-    # tf.compat.v1.train.piecewise_constant: values[i] while boundaries[i-1] < step <= boundaries[i]
-    # (the ResNet seed passes boundaries as step counts; the first value up to and at the boundary)
+    # tf.compat.v1.train.piecewise_constant: values[0] for step <= boundaries[0], values[i] for
+    # boundaries[i-1] < step <= boundaries[i], values[-1] after the last (the ResNet seed's boundaries
+    # are step counts: epochs x steps per epoch)
     for b, v in zip(boundaries, values):
-        if step < b:
+        if step <= b:
             return v
     return values[-1]
 
@@ -30,7 +31,7 @@ def test_inception_exponential(step):
     assert sched.at(step) == pytest.approx(tf_exponential_decay(0.1, step, 3000, 0.16), rel=1e-12)
 
 
-@pytest.mark.parametrize("step", [0, 2999, 3000, 5999, 6000, 8000, 8999, 9000, 12000])
+@pytest.mark.parametrize("step", [0, 2999, 3000, 3001, 5999, 6000, 6001, 8000, 8999, 9000, 9001, 12000])
 def test_resnet_piecewise_with_batch_scaling(step):
     cfg = make_config(recipe="resnet101")
     sched = LRSchedule(cfg, steps_per_epoch=100, global_batch=128)

@@ -42,8 +42,14 @@ def resolve_backend(cfg: Config) -> str:
     return cfg.data_backend
 
 
-def build_loader(cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1,
-                 device: torch.device | None = None):
+def build_loader(
+    cfg: Config,
+    split: str,
+    training: bool,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
+):
     """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank.
 
     training=True: shuffled, augmented with the train transform, partial batches dropped.
