@@ -53,6 +53,8 @@ class Config:
     """A fasttrain checkpoint to start from (the run starts at step 0)."""
     checkpoint_dir: str = ""
     """Resume from the newest checkpoint in this directory instead of train_dir's own."""
+    device: str = "auto"
+    """Device to train on: auto (CUDA when available), cuda, or cpu."""
     num_gpus: int = 0
     """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node."""
     profile_comm: bool = False
@@ -165,6 +167,7 @@ class Config:
 
 
 _CHOICES = {
+    "device": ("auto", "cuda", "cpu"),
     "subset": ("train", "validation"),
     "data_backend": ("auto", "dali", "torch", "synthetic"),
     "preprocess": ("inception", "resnet"),

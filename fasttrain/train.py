@@ -44,7 +44,7 @@ class TrainingStopped(RuntimeError):
 
 
 def train(cfg: Config) -> dict:
-    info = init_distributed()
+    info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
     torch.manual_seed(cfg.seed)

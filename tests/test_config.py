@@ -7,6 +7,7 @@ import pytest
 from fasttrain.config import Config, ConfigError, make_config, parse_args
 
 _SPECIAL = {
+    "device": "cpu",
     "label_offset": "0",
     "resnet_size": "50",
     "subset": "validation",
