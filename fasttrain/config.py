@@ -97,10 +97,10 @@ class Config:
     """Width of the first ResNet stage (64 is the standard architecture; the demo uses less)."""
     zero_init_residual: bool = True
     """Zero-initialise the last BN gamma of every residual block."""
-    bn_momentum: float = 0.003
-    """BatchNorm running-statistics momentum in torch's convention (1 - TF decay)."""
-    bn_eps: float = 1e-5
-    """BatchNorm epsilon."""
+    bn_momentum: float | None = None
+    """BatchNorm running-statistics momentum in torch's convention, 1 - TF decay (none: the model's)."""
+    bn_eps: float | None = None
+    """BatchNorm epsilon (none: the model's; ResNet 1e-5, Inception 0.001)."""
     label_smoothing: float = 0.0
     """Label smoothing of the cross-entropy loss."""
     aux_loss_weight: float = 0.0
@@ -296,6 +296,7 @@ def _inception_v3() -> dict:
         ema_decay=0.9999,
         label_smoothing=0.1,
         aux_loss_weight=0.4,
+        no_decay_bn_bias=True,  # slim put L2 on conv and fc weights only
         bn_momentum=0.0003,
         bn_eps=0.001,
         zero_init_residual=False,
@@ -350,14 +351,15 @@ _FALSE = ("0", "false", "no", "off")
 
 def _convert(name: str, text: str):
     hint = _HINTS[name]
-    base = [a for a in typing.get_args(hint) if a is not type(None)][0] if typing.get_args(hint) else hint
+    optional = type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    if optional and text.lower() in ("auto", "none"):
+        return None
     if base is bool:
         if text.lower() in _TRUE:
             return True
         if text.lower() in _FALSE:
             return False
-        if typing.get_args(hint) and text.lower() in ("auto", "none"):
-            return None
         raise ConfigError(f"--{name} takes true or false, got {text!r}")
     try:
         return base(text)

@@ -27,6 +27,8 @@ def _other_value(name, value):
     """A valid value different from the default, as command-line text."""
     if name in _SPECIAL:
         return _SPECIAL[name]
+    if value is None and name.startswith("bn_"):
+        return "0.25"
     if isinstance(value, bool) or value is None:
         return "false" if value else "true"
     if isinstance(value, int):
