@@ -224,6 +224,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
     if cfg.max_steps == 0 and cfg.train_epochs == 0:
         raise ConfigError("set --max_steps or --train_epochs: both are 0")
+    if cfg.model_name == "inception_v3" and cfg.batch_size < 2:
+        raise ConfigError("inception_v3 needs --batch_size of at least 2 (the aux head's BN sees 1x1 maps)")
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
         raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
     try:
