@@ -1,0 +1,165 @@
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic}.
+
+    verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
+               [--cache-dir D] [--no-index]
+        check every record's CRCs and Example fields (and JPEG with --decode), write or validate the
+        index files, print per-split record counts, label ranges and records/s; exit 1 with a per-file
+        report when any record is bad
+    ls DIR [--split train|validation] [--limit N]
+        one JSON object per record: file, offset, size, label (as stored), filename, height, width,
+        boxes ([ymin, xmin, ymax, xmax] each), synset, text, jpeg_bytes
+    make-synthetic --out DIR [--train-shards N] [--val-shards M] [--per-shard K] [--classes C] [--seed S]
+        a small data set in the converter's exact layout (see fasttrain.data.synthetic)
+
+Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from fasttrain.data import DataError
+from fasttrain.data.imagenet import SPLITS, decode_record, list_shards, make_synthetic, verify
+from fasttrain.data.tfrecord import scan_records
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m fasttrain.data", description="TFRecord data tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    p = commands.add_parser("verify", help="check every record (CRC, Example, label; JPEG with --decode)")
+    p.add_argument("data_dir")
+    p.add_argument("--decode", action="store_true", help="also decode every JPEG")
+    p.add_argument("--split", choices=SPLITS, help="only this split (default: both)")
+    p.add_argument("--workers", type=_count(1), default=None, help="processes (default: all cores)")
+    p.add_argument(
+        "--label-offset", type=int, default=0, choices=(0, -1), help="as the trainer's --label_offset"
+    )
+    p.add_argument("--num-classes", type=_count(1), default=1001, help="labels + offset must be in [0, this)")
+    p.add_argument("--cache-dir", default=None, help="where index files go if DIR is read-only")
+    p.add_argument("--no-index", action="store_true", help="do not write index files")
+
+    p = commands.add_parser("ls", help="one JSON line per record")
+    p.add_argument("data_dir")
+    p.add_argument("--split", choices=SPLITS, help="only this split (default: train, then validation)")
+    p.add_argument("--limit", type=_count(0), default=0, help="stop after N records (0: all)")
+
+    p = commands.add_parser("make-synthetic", help="write a small data set in the converter's layout")
+    p.add_argument("--out", required=True)
+    p.add_argument("--train-shards", type=_count(0), default=4)
+    p.add_argument("--val-shards", type=_count(0), default=1)
+    p.add_argument("--per-shard", type=_count(0), default=750)
+    p.add_argument("--classes", type=_count(1), default=10)
+    p.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _verify(args) -> int:
+    report = verify(
+        args.data_dir,
+        decode=args.decode,
+        splits=[args.split] if args.split else None,
+        label_offset=args.label_offset,
+        num_classes=args.num_classes,
+        cache_dir=args.cache_dir,
+        workers=args.workers,
+        write_index=not args.no_index,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    for split in SPLITS if not args.split else [args.split]:
+        print(report.split_summary(split))
+    indexes: dict[str, int] = {}
+    for shard in report.shards:
+        indexes[shard.index] = indexes.get(shard.index, 0) + 1
+    print("index files: " + ", ".join(f"{n} {state}" for state, n in sorted(indexes.items())))
+    mb = sum(s.bytes for s in report.shards) / 1e6
+    print(
+        f"checked {report.records} records ({mb:.1f} MB) in {report.seconds:.1f} s: "
+        f"{report.records_per_second():.0f} records/s, {mb / max(report.seconds, 1e-9):.1f} MB/s"
+    )
+    if report.ok:
+        return 0
+    for shard in report.bad:
+        print(f"{shard.file}: {len(shard.bad)} bad record(s)")
+        for message in shard.bad:
+            print(f"  {message}")
+    n_bad = sum(len(s.bad) for s in report.bad)
+    print(f"FAILED: {n_bad} bad record(s) in {len(report.bad)} file(s)", file=sys.stderr)
+    return 1
+
+
+def _ls(args) -> int:
+    count = 0
+    for split in [args.split] if args.split else SPLITS:
+        try:
+            shards = list_shards(args.data_dir, split)
+        except DataError:
+            if args.split:
+                raise
+            continue
+        for shard in shards:
+            for offset, size, payload in scan_records(shard):
+                # Labels as stored: no offset, and a range wide enough to accept any stored value.
+                r = decode_record(payload, shard, offset, label_offset=0, num_classes=1 << 62)
+                line = {
+                    "file": str(shard),
+                    "offset": offset,
+                    "size": size,
+                    "label": r.stored_label,
+                    "filename": r.filename,
+                    "height": r.height,
+                    "width": r.width,
+                    "boxes": [[round(float(v), 6) for v in box] for box in r.boxes],
+                    "synset": r.synset,
+                    "text": r.text,
+                    "jpeg_bytes": len(r.jpeg),
+                }
+                print(json.dumps(line))
+                count += 1
+                if args.limit and count >= args.limit:
+                    return 0
+    return 0
+
+
+def _make_synthetic(args) -> int:
+    start = time.perf_counter()
+    make_synthetic(args.out, args.train_shards, args.val_shards, args.per_shard, args.classes, args.seed)
+    print(
+        f"wrote {args.train_shards * args.per_shard} train and {args.val_shards * args.per_shard} validation "
+        f"records to {args.out} in {time.perf_counter() - start:.1f} s"
+    )
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
+        parser.error("make-synthetic needs --train-shards or --val-shards above 0")
+    command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic}[args.command]
+    try:
+        return command(args)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

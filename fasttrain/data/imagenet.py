@@ -1,0 +1,156 @@
+"""The ImageNet TFRecord layout of TensorFlow models' build_imagenet_data.py: shards, Example keys, labels.
+
+Shards are `train-%05d-of-%05d` and `validation-%05d-of-%05d` (no extension, no compression). Each
+record is a tf.train.Example with these features (types as the converter writes them):
+
+    image/encoded        bytes   the JPEG (RGB after the converter's CMYK/PNG fixes; may be grayscale)
+    image/class/label    int64   1..1000 (0 = background)                       required
+    image/height, image/width, image/channels   int64                           optional here
+    image/colorspace ("RGB"), image/format ("JPEG"), image/filename,
+    image/class/synset, image/class/text         bytes                           optional here
+    image/object/bbox/{xmin,ymin,xmax,ymax}      float lists, normalised, equal lengths (often empty)
+    image/object/bbox/label                      int64 list
+
+Only `image/encoded` and `image/class/label` are required (the seeds read nothing else but the boxes);
+a key that is present with the wrong type is an error. The training label is the stored label plus
+`label_offset` (0: 1001 classes with background 0, the Inception seed; -1: 1000 classes) and must lie
+in [0, num_classes).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from fasttrain.data import DataError
+from fasttrain.data.example import parse_example
+
+SPLITS = ("train", "validation")
+_SHARD = re.compile(r"(train|validation)-(\d{5})-of-(\d{5})")
+_BOX_KEYS = (
+    "image/object/bbox/ymin",
+    "image/object/bbox/xmin",
+    "image/object/bbox/ymax",
+    "image/object/bbox/xmax",
+)
+
+
+def list_shards(data_dir, split: str) -> list[Path]:
+    """The split's shard files in data_dir, sorted; DataError if the directory or the shards are missing."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; use train or validation")
+    data_dir = Path(data_dir)
+    if not str(data_dir) or not data_dir.is_dir():
+        raise DataError(
+            f"data directory {str(data_dir)!r} does not exist; give the directory of the TFRecord shards"
+        )
+    names = [p for p in data_dir.iterdir() if (m := _SHARD.fullmatch(p.name)) and m.group(1) == split]
+    if not names:
+        raise DataError(
+            f"no {split}-NNNNN-of-NNNNN shards in {data_dir}; give the directory of the converter's output"
+        )
+    return sorted(names)
+
+
+@dataclass
+class ImageRecord:
+    """One decoded Example (the JPEG itself is not decoded here)."""
+
+    jpeg: bytes
+    label: int  # stored label + label_offset, in [0, num_classes)
+    boxes: np.ndarray  # (K, 4) float32: ymin, xmin, ymax, xmax, normalised to [0, 1]
+    height: int  # from image/height (0 if absent); the decoded JPEG is authoritative
+    width: int
+    filename: str
+    file: str  # the shard
+    offset: int  # byte offset of the record in the shard
+    stored_label: int = 0  # image/class/label as written
+    synset: str = ""
+    text: str = ""
+
+
+def _bad(file, offset, what: str) -> DataError:
+    return DataError(
+        f"record at offset {offset} in {file}: {what}; re-create the shard or use --skip_corrupt"
+    )
+
+
+def _values(feature_map, key: str, kind: str, file, offset, required: bool):
+    if key not in feature_map:
+        if required:
+            raise _bad(file, offset, f"missing key {key!r}")
+        return None
+    feature = feature_map[key]
+    found = feature.WhichOneof("kind")
+    if found != kind:
+        raise _bad(file, offset, f"key {key!r} is {found or 'empty'}, expected {kind}")
+    return getattr(feature, kind).value
+
+
+def _single(feature_map, key, kind, file, offset, required, default):
+    values = _values(feature_map, key, kind, file, offset, required)
+    if values is None:
+        return default
+    if len(values) != 1:
+        raise _bad(file, offset, f"key {key!r} has {len(values)} values, expected 1")
+    return values[0]
+
+
+def _text(feature_map, key, file, offset) -> str:
+    return _single(feature_map, key, "bytes_list", file, offset, False, b"").decode("utf-8", "replace")
+
+
+def decode_record(payload: bytes, file, offset: int, label_offset: int, num_classes: int) -> ImageRecord:
+    """Parse one ImageNet Example; DataError naming file and offset for a bad record or label."""
+    try:
+        feature_map = parse_example(payload).features.feature
+    except DecodeError:
+        raise _bad(file, offset, "not a tf.train.Example protobuf") from None
+    jpeg = _single(feature_map, "image/encoded", "bytes_list", file, offset, True, None)
+    stored = _single(feature_map, "image/class/label", "int64_list", file, offset, True, None)
+    label = stored + label_offset
+    if not 0 <= label < num_classes:
+        raise _bad(
+            file,
+            offset,
+            f"label {stored} + label_offset {label_offset} is outside [0, {num_classes}): "
+            "check --label_offset and --num_classes",
+        )
+    coords = [_values(feature_map, k, "float_list", file, offset, False) for k in _BOX_KEYS]
+    coords = [[] if c is None else c for c in coords]
+    if len({len(c) for c in coords}) != 1:
+        raise _bad(file, offset, "bounding-box coordinate lists have different lengths")
+    boxes = np.array(coords, dtype=np.float32).T.reshape(-1, 4)
+    return ImageRecord(
+        jpeg=jpeg,
+        label=label,
+        boxes=boxes,
+        height=_single(feature_map, "image/height", "int64_list", file, offset, False, 0),
+        width=_single(feature_map, "image/width", "int64_list", file, offset, False, 0),
+        filename=_text(feature_map, "image/filename", file, offset),
+        file=str(file),
+        offset=offset,
+        stored_label=stored,
+        synset=_text(feature_map, "image/class/synset", file, offset),
+        text=_text(feature_map, "image/class/text", file, offset),
+    )
+
+
+def make_synthetic(
+    out_dir, train_shards: int, val_shards: int, per_shard: int, classes: int, seed: int
+) -> None:
+    """Write a small ImageNet-layout data set; see fasttrain.data.synthetic."""
+    from fasttrain.data.synthetic import make_synthetic as _make
+
+    _make(out_dir, train_shards, val_shards, per_shard, classes, seed)
+
+
+def verify(data_dir, decode: bool = False, **kwargs):
+    """Check every record of data_dir; see fasttrain.data.verify.verify_dataset for the options."""
+    from fasttrain.data.verify import verify_dataset
+
+    return verify_dataset(data_dir, decode=decode, **kwargs)

@@ -1,0 +1,48 @@
+"""On-device normalisation of uint8 NHWC batches into the model's (N, C, H, W) input.
+
+    inception: y = x / 127.5 - 1                     (the seed's [-1, 1] scaling, as x * (1/127.5) - 1)
+    resnet:    y = x - mean_c,  mean = (123.68, 116.78, 103.94)   (TF ResNet's _CHANNEL_MEANS, no std)
+
+The NHWC tensor is permuted, not copied, to (N, C, H, W): the result is in torch.channels_last memory
+format (the layout the convolutions want) with no layout round trip. The arithmetic is done in float32
+and rounded once to `dtype` (uint8 -> bf16 directly would round the scaled value twice).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+RESNET_CHANNEL_MEANS = (123.68, 116.78, 103.94)
+
+
+@functools.cache
+def _affine(preprocess: str, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Cached per device: building the constants every step would be a host-to-device copy each time.
+    if preprocess == "inception":
+        scale, bias = [1 / 127.5] * 3, [-1.0] * 3
+    elif preprocess == "resnet":
+        scale, bias = [1.0] * 3, [-m for m in RESNET_CHANNEL_MEANS]
+    else:
+        raise ValueError(f"unknown preprocess {preprocess!r}; use inception or resnet")
+    shape = (1, 3, 1, 1)
+    return (
+        torch.tensor(scale, dtype=torch.float32, device=device).view(shape),
+        torch.tensor(bias, dtype=torch.float32, device=device).view(shape),
+    )
+
+
+def normalize_images(
+    images: torch.Tensor, preprocess: str, dtype: torch.dtype = torch.float32, channels_last: bool = True
+) -> torch.Tensor:
+    """(N, H, W, 3) uint8 on any device -> (N, 3, H, W) `dtype`, channels_last unless told otherwise."""
+    if images.dim() != 4 or images.shape[-1] != 3:
+        raise ValueError(f"expected (N, H, W, 3) images, got shape {tuple(images.shape)}")
+    scale, bias = _affine(preprocess, images.device)
+    x = images.permute(0, 3, 1, 2)  # (N, C, H, W) view of NHWC memory: channels_last strides
+    # Elementwise ops keep the input's channels_last layout (TensorIterator follows the strides).
+    y = torch.addcmul(bias, x.float(), scale).to(dtype)
+    if not channels_last:
+        y = y.contiguous()
+    return y

@@ -1,0 +1,117 @@
+"""Which records a rank reads in an epoch, and in which order: a pure function of the index files.
+
+The split is a table of N records (shards in name order, records in file order; a record's position in
+this table is its *global position*). For epoch e of a run seeded s, rank r of W reads:
+
+    training:   shard order  = permutation of the shards, rng(s, e)
+                stream       = records of the shards in that order (N of them)
+                rank slice   = stream[r N // W : (r + 1) N // W]    (contiguous: mostly sequential reads)
+                rank order   = tf.data's shuffle(buffer) applied to the slice, rng(s, e, r)
+                kept         = its first N // W records (every rank the same count), cut into
+                               N // W // B batches of B; the tail is dropped
+    evaluation: records[r N // W : (r + 1) N // W] in table order, cut into ceil(count / B) batches,
+                the last one partial
+
+so every record appears exactly once per epoch across ranks (up to the N mod W + tail records dropped
+in training), and the order depends only on (seed, epoch, world size) and the data, never on the
+number of DataLoader workers. Knowing every batch's records without reading any data is what lets a
+resumed run skip straight to batch b.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fasttrain.data.imagenet import list_shards
+from fasttrain.data.tfrecord import load_index
+
+
+@dataclass
+class RecordTable:
+    """Every record of a split: shard files and, per global position, (file id, offset, size)."""
+
+    files: list[str]
+    file_ids: np.ndarray  # (N,) int32 index into files
+    offsets: np.ndarray  # (N,) int64 byte offset of the framed record
+    sizes: np.ndarray  # (N,) int64 framed size (payload + 16)
+    shard_starts: np.ndarray  # (num_shards + 1,) global position of each shard's first record
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def load_split(data_dir, split: str, cache_dir=None) -> RecordTable:
+    """The split's record table, from (validated, built on demand) index files."""
+    files, entries = [], []
+    for shard in list_shards(data_dir, split):
+        _, index = load_index(shard, cache_dir)
+        files.append(str(shard))
+        entries.append(index)
+    counts = np.array([len(e) for e in entries], dtype=np.int64)
+    table = np.concatenate(entries) if entries else np.zeros((0, 2), np.int64)
+    return RecordTable(
+        files=files,
+        file_ids=np.repeat(np.arange(len(files), dtype=np.int32), counts),
+        offsets=table[:, 0].copy(),
+        sizes=table[:, 1].copy(),
+        shard_starts=np.concatenate([[0], np.cumsum(counts)]),
+    )
+
+
+def shuffle_buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
+    """The order in which tf.data's shuffle(buffer_size) emits elements 0..n-1.
+
+    The buffer holds the first buffer_size elements; each step emits a uniformly chosen slot and
+    refills it with the next input element; once the input is exhausted the buffer drains at random.
+    """
+    if buffer_size <= 1 or n <= 1:
+        return np.arange(n)
+    buffer = list(range(min(buffer_size, n)))
+    following = len(buffer)
+    uniforms = rng.random(n)
+    out = np.empty(n, dtype=np.int64)
+    for t in range(n):
+        slot = int(uniforms[t] * len(buffer))
+        out[t] = buffer[slot]
+        if following < n:
+            buffer[slot] = following
+            following += 1
+        else:
+            buffer[slot] = buffer[-1]
+            buffer.pop()
+    return out
+
+
+def rank_range(n: int, rank: int, world_size: int) -> tuple[int, int]:
+    return rank * n // world_size, (rank + 1) * n // world_size
+
+
+def epoch_positions(
+    table: RecordTable, training: bool, seed: int, epoch: int, rank: int, world_size: int, shuffle_buffer: int
+) -> np.ndarray:
+    """Global positions of the records rank `rank` reads in `epoch`, in order (see the module doc)."""
+    n = len(table)
+    lo, hi = rank_range(n, rank, world_size)
+    if not training:
+        return np.arange(lo, hi, dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch, 0x5A4D])
+    starts = table.shard_starts
+    stream = np.concatenate(
+        [np.arange(starts[s], starts[s + 1]) for s in rng.permutation(len(starts) - 1)]
+        or [np.zeros(0, np.int64)]
+    )
+    mine = stream[lo:hi]
+    mine = mine[
+        shuffle_buffer_order(len(mine), shuffle_buffer, np.random.default_rng([seed, epoch, rank, 0x5B]))
+    ]
+    return mine[: n // world_size]
+
+
+def num_batches(n: int, training: bool, rank: int, world_size: int, batch_size: int) -> int:
+    """Batches per epoch on `rank`: training drops the partial batch, evaluation keeps it."""
+    if training:
+        return n // world_size // batch_size
+    lo, hi = rank_range(n, rank, world_size)
+    return -(-(hi - lo) // batch_size)

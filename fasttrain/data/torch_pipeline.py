@@ -1,0 +1,183 @@
+"""The PyTorch input pipeline: TFRecord shards -> Pillow decode + the seeds' transforms -> uint8 NHWC.
+
+Which records each rank reads, and in which batches, is planned from the index files alone
+(fasttrain.data.sharding). DataLoader worker k of K builds batches k, k + K, k + 2K, ... of that plan,
+and the DataLoader hands batches back round-robin in worker order, so the batch sequence is the plan's:
+identical for any number of workers. Sample i's augmentation draws from a NumPy generator seeded with
+(seed, epoch, global position of the record), never from a stream shared between samples, so a run
+resumed at batch b (state_dict {'epoch', 'batch'}) reproduces batches b, b+1, ... bit for bit without
+reading or decoding batches 0..b-1.
+
+Bad records (CRC, Example, label, JPEG) raise DataError naming the shard and offset, or with
+skip_corrupt are counted in `skipped` and left out: a training batch is topped up with copies of its
+good images so its shape stays (B, S, S, 3) (static shapes for CUDA graphs); an evaluation batch
+shrinks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from fasttrain.config import Config
+from fasttrain.data import DataError
+from fasttrain.data.imagenet import decode_record
+from fasttrain.data.sharding import RecordTable, epoch_positions, load_split, num_batches
+from fasttrain.data.tfrecord import read_record
+from fasttrain.data.transforms import eval_transform, train_transform
+
+_MAX_OPEN_FILES = 16
+
+
+class _BatchDataset(IterableDataset):
+    """One epoch of one rank's batches, from batch `start` on; each worker builds every K-th batch."""
+
+    def __init__(
+        self,
+        table: RecordTable,
+        positions: np.ndarray,
+        start: int,
+        count: int,
+        cfg: Config,
+        epoch: int,
+        training: bool,
+    ):
+        self.table, self.positions, self.start, self.count = table, positions, start, count
+        self.epoch, self.training = epoch, training
+        self.batch_size, self.image_size = cfg.batch_size, cfg.image_size
+        self.preprocess, self.color_distort = cfg.preprocess, cfg.color_distort
+        self.label_offset, self.num_classes = cfg.label_offset, cfg.num_classes
+        self.seed, self.skip_corrupt = cfg.seed, cfg.skip_corrupt
+        self._files: OrderedDict = OrderedDict()
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        try:
+            for j in range(self.start + worker, self.count, workers):
+                yield self._batch(j)
+        finally:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
+
+    def _file(self, file_id: int):
+        # A small LRU of open shards: the shuffle buffer keeps each worker within a few shards.
+        f = self._files.pop(file_id, None)
+        if f is None:
+            if len(self._files) >= _MAX_OPEN_FILES:
+                self._files.popitem(last=False)[1].close()
+            f = open(self.table.files[file_id], "rb")  # noqa: SIM115 - closed by the LRU / __iter__
+        self._files[file_id] = f
+        return f
+
+    def _sample(self, position: int) -> tuple[np.ndarray, int]:
+        table = self.table
+        file_id, offset = int(table.file_ids[position]), int(table.offsets[position])
+        path = table.files[file_id]
+        payload = read_record(self._file(file_id), offset, int(table.sizes[position]), path)
+        record = decode_record(payload, path, offset, self.label_offset, self.num_classes)
+        if self.training:
+            rng = np.random.default_rng([self.seed, self.epoch, position])
+            image = train_transform(
+                record.jpeg,
+                record.boxes,
+                rng,
+                self.image_size,
+                self.preprocess,
+                self.color_distort,
+                path,
+                offset,
+            )
+        else:
+            image = eval_transform(record.jpeg, self.image_size, self.preprocess, path, offset)
+        return image, record.label
+
+    def _batch(self, j: int):
+        images, labels, skipped = [], [], 0
+        for position in self.positions[j * self.batch_size : (j + 1) * self.batch_size]:
+            try:
+                image, label = self._sample(int(position))
+            except DataError as e:
+                if not self.skip_corrupt:
+                    raise
+                print(f"skipping: {e}", file=sys.stderr, flush=True)
+                skipped += 1
+                continue
+            images.append(image)
+            labels.append(label)
+        if self.training and skipped:
+            if not images:
+                raise DataError(
+                    f"every record of training batch {j} is corrupt; run python -m fasttrain.data "
+                    "verify on the data directory"
+                )
+            for k in range(skipped):  # keep the static batch shape: repeat good images of this batch
+                images.append(images[k % (self.batch_size - skipped)])
+                labels.append(labels[k % (self.batch_size - skipped)])
+        shape = (len(images), self.image_size, self.image_size, 3)
+        batch = torch.from_numpy(np.stack(images)) if images else torch.empty(shape, dtype=torch.uint8)
+        return batch, torch.tensor(labels, dtype=torch.int64), skipped
+
+
+class TorchLoader:
+    """The torch backend of the loader protocol in fasttrain.data (uint8 NHWC, pinned with CUDA)."""
+
+    normalized = False
+
+    def __init__(self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1):
+        self.cfg, self.split, self.training = cfg, split, training
+        self.rank, self.world_size = rank, world_size
+        self.table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+        self.num_records = len(self.table)
+        self._len = num_batches(self.num_records, training, rank, world_size, cfg.batch_size)
+        if training and self._len == 0:
+            raise DataError(
+                f"the {split} split of {cfg.data_dir} has {self.num_records} records, fewer than "
+                f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
+            )
+        # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
+        self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
+        self.skipped = 0
+        self.epoch, self._position, self._resume = 0, 0, 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume = 0  # a loaded position belongs to the loaded epoch only
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
+        self._position = self._resume
+
+    def __iter__(self):
+        cfg = self.cfg
+        positions = epoch_positions(
+            self.table, self.training, cfg.seed, self.epoch, self.rank, self.world_size, cfg.shuffle_buffer
+        )
+        start, self._resume = self._resume, 0
+        self._position = start
+        if start >= self._len:
+            return
+        dataset = _BatchDataset(self.table, positions, start, self._len, cfg, self.epoch, self.training)
+        loader = DataLoader(
+            dataset,
+            batch_size=None,
+            num_workers=min(self.num_workers, self._len - start),
+            pin_memory=torch.cuda.is_available(),
+        )
+        for images, labels, skipped in loader:
+            self.skipped += int(skipped)
+            self._position += 1
+            if len(labels):  # an evaluation batch whose records were all skipped
+                yield images, labels
