@@ -1,0 +1,12 @@
+"""Triton kernels, installed as `fasttrain.kernels` (a bare `kernels` package would collide).
+
+One kernel per file, each with its exact equations in the module docstring, a private @triton.jit
+kernel, a public launcher that checks device, dtype, contiguity and shape, and a pure-torch reference
+with identical semantics (the specification the kernel is tested against):
+
+- rmsprop_tf: TensorFlow's RMSProp + L2 weight decay + loss-scale unscale/skip + EMA, one pass.
+- momentum:   TensorFlow's Momentum (= torch SGD) + the same extras, one pass.
+
+Kernels run on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU
+tensors (how CI tests them). Choosing between kernel and reference happens in fasttrain.optim.
+"""

@@ -1,0 +1,142 @@
+"""Launcher-side helpers shared by the optimizer kernels (nothing here runs inside a kernel).
+
+- `triton` / `tl`: the Triton modules, or placeholders where Triton does not import (macOS, Windows),
+  so that the kernel modules still import and their torch references still run.
+- `lazy_jit`: `triton.jit` applied at the first launch, once per interpreter mode (see its docstring).
+- `scalar_arg`: a hyperparameter that is either a Python float or a 0-d device tensor, as kernel args.
+- `ema_one_minus_decay`: the EMA weight `1 - d` as a 0-d device tensor (TensorFlow's
+  ExponentialMovingAverage with `num_updates`), computed once per optimizer step for every group:
+
+      n = step + 1                                   (steps applied, including this one)
+      d = min(decay, (1 + n) / (10 + n))             (warm-up on; plain `decay` when off)
+      returns 1 - d                                  (all in float32, as TensorFlow computes it)
+"""
+
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # Triton is optional off Linux: the torch references still work.
+    HAVE_TRITON = False
+    triton = None
+
+    class tl:  # noqa: N801 - stands in for triton.language in kernel signatures only
+        constexpr = None
+
+
+# Launch geometry. On a GPU: 1024 elements per program, 4 warps (8 fp32 per thread: two 16-byte
+# accesses per stream), the usual shape for a bandwidth-bound elementwise kernel. Under the
+# interpreter every program is a Python-level loop iteration over NumPy arrays, so one huge block is
+# fastest (1,000,003 elements in ~50 ms instead of ~1,000 programs).
+GPU_BLOCK_SIZE = 1024
+GPU_NUM_WARPS = 4
+INTERPRETER_MAX_BLOCK_SIZE = 1 << 20
+
+
+def interpreter_enabled() -> bool:
+    """True when TRITON_INTERPRET is set: Triton then runs kernels on CPU tensors in NumPy."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:  # Triton >= 3.4 reads the variable through its knobs
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+class lazy_jit:  # noqa: N801 - used as a decorator, like triton.jit
+    """`triton.jit` applied at launch time, once per interpreter mode.
+
+    Triton decides between compiling and interpreting when a function is decorated. Decorating at
+    import would freeze the mode at whichever moment the module was first imported (in a pytest run,
+    possibly before a test sets TRITON_INTERPRET=1); deciding per launch makes the mode follow the
+    environment. Kernels decorated this way must not call other @triton.jit functions.
+    """
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._by_mode = {}
+
+    def __getitem__(self, grid):
+        mode = interpreter_enabled()
+        if mode not in self._by_mode:
+            self._by_mode[mode] = triton.jit(self.fn)
+        return self._by_mode[mode][grid]
+
+
+def launch_config(numel: int) -> tuple[tuple[int], int, int]:
+    """(grid, BLOCK_SIZE, num_warps) for an elementwise kernel over `numel` elements."""
+    if interpreter_enabled():
+        block = min(triton.next_power_of_2(max(numel, 1)), INTERPRETER_MAX_BLOCK_SIZE)
+        return (triton.cdiv(numel, block),), block, 1
+    return (triton.cdiv(numel, GPU_BLOCK_SIZE),), GPU_BLOCK_SIZE, GPU_NUM_WARPS
+
+
+def check_triton_launch(name: str, w: torch.Tensor) -> None:
+    """Raise a clear error where the Triton kernel cannot run on `w`'s device."""
+    if not HAVE_TRITON:
+        raise RuntimeError(f"{name}: Triton is not installed; use impl='torch' (the reference).")
+    if w.device.type == "cpu" and not interpreter_enabled():
+        raise RuntimeError(
+            f"{name}: the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1; "
+            "set it or use impl='torch'."
+        )
+
+
+def check_args(name: str, w: torch.Tensor, found_inf, ema_weight, **buffers) -> None:
+    """Raise ValueError unless `w` and every other buffer is 1-D, contiguous, fp32 (fp16 and bf16
+    are accepted for the gradient `g`), on one device with one length; found_inf and ema_weight are
+    None or 1-element tensors on that device, and ema_weight is given when the `ema` buffer is."""
+    for key, t in {"w": w, **buffers}.items():
+        if t is None:
+            continue
+        allowed = (torch.float32, torch.float16, torch.bfloat16) if key == "g" else (torch.float32,)
+        if t.dtype not in allowed:
+            raise ValueError(f"{name}: buffer {key!r} is {t.dtype}; expected one of {allowed}.")
+        if t.dim() != 1 or t.numel() != w.numel() or not t.is_contiguous():
+            raise ValueError(
+                f"{name}: buffer {key!r} must be 1-D contiguous with {w.numel()} elements, "
+                f"got shape {tuple(t.shape)} with strides {t.stride()}."
+            )
+        if t.device != w.device:
+            raise ValueError(f"{name}: buffer {key!r} is on {t.device}, the weights on {w.device}.")
+    if buffers.get("ema") is not None and ema_weight is None:
+        raise ValueError(f"{name}: ema is given but ema_weight (1 - d) is not.")
+    for key, t in (("found_inf", found_inf), ("ema_weight", ema_weight)):
+        if t is not None and (t.numel() != 1 or t.device != w.device):
+            raise ValueError(f"{name}: {key} must be a 1-element tensor on {w.device}.")
+
+
+def scalar_arg(name: str, value, like: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
+    """(pointer, value, FROM_PTR) for a scalar given as a Python float or a 0-d (1-element) tensor.
+
+    A tensor is read by the kernel on the device (no host sync; a CUDA graph replay sees its current
+    value); a float is passed by value (rounded to fp32) and `like` stands in as an unused pointer.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or value.device != like.device:
+            raise ValueError(
+                f"{name} must be a float or a 1-element tensor on {like.device}, "
+                f"got shape {tuple(value.shape)} on {value.device}."
+            )
+        return value, 0.0, True
+    return like, float(value), False
+
+
+def f32(x: float) -> float:
+    """`x` rounded to float32, as a kernel receives a Python float argument."""
+    return torch.tensor(x, dtype=torch.float32).item()
+
+
+def ema_one_minus_decay(step: torch.Tensor, decay: float, warmup: bool) -> torch.Tensor:
+    """`1 - d` as a 0-d float32 tensor on `step`'s device (equations in the module docstring).
+
+    `step` holds the number of steps applied before this one; nothing is read back to the host.
+    """
+    d = torch.full((), decay, dtype=torch.float32, device=step.device)
+    if warmup:
+        n = step.to(torch.float32) + 1.0
+        d = torch.minimum(d, (1.0 + n) / (10.0 + n))
+    return 1.0 - d

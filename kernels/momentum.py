@@ -1,0 +1,144 @@
+"""TensorFlow's MomentumOptimizer (= torch.optim.SGD, dampening 0) + L2 weight decay + EMA in one pass.
+
+Per element, in float32 (g may be stored as fp32, fp16 or bf16; w, acc, ema are fp32):
+
+    g   = g * grad_scale + weight_decay * w      # grad_scale folds 1/loss_scale and 1/world_size;
+                                                 # the decay term is the gradient of TF's L2 loss
+    acc = momentum * acc + g                     # acc starts at zeros
+    w   = w - lr * acc                           # plain
+    w   = w - lr * (g + momentum * acc)          # nesterov (TF use_nesterov=True, torch nesterov=True)
+    ema = ema - ema_weight * (ema - w)           # ema_weight = 1 - d, see _common.ema_one_minus_decay
+
+This is torch.optim.SGD(momentum, dampening=0, weight_decay, nesterov) exactly: torch's first step
+sets acc = g, which equals momentum * 0 + g.
+
+Skip: when `found_inf` (0-d tensor) is nonzero, no element is read or written: every buffer stays
+bit-identical. lr, grad_scale and found_inf may be 0-d device tensors read by the kernel, so a launch
+needs no host sync and can be captured in a CUDA graph.
+
+Memory traffic: reads w, g, acc, ema and writes w, acc, ema: 28 B/param with fp32 state (20 B without
+EMA), the floor for this update.
+"""
+
+import torch
+
+from ._common import (
+    check_args,
+    check_triton_launch,
+    f32,
+    launch_config,
+    lazy_jit,
+    scalar_arg,
+    tl,
+)
+
+
+@lazy_jit
+def _momentum_kernel(
+    w_ptr, g_ptr, acc_ptr, ema_ptr,
+    lr_ptr, lr_value, scale_ptr, scale_value, found_inf_ptr, ema_weight_ptr,
+    momentum, weight_decay, numel,
+    LR_FROM_PTR: tl.constexpr, SCALE_FROM_PTR: tl.constexpr, NESTEROV: tl.constexpr,
+    CHECK_INF: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    # int64 offsets: a flat buffer may exceed 2^31 elements.
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    limit = numel
+    if CHECK_INF:
+        # Skip by masking everything out: no loads, no stores, bit-identical buffers.
+        limit = tl.where(tl.load(found_inf_ptr) == 0, numel, 0)
+    mask = offsets < limit
+    if LR_FROM_PTR:
+        lr = tl.load(lr_ptr).to(tl.float32)
+    else:
+        lr = lr_value
+    if SCALE_FROM_PTR:
+        scale = tl.load(scale_ptr).to(tl.float32)
+    else:
+        scale = scale_value
+
+    w = tl.load(w_ptr + offsets, mask=mask)
+    g = tl.load(g_ptr + offsets, mask=mask).to(tl.float32)
+    acc = tl.load(acc_ptr + offsets, mask=mask)
+
+    g = g * scale + weight_decay * w
+    acc = momentum * acc + g
+    if NESTEROV:
+        w = w - lr * (g + momentum * acc)
+    else:
+        w = w - lr * acc
+
+    tl.store(w_ptr + offsets, w, mask=mask)
+    tl.store(acc_ptr + offsets, acc, mask=mask)
+    if HAS_EMA:
+        ema_weight = tl.load(ema_weight_ptr)
+        ema = tl.load(ema_ptr + offsets, mask=mask)
+        tl.store(ema_ptr + offsets, ema - ema_weight * (ema - w), mask=mask)
+
+
+def momentum_update(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    acc: torch.Tensor,
+    ema: torch.Tensor | None,
+    *,
+    lr,
+    momentum: float,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    grad_scale=None,
+    found_inf: torch.Tensor | None = None,
+    ema_weight: torch.Tensor | None = None,
+) -> None:
+    """One Triton launch: update w, acc (and ema) in place. All buffers are 1-D, contiguous, of
+    equal length, on one device; lr and grad_scale are floats or 1-element tensors; found_inf is a
+    1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given."""
+    check_triton_launch("momentum_update", w)
+    check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
+    numel = w.numel()
+    if numel == 0:
+        return
+    lr_ptr, lr_value, lr_from_ptr = scalar_arg("lr", lr, w)
+    scale_ptr, scale_value, scale_from_ptr = scalar_arg(
+        "grad_scale", 1.0 if grad_scale is None else grad_scale, w
+    )
+    grid, block_size, num_warps = launch_config(numel)
+    _momentum_kernel[grid](
+        w, g, acc, w if ema is None else ema,
+        lr_ptr, lr_value, scale_ptr, scale_value,
+        w if found_inf is None else found_inf, w if ema_weight is None else ema_weight,
+        momentum, weight_decay, numel,
+        LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr, NESTEROV=bool(nesterov),
+        CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
+        BLOCK_SIZE=block_size, num_warps=num_warps,
+    )  # fmt: skip
+
+
+def momentum_update_reference(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    acc: torch.Tensor,
+    ema: torch.Tensor | None,
+    *,
+    lr,
+    momentum: float,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    grad_scale=None,
+    found_inf: torch.Tensor | None = None,
+    ema_weight: torch.Tensor | None = None,
+) -> None:
+    """The specification: same arguments and semantics as `momentum_update`, in torch ops
+    (several passes; runs anywhere, no host sync)."""
+    check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
+    # Float hyperparameters are rounded to fp32 first, as the kernel receives them.
+    g = g.to(torch.float32) * (1.0 if grad_scale is None else grad_scale) + f32(weight_decay) * w
+    new_acc = f32(momentum) * acc + g
+    step = g + f32(momentum) * new_acc if nesterov else new_acc
+    new_w = w - lr * step
+    updates = [(w, new_w), (acc, new_acc)]
+    if ema is not None:
+        updates.append((ema, ema - ema_weight * (ema - new_w)))
+    for buffer, new in updates:
+        # torch.where keeps the old bits exactly when found_inf is set.
+        buffer.copy_(new if found_inf is None else torch.where(found_inf == 0, new, buffer))
