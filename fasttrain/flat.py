@@ -1,0 +1,160 @@
+"""Flat fp32 buffers for parameters, gradients and optimizer state.
+
+Layout (one 1-D buffer per kind, all with the same layout):
+
+    [ group 0 | pad | group 1 | pad | ... ]      groups in order, each starting at a multiple of
+                                                 ALIGN elements (128 B) so kernels and NCCL see
+                                                 aligned slices; the pad stays 0 (or the state fill)
+    group i = p_k ... p_1 p_0                    its parameters in REVERSE registration order, an
+                                                 estimate of the order gradients become ready in
+                                                 backward; `reorder` installs the observed order
+
+Each parameter occupies `numel` consecutive elements holding its memory layout as it was (a
+channels_last conv weight stays channels_last): `p.data` becomes a view of `params` with the
+parameter's own strides, and `p.grad` a view of `grad` with the same strides, so autograd, which
+accumulates in place into an existing `.grad` (`grad += new_grad` when not building a graph), writes
+straight into the flat buffer and a channels_last gradient is never copied. Gradients are therefore
+accumulated, never stolen: call `zero_grad()` (in place; the views survive) before each backward.
+
+Every address is fixed for the lifetime of the object (`reorder` permutes data in place), which is
+what CUDA graph replay and the NCCL bucket views need.
+"""
+
+import torch
+
+ALIGN = 32  # elements; 128 bytes of fp32
+
+
+class FlatParameters:
+    """Parameters of torch.optim-style `param_groups` (dicts with a "params" list) moved into flat
+    buffers. Attributes: `params` and `grad` (1-D fp32 buffers), `segments` [(param, offset, numel)]
+    in buffer order, `group_ranges` [(start, end)] per group."""
+
+    def __init__(self, param_groups: list[dict]):
+        groups = [list(group["params"]) for group in param_groups]
+        self.registration_order: list[torch.Tensor] = [p for ps in groups for p in ps]
+        _check_params(self.registration_order)
+        self.device = self.registration_order[0].device if self.registration_order else torch.device("cpu")
+        self._group_of = {id(p): i for i, ps in enumerate(groups) for p in ps}
+        # Strides each parameter keeps (a dense layout: its own, or the one empty_like would pick).
+        self._strides = {id(p): torch.empty_like(p, device="meta").stride() for p in self.registration_order}
+
+        self.group_ranges: list[tuple[int, int]] = []
+        self.segments: list[tuple[torch.Tensor, int, int]] = []
+        offset = 0
+        for ps in groups:
+            offset = -(-offset // ALIGN) * ALIGN
+            start = offset
+            for p in reversed(ps):
+                self.segments.append((p, offset, p.numel()))
+                offset += p.numel()
+            self.group_ranges.append((start, offset))
+        total = -(-offset // ALIGN) * ALIGN
+
+        self.params = torch.zeros(total, dtype=torch.float32, device=self.device)
+        self.grad = torch.zeros(total, dtype=torch.float32, device=self.device)
+        self._states: list[torch.Tensor] = []
+        for p, offset, _ in self.segments:
+            view = self._view(self.params, p, offset)
+            view.copy_(p.detach())
+            if p.grad is not None:
+                self._view(self.grad, p, offset).copy_(p.grad)
+            p.data = view
+        self._grad_views: dict[int, torch.Tensor] = {}
+        self._point_grads()
+
+    def new_state(self, fill: float) -> torch.Tensor:
+        """A 1-D fp32 buffer of this layout filled with `fill`, kept in step by `reorder`."""
+        state = torch.full_like(self.params, fill)
+        self._states.append(state)
+        return state
+
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """Per-parameter views of a buffer of this layout, in registration order (group by group,
+        as the params were listed), each with its parameter's shape and strides. Valid until the
+        next `reorder`."""
+        offsets = {id(p): offset for p, offset, _ in self.segments}
+        return [self._view(buffer, p, offsets[id(p)]) for p in self.registration_order]
+
+    def zero_grad(self) -> None:
+        """Zero every gradient in place (one fill of the grad buffer); the `.grad` views survive."""
+        self.grad.zero_()
+        for p, _, _ in self.segments:
+            view = self._grad_views[id(p)]
+            if p.grad is not view:  # someone set it to None or to another tensor
+                p.grad = view
+
+    def adopt_grads(self) -> None:
+        """Make every `p.grad` the flat view again: a gradient someone assigned as a fresh tensor (or
+        that autograd created after `p.grad = None`) is copied in, a missing one counts as zero."""
+        for p, _, _ in self.segments:
+            view = self._grad_views[id(p)]
+            grad = p.grad
+            if grad is None:
+                view.zero_()
+            elif grad.data_ptr() != view.data_ptr() or grad.stride() != view.stride():
+                view.copy_(grad)
+            else:
+                continue
+            p.grad = view
+
+    def reorder(self, params_in_ready_order: list[torch.Tensor]) -> None:
+        """Lay parameters out within each group in the given order (those not listed follow, in
+        their current order); groups keep their ranges. Moves the data of `params`, `grad` and every
+        state buffer in place and re-points `p.data` and `p.grad`. Not during CUDA graph capture."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("FlatParameters.reorder moves buffers: call it before CUDA graph capture.")
+        rank = {}
+        for p in params_in_ready_order:
+            if id(p) not in self._group_of:
+                raise ValueError(f"reorder: a parameter of shape {tuple(p.shape)} is not in these buffers.")
+            if id(p) in rank:
+                raise ValueError(f"reorder: a parameter of shape {tuple(p.shape)} is listed twice.")
+            rank[id(p)] = len(rank)
+        old_segments = self.segments
+        current = {id(p): i for i, (p, _, _) in enumerate(old_segments)}
+        new_segments = []
+        for group, (start, _) in enumerate(self.group_ranges):
+            members = [p for p, _, _ in old_segments if self._group_of[id(p)] == group]
+            # Listed ones first in the given order, then the others in their current order.
+            members.sort(key=lambda p: (0, rank[id(p)]) if id(p) in rank else (1, current[id(p)]))
+            offset = start
+            for p in members:
+                new_segments.append((p, offset, p.numel()))
+                offset += p.numel()
+        old_offset = {id(p): offset for p, offset, _ in old_segments}
+        for buffer in (self.params, self.grad, *self._states):
+            old = buffer.clone()
+            for p, offset, numel in new_segments:
+                buffer[offset : offset + numel].copy_(old[old_offset[id(p)] : old_offset[id(p)] + numel])
+        self.segments = new_segments
+        for p, offset, _ in self.segments:
+            p.data = self._view(self.params, p, offset)
+        self._point_grads()
+
+    def _point_grads(self) -> None:
+        self._grad_views = {id(p): self._view(self.grad, p, offset) for p, offset, _ in self.segments}
+        for p, _, _ in self.segments:
+            p.grad = self._grad_views[id(p)]
+
+    def _view(self, buffer: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor:
+        return buffer.as_strided(p.shape, self._strides[id(p)], buffer.storage_offset() + offset)
+
+
+def _check_params(params: list[torch.Tensor]) -> None:
+    seen = set()
+    for i, p in enumerate(params):
+        if not isinstance(p, torch.Tensor):
+            raise TypeError(f"FlatParameters: parameter {i} is a {type(p).__name__}, not a tensor.")
+        if p.dtype != torch.float32:
+            raise ValueError(
+                f"FlatParameters: parameter {i} {tuple(p.shape)} is {p.dtype}; keep parameters fp32 "
+                "(use autocast for lower precision) and build the optimizer before any conversion."
+            )
+        if p.device != params[0].device:
+            raise ValueError(
+                f"FlatParameters: parameter {i} is on {p.device}, parameter 0 on {params[0].device}."
+            )
+        if id(p) in seen:
+            raise ValueError(f"FlatParameters: parameter {i} {tuple(p.shape)} appears twice.")
+        seen.add(id(p))
