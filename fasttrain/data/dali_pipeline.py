@@ -1,0 +1,394 @@
+"""NVIDIA DALI input pipeline over the ImageNet TFRecord shards: float NHWC batches, decoded on the GPU.
+
+Record order (fasttrain.data.sharding, shared with the torch pipeline; no communication between ranks)
+    eval: rank r of W reads the split's records [r N // W, (r + 1) N // W) in stored order, in
+        ceil(n_r / B) batches, the last one cut to its real records (DALI pads it with copies of the
+        last record, pad_last_batch), so every record is seen exactly once across ranks.
+    train, epoch e: the torch pipeline's shard permutation and rank slice; each shard's run in the
+        slice is then permuted whole, rng(seed, e, r), where the torch pipeline passes the slice through
+        a shuffle buffer (a buffer interleaves shards record by record, which DALI could only follow
+        with one index file per record run). The first N // W records, N // W // B batches, are read
+        on every rank (equal step counts); batch composition relies on the shards being shuffled, as
+        build_imagenet_data.py and the synthetic writer write them.
+    The rank's records reach fn.readers.tfrecord as per-epoch index files (tfrecord2idx `offset size`
+    lines in reading order, one per shard run; the shard's own index when a run is the whole shard in
+    stored order), so DALI reads exactly them in that order, with num_shards=1. DALI's shuffle buffer
+    (random_shuffle/initial_fill) is not used: it carries records across the epoch boundary, so an epoch
+    would repeat some records and miss others.
+
+Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: all "cpu")
+    train: boxes = the record's (xmin, ymin, xmax, ymax), or [0, 0, 1, 1] when it has none
+        anchor, size = random_bbox_crop(boxes, input_shape = (W, H) of the JPEG, pixel aspect ratio
+            w/h in [0.75, 1.33], each side in [sqrt(0.05), 1] of the image's, intersection / box area
+            >= 0.1 for some box, 100 attempts); the whole image when no window had a valid aspect
+        x = image_slice(jpeg, anchor, size) resized to S x S (bilinear with antialiasing; inception:
+            bilinear, nearest, bicubic, bilinear at random, as the seed's four thread_id % 4 methods)
+        inception colour (color_distort): x = clamp(x + U[-32, 32], 0, 255);
+            x = hsv(x, hue + U[-72, 72] degrees, saturation * U[0.5, 1.5]);
+            x = (x - mean_c(x)) * U[0.5, 1.5] + mean_c(x);  x = clamp(x, 0, 255)
+        y = crop_mirror_normalize(x, flip with p = 1/2, (x - mean) / std, HWC layout, float)
+    eval: the whole image decoded; the seed's eval box (fasttrain.data.transforms.eval_box, computed
+        here in DALI arithmetic) resized to S x S; y = crop_mirror_normalize(x) without flip.
+    mean/std as fasttrain.data.normalize: inception 127.5/127.5 (y = x / 127.5 - 1); resnet
+    (123.68, 116.78, 103.94)/1. Labels: image/class/label + label_offset, int64, checked on the host.
+
+Where this differs from the torch pipeline (fasttrain.data.transforms, TF's exact algorithms):
+    random_bbox_crop samples each side's fraction uniformly and rejects bad aspect ratios, where TF
+    samples the aspect ratio and then the height, so area and aspect ranges are TF's but their
+    distributions differ; after 100 failed overlap attempts DALI keeps the best-overlapping window
+    where TF takes the whole image. DALI's hsv is a linear approximation of HSV in RGB space; being
+    linear it commutes with the contrast step, so the seed's two colour orderings are the same here.
+
+Resume: {'epoch', 'batch'} restarts epoch `epoch` at batch `batch` with exactly the records the
+uninterrupted run would have read, in the same batches (the order depends only on seed, epoch, rank
+and world size, and the skipped records are left out of the index files, so nothing is decoded to
+skip them). The random crops, flips and colours after a resume differ: DALI's random state cannot be
+restored, so the pipeline is re-seeded from (seed, epoch, rank, batch).
+
+Errors: DALI reports an undecodable image without naming it; the loader then decodes the failed
+batch's records with Pillow to name the shard and record, and points to
+`python -m fasttrain.data verify DIR --decode`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fasttrain.config import Config, ConfigError
+from fasttrain.data import DataError
+from fasttrain.data.imagenet import decode_record
+from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
+from fasttrain.data.sharding import epoch_positions, load_split, num_batches, rank_range
+from fasttrain.data.tfrecord import ensure_index, read_record
+from fasttrain.data.transforms import open_image
+
+# Decoder buffers sized for ImageNet's largest JPEGs, so nvJPEG does not reallocate mid-run (the
+# values of NVIDIA's DeepLearningExamples ResNet-50 DALI pipeline).
+_DEVICE_MEMORY_PADDING = 211_025_920
+_HOST_MEMORY_PADDING = 140_544_512
+_BOX_KEYS = (("xmin", 0.0), ("ymin", 0.0), ("xmax", 1.0), ("ymax", 1.0))
+_DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
+
+
+class DaliLoader:
+    """The loader protocol of fasttrain.data over DALI: one pipeline per epoch, float NHWC batches."""
+
+    normalized = True
+
+    def __init__(
+        self,
+        cfg: Config,
+        split: str,
+        training: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | None = None,
+        dtype: torch.dtype = torch.float32,
+    ):
+        if cfg.skip_corrupt:
+            raise ConfigError(
+                "--skip_corrupt needs --data_backend=torch: DALI cannot skip a record it fails to decode"
+            )
+        if dtype not in _DALI_DTYPES:
+            raise ValueError(f"DALI outputs float32 or float16, not {dtype} (cast to bf16 on the device)")
+        self.cfg, self.split, self.training = cfg, split, training
+        self.rank, self.world_size, self.dtype = rank, world_size, dtype
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+        self.num_records = len(self.table)
+        self._len = num_batches(self.num_records, training, rank, world_size, cfg.batch_size)
+        if training and self._len == 0:
+            raise DataError(
+                f"the {split} split of {cfg.data_dir} has {self.num_records} records, fewer than "
+                f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
+            )
+        self._index_files = {
+            str(p): str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files
+        }
+        self.epoch, self._position, self._resume = 0, 0, 0
+        self._workdir = Path(tempfile.mkdtemp(prefix="fasttrain-dali-"))
+        weakref.finalize(self, shutil.rmtree, self._workdir, True)
+
+    # --- the protocol ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._len
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume = 0  # a loaded position belongs to the loaded epoch only
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
+        self._position = self._resume
+
+    def __iter__(self):
+        start, self._resume = self._resume, 0
+        self._position = start
+        size = self.cfg.batch_size
+        positions = self.epoch_positions()[start * size :]
+        if start >= self._len or len(positions) == 0:
+            return
+        pipe = self._build_pipeline(positions, start)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        for b in range(start, self._len):
+            mine = positions[(b - start) * size :][:size]  # < size only for evaluation's last batch
+            try:
+                images, labels = pipe.run(stream) if stream is not None else pipe.run()
+            except RuntimeError as exc:
+                raise self._decode_error(positions[(b - start) * size :], exc) from None
+            labels = self._checked_labels(labels, mine)
+            # A zero-copy view of DALI's output (bound to the current stream on CUDA): the trainer's
+            # copy into its static input buffer is the batch's one device copy.
+            images = torch.from_dlpack(images.as_tensor())[: len(mine)]  # (N, S, S, 3) float
+            self._position = b + 1
+            yield images, labels.to(self.device, non_blocking=True)
+
+    # --- record order ---------------------------------------------------------------------------
+
+    def epoch_positions(self) -> np.ndarray:
+        """Global positions (fasttrain.data.sharding) of this rank's records this epoch, in order.
+
+        Evaluation: the torch pipeline's order. Training: the torch pipeline's shard order and rank
+        slice, but each shard's run in the slice is permuted whole instead of passing through a
+        shuffle buffer, so that DALI reads one index file per shard run (a buffer interleaves shards
+        record by record: tens of thousands of runs per epoch).
+        """
+        if not self.training:
+            return epoch_positions(
+                self.table, False, self.cfg.seed, self.epoch, self.rank, self.world_size, 0
+            )
+        # One rank, no buffer: the whole shard-permuted stream, of which this rank reads its slice.
+        stream = epoch_positions(self.table, True, self.cfg.seed, self.epoch, 0, 1, 1)
+        lo, hi = rank_range(self.num_records, self.rank, self.world_size)
+        rng = np.random.default_rng([self.cfg.seed, self.epoch, self.rank, 0xDA11])
+        mine = [rng.permutation(run) for run in _runs(stream[lo:hi], self.table.file_ids)]
+        return np.concatenate(mine)[: self.num_records // self.world_size]
+
+    def _write_index_files(self, positions: np.ndarray) -> tuple[list[str], list[str]]:
+        """Shard paths and index files that make DALI read `positions` in order (one per shard run)."""
+        for old in self._workdir.glob("*.idx"):
+            old.unlink()
+        table, paths, index_files = self.table, [], []
+        for k, run in enumerate(_runs(positions, table.file_ids)):
+            file_id = int(table.file_ids[run[0]])
+            first, last = table.shard_starts[file_id], table.shard_starts[file_id + 1]
+            paths.append(table.files[file_id])
+            if np.array_equal(run, np.arange(first, last)):  # the whole shard in stored order
+                index_files.append(self._index_files[table.files[file_id]])
+                continue
+            target = self._workdir / f"{k:06d}-{Path(table.files[file_id]).name}.idx"
+            lines = zip(table.offsets[run].tolist(), table.sizes[run].tolist())
+            target.write_text("".join(f"{o} {s}\n" for o, s in lines), encoding="ascii")
+            index_files.append(str(target))
+        return paths, index_files
+
+    # --- DALI --------------------------------------------------------------------------------------
+
+    def _build_pipeline(self, positions: np.ndarray, start_batch: int, crop_outputs: bool = False):
+        """The pipeline reading `positions`; crop_outputs adds the train crop windows (for tests)."""
+        from nvidia.dali import Pipeline, types
+
+        cuda = self.device.type == "cuda"
+        seed = np.random.SeedSequence([self.cfg.seed, self.epoch, self.rank, start_batch]).generate_state(1)[
+            0
+        ]
+        pipe = Pipeline(
+            batch_size=self.cfg.batch_size,
+            num_threads=max(1, self.cfg.num_workers),
+            device_id=(self.device.index if self.device.index is not None else torch.cuda.current_device())
+            if cuda
+            else None,
+            seed=int(seed % 2**31),
+            prefetch_queue_depth=2,
+        )
+        paths, index_files = self._write_index_files(positions)
+        dtype = getattr(types, _DALI_DTYPES[self.dtype])
+        with pipe:
+            images, labels, crop = _graph(self.cfg, paths, index_files, self.training, cuda, dtype)
+            pipe.set_outputs(images, labels, *(crop if crop_outputs else ()))
+        pipe.build()
+        return pipe
+
+    def _where(self, position) -> tuple[str, int]:
+        return self.table.files[int(self.table.file_ids[position])], int(self.table.offsets[position])
+
+    def _checked_labels(self, labels, positions: np.ndarray) -> torch.Tensor:
+        """(N,) int64 labels of the batch's real records, on the host; DataError naming a bad one."""
+        values = torch.from_dlpack(labels.as_tensor())[: len(positions)]
+        bad = torch.nonzero((values < 0) | (values >= self.cfg.num_classes))
+        if len(bad):
+            i = int(bad[0, 0])
+            shard, offset = self._where(positions[i])
+            raise DataError(
+                f"record at offset {offset} in {shard}: label {int(values[i]) - self.cfg.label_offset} + "
+                f"label_offset {self.cfg.label_offset} is outside [0, {self.cfg.num_classes}): check "
+                "--label_offset and --num_classes"
+            )
+        return values
+
+    def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
+        """Name the record DALI failed on by reading this batch and the two prefetched with Pillow."""
+        hint = f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad record"
+        for position in positions[: 3 * self.cfg.batch_size]:
+            shard, offset = self._where(position)
+            try:
+                with open(shard, "rb") as f:
+                    payload = read_record(f, offset, int(self.table.sizes[position]), shard)
+                record = decode_record(payload, shard, offset, self.cfg.label_offset, self.cfg.num_classes)
+                open_image(record.jpeg, shard, offset).convert("RGB")
+            except (DataError, OSError) as bad:
+                number = int(position - self.table.shard_starts[self.table.file_ids[position]])
+                return DataError(f"DALI could not read record {number} of {shard}: {bad}; {hint}")
+        lines = [line for line in str(exc).splitlines() if line.strip() and "no longer valid" not in line]
+        detail = re.sub(r"\s+", " ", lines[-1]) if lines else "unknown error"
+        near = self._where(positions[0])[0]
+        return DataError(f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}")
+
+
+def _runs(positions: np.ndarray, file_ids: np.ndarray) -> list[np.ndarray]:
+    """`positions` split into maximal runs of records from one shard."""
+    return np.split(positions, np.flatnonzero(np.diff(file_ids[positions])) + 1)
+
+
+# --- the DALI graph ---------------------------------------------------------------------------------
+
+
+def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool, cuda: bool, dtype):
+    """DataNodes images (S, S, 3) `dtype` on the device, labels () int64 on the CPU, and in training
+    the crop window (anchor (x, y) and extent (w, h), fractions of the image; image (W, H) pixels)."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.tfrecord as tfrec
+    from nvidia.dali import types
+
+    features = {
+        "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
+        "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
+    }
+    if training:
+        # A missing key reads as one default value: xmin, ymin 0 and xmax, ymax 1 is the whole image.
+        features.update(
+            {f"image/object/bbox/{k}": tfrec.VarLenFeature(tfrec.float32, d) for k, d in _BOX_KEYS}
+        )
+    inputs = fn.readers.tfrecord(
+        path=paths, index_path=index_files, features=features, random_shuffle=False, pad_last_batch=True
+    )
+    jpegs = inputs["image/encoded"]
+    labels = fn.reshape(inputs["image/class/label"], shape=[]) + cfg.label_offset
+    size = cfg.image_size
+    decoder = dict(device="mixed" if cuda else "cpu", output_type=types.RGB, adjust_orientation=False)
+    if cuda:
+        decoder.update(
+            device_memory_padding=_DEVICE_MEMORY_PADDING,
+            host_memory_padding=_HOST_MEMORY_PADDING,
+            jpeg_fancy_upsampling=True,  # the CPU decoder's (and TF's) chroma upsampling
+        )
+    hwc = fn.peek_image_shape(jpegs, dtype=types.FLOAT, adjust_orientation=False)  # (H, W, C)
+    height, width = hwc[0], hwc[1]
+    gpu = (lambda node: node.gpu()) if cuda else (lambda node: node)
+    crop = None
+
+    if training:
+        coords = [
+            # An empty list becomes the whole-image box: pad to at least one entry, never more.
+            fn.pad(
+                fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]),
+                fill_value=d,
+                axes=(0,),
+                shape=(1,),
+                align=(1,),
+            )
+            for k, d in _BOX_KEYS
+        ]
+        anchor, extent, _ = fn.random_bbox_crop(
+            fn.stack(*coords, axis=1),
+            input_shape=fn.cast(fn.stack(width, height), dtype=types.INT32),
+            bbox_layout="xyXY",
+            aspect_ratio=[0.75, 1.33],
+            scaling=[math.sqrt(0.05), 1.0],
+            thresholds=[0.1],
+            threshold_type="overlap",
+            all_boxes_above_threshold=False,
+            bbox_prune_threshold=0.1,  # keep the covered box, so the window is not rejected for it
+            allow_no_crop=False,
+            num_attempts=100,
+            total_num_attempts=100,
+            quiet=True,
+        )
+        # No window with a valid aspect ratio (very wide or tall images): DALI returns an empty one;
+        # take the whole image, as TF does.
+        extent = extent + fn.cast(extent <= 0.0, dtype=types.FLOAT)
+        crop = (anchor, extent, fn.stack(width, height))
+        images = fn.decoders.image_slice(jpegs, anchor, extent, **decoder)
+        interp = types.INTERP_LINEAR
+        if cfg.preprocess == "inception":
+            methods = [types.INTERP_LINEAR, types.INTERP_NN, types.INTERP_CUBIC, types.INTERP_LINEAR]
+            interp = fn.cast(fn.random.choice([int(m) for m in methods]), dtype=types.INTERP_TYPE)
+        images = fn.resize(images, size=[size, size], interp_type=interp, antialias=True)
+        if cfg.color_distort:
+            images = _distort_color(fn, dmath, types, images, gpu)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        images = fn.decoders.image(jpegs, **decoder)
+        top, left, bottom, right = _eval_box(dmath, height, width, size, cfg.preprocess)
+        images = fn.resize(
+            images,
+            size=[size, size],
+            roi_start=fn.stack(top, left),
+            roi_end=fn.stack(bottom, right),
+            interp_type=types.INTERP_LINEAR,
+            antialias=True,
+        )
+        mirror = 0
+    if cfg.preprocess == "inception":
+        mean, std = [127.5] * 3, [127.5] * 3
+    else:
+        mean, std = list(RESNET_CHANNEL_MEANS), [1.0] * 3
+    images = fn.crop_mirror_normalize(
+        images, mean=mean, std=std, mirror=mirror, output_layout="HWC", dtype=dtype
+    )
+    return images, labels, crop
+
+
+def _distort_color(fn, dmath, types, images, gpu):
+    """The seed's colour distortion on [0, 255] floats (see the module docstring)."""
+    x = fn.cast(images, dtype=types.FLOAT)
+    x = dmath.clamp(x + gpu(fn.random.uniform(range=[-32.0, 32.0])), 0.0, 255.0)
+    x = fn.hsv(
+        x,
+        hue=fn.random.uniform(range=[-72.0, 72.0]),  # TF's hue delta 0.2 of a turn
+        saturation=fn.random.uniform(range=[0.5, 1.5]),
+        dtype=types.FLOAT,
+    )
+    mean = fn.reductions.mean(x, axes=[0, 1])  # (3,) per image, as tf.image.adjust_contrast
+    x = (x - mean) * gpu(fn.random.uniform(range=[0.5, 1.5])) + mean
+    return dmath.clamp(x, 0.0, 255.0)
+
+
+def _eval_box(dmath, height, width, size: int, preprocess: str):
+    """(top, left, bottom, right) source box of fasttrain.data.transforms.eval_box, in DALI arithmetic."""
+    if preprocess == "inception":
+        top = dmath.floor((height - height * 0.875) / 2)  # tf.image.central_crop(image, 0.875)
+        left = dmath.floor((width - width * 0.875) / 2)
+        return top, left, height - top, width - left
+    short = round(size * 256 / 224)
+    portrait = height > width  # the short side is the width
+    # floor(x + 0.5) for Python's round(): they differ only at exact halves (round half to even).
+    new_h = dmath.floor(height * short / width + 0.5) * portrait + short * (1 - portrait)
+    new_w = short * portrait + dmath.floor(width * short / height + 0.5) * (1 - portrait)
+    top, left = dmath.floor((new_h - size) / 2), dmath.floor((new_w - size) / 2)
+    sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
+    return top * sy, left * sx, (top + size) * sy, (left + size) * sx
