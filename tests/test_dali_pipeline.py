@@ -1,0 +1,285 @@
+"""The DALI pipeline in DALI's CPU-only mode (device_id=None): order, sharding, transforms, errors.
+
+References are independent of fasttrain.data.dali_pipeline: records and labels come from the
+TFRecord reader (fasttrain.data.tfrecord + imagenet.decode_record), eval pixels from the Pillow
+transforms (fasttrain.data.transforms) and normalize_images, label order from the torch pipeline.
+Every record of the test data has its own label, so labels identify the records a loader read.
+"""
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+
+from fasttrain.config import ConfigError, make_config  # noqa: E402
+from fasttrain.data import DataError  # noqa: E402
+from fasttrain.data.dali_pipeline import DaliLoader  # noqa: E402
+from fasttrain.data.example import encode_example  # noqa: E402
+from fasttrain.data.imagenet import decode_record, list_shards  # noqa: E402
+from fasttrain.data.normalize import normalize_images  # noqa: E402
+from fasttrain.data.tfrecord import iter_records, write_index_file, write_records  # noqa: E402
+from fasttrain.data.transforms import eval_transform  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARDS = {"train": (23, 17, 29), "validation": (13, 10)}  # records per shard: uneven on purpose
+NUM_CLASSES = 100
+EXTREME = (200, 12)  # (width, height): no window with aspect ratio in [0.75, 1.33] fits the side limits
+
+
+def _jpeg(rng, width, height) -> bytes:
+    # Smooth content (an upsampled 4 x 4 random image) plus mild noise, like a photo at low resolution.
+    small = Image.fromarray(rng.integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    pixels = np.asarray(small.resize((width, height), Image.BICUBIC), dtype=np.float32)
+    pixels = np.clip(pixels + rng.normal(0, 6, pixels.shape), 0, 255).astype(np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _example(rng, label: int, jpeg: bytes | None = None, size=None) -> bytes:
+    width, height = size or (int(v) for v in rng.integers(24, 97, size=2))
+    boxes = []
+    for _ in range(int(rng.integers(0, 3))):  # 0..2 boxes, each at least 0.2 of a side
+        y0, x0 = rng.uniform(0, 0.7, size=2)
+        boxes.append((y0, x0, rng.uniform(y0 + 0.2, 1.0), rng.uniform(x0 + 0.2, 1.0)))
+    return encode_example(
+        {
+            "image/encoded": jpeg if jpeg is not None else _jpeg(rng, width, height),
+            "image/class/label": label,
+            **{
+                f"image/object/bbox/{k}": (float, [float(b[i]) for b in boxes])
+                for i, k in enumerate(("ymin", "xmin", "ymax", "xmax"))
+            },
+        }
+    )
+
+
+def write_dataset(root: Path, bad: dict | None = None) -> Path:
+    """Shards of SHARDS with unique labels 1, 2, ... per split; bad[(split, shard, i)] replaces a JPEG."""
+    rng = np.random.default_rng(7)
+    for split, counts in SHARDS.items():
+        label = 1
+        for s, count in enumerate(counts):
+            records = []
+            for i in range(count):
+                jpeg = (bad or {}).get((split, s, i))
+                size = EXTREME if (split == "train" and i == 5) else None
+                records.append(_example(rng, label, jpeg, size))
+                label += 1
+            path = root / f"{split}-{s:05d}-of-{len(counts):05d}"
+            write_index_file(path.with_name(path.name + ".idx"), write_records(path, records))
+    return root
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("dali-data"))
+
+
+def _cfg(data_dir, **overrides):
+    values = dict(
+        data_dir=str(data_dir), batch_size=8, image_size=32, num_classes=NUM_CLASSES, label_offset=-1
+    )
+    values.update(num_workers=2, preprocess="resnet", data_cache_dir=str(Path(data_dir) / "cache"))
+    return make_config(**{**values, **overrides})
+
+
+def _reference_records(data_dir, split):
+    """Every record of the split in stored order, read by the CRC-checking TFRecord reader."""
+    return [
+        decode_record(payload, shard, offset, -1, NUM_CLASSES)
+        for shard in list_shards(data_dir, split)
+        for offset, payload in iter_records(shard)
+    ]
+
+
+def _labels(loader) -> list[int]:
+    return [int(v) for _, labels in loader for v in labels]
+
+
+@pytest.mark.parametrize("preprocess,size", [("inception", 40), ("resnet", 32)])
+def test_eval_batches_match_the_pillow_transform(data_dir, preprocess, size):
+    cfg = _cfg(data_dir, preprocess=preprocess, image_size=size)
+    loader = DaliLoader(cfg, "validation", training=False)
+    batches = list(loader)
+    records = _reference_records(data_dir, "validation")
+    assert loader.normalized and loader.num_records == len(records) == 23 and len(loader) == len(batches) == 3
+    assert [len(labels) for _, labels in batches] == [8, 8, 7]
+    images = torch.cat([x for x, _ in batches])
+    assert images.dtype == torch.float32 and images.shape == (23, size, size, 3) and images.is_contiguous()
+    assert torch.cat([y for _, y in batches]).dtype == torch.int64
+    assert _labels(batches) == [r.label for r in records]
+    reference = np.stack([eval_transform(r.jpeg, size, preprocess, draft=False) for r in records])
+    reference = normalize_images(torch.from_numpy(reference), preprocess).permute(0, 2, 3, 1)  # NHWC
+    levels = (images - reference).abs() * (127.5 if preprocess == "inception" else 1.0)
+    # Both resize with an antialiased bilinear filter to uint8: they may round a pixel differently.
+    assert float(levels.max()) <= 1.0 + 1e-3 and float(levels.mean()) < 0.5
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_eval_labels_and_batches_match_the_torch_pipeline(data_dir, world_size):
+    from fasttrain.data.torch_pipeline import TorchLoader
+
+    cfg = _cfg(data_dir, num_workers=0)
+    for rank in range(world_size):
+        dali = DaliLoader(cfg, "validation", False, rank, world_size)
+        torch_loader = TorchLoader(cfg, "validation", False, rank, world_size)
+        assert len(dali) == len(torch_loader)
+        assert [y.tolist() for _, y in dali] == [y.tolist() for _, y in torch_loader]
+
+
+def test_evaluation_sees_every_record_once_across_two_ranks(data_dir):
+    cfg = _cfg(data_dir, batch_size=4)
+    seen = []
+    for rank in range(2):
+        loader = DaliLoader(cfg, "validation", False, rank, 2)
+        sizes = [len(y) for _, y in loader]
+        assert len(sizes) == len(loader) and all(n == 4 for n in sizes[:-1]) and 0 < sizes[-1] <= 4
+        seen += _labels(loader)
+        assert _labels(loader) == _labels(loader)  # a second pass (EMA evaluation) reads the same
+    assert sorted(seen) == list(range(23))
+
+
+def test_training_ranks_read_disjoint_records_and_reshuffle_each_epoch(data_dir):
+    cfg = _cfg(data_dir, batch_size=4)
+    loaders = [DaliLoader(cfg, "train", True, rank, 2) for rank in range(2)]
+    n = 69
+    per_rank = (n // 2) // 4
+    epochs = []
+    for epoch in range(2):
+        seen = []
+        for loader in loaders:
+            loader.set_epoch(epoch)
+            batches = list(loader)
+            assert len(batches) == len(loader) == per_rank and all(len(y) == 4 for _, y in batches)
+            seen += _labels(batches)
+        assert len(seen) == len(set(seen)) == 2 * per_rank * 4  # no record twice in an epoch
+        assert set(seen) <= set(range(n))
+        epochs.append(seen)
+    assert epochs[0] != epochs[1]  # a new order each epoch
+
+
+def test_resume_reads_the_remaining_batches_of_the_epoch(data_dir):
+    cfg = _cfg(data_dir)
+    loader = DaliLoader(cfg, "train", True)
+    loader.set_epoch(1)
+    full = [y.tolist() for _, y in loader]
+    assert len(full) == 69 // 8
+    stream = iter(loader)
+    next(stream), next(stream)
+    assert loader.state_dict() == {"epoch": 1, "batch": 2}
+    resumed = DaliLoader(cfg, "train", True)
+    resumed.load_state_dict({"epoch": 1, "batch": 3})
+    assert [y.tolist() for _, y in resumed] == full[3:]
+    resumed.set_epoch(2)
+    assert len(list(resumed)) == len(full)  # the loaded position belonged to epoch 1 only
+
+
+@pytest.mark.parametrize("preprocess,color", [("inception", True), ("resnet", False)])
+def test_training_batches_are_nhwc_float_in_range(data_dir, preprocess, color):
+    cfg = _cfg(data_dir, preprocess=preprocess, color_distort=color)
+    images, labels = next(iter(DaliLoader(cfg, "train", True)))
+    assert images.shape == (8, 32, 32, 3) and images.dtype == torch.float32 and images.is_contiguous()
+    assert (
+        labels.shape == (8,) and labels.dtype == torch.int64 and bool(((labels >= 0) & (labels < 69)).all())
+    )
+    if preprocess == "inception":
+        assert float(images.min()) >= -1.0 and float(images.max()) <= 1.0
+    else:
+        means = torch.tensor([123.68, 116.78, 103.94])
+        assert bool((images >= -means).all()) and bool((images <= 255 - means).all())
+    half, _ = next(iter(DaliLoader(cfg, "train", True, dtype=torch.float16)))
+    assert half.dtype == torch.float16 and half.shape == images.shape
+
+
+def test_train_crop_windows_are_within_the_recipe_ranges(data_dir):
+    cfg = _cfg(data_dir)
+    loader = DaliLoader(cfg, "train", True)
+    records = {r.label: r for r in _reference_records(data_dir, "train")}
+    windows = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        positions = loader.epoch_positions()
+        pipe = loader._build_pipeline(positions, 0, crop_outputs=True)
+        for _ in range(len(loader)):
+            _, labels, anchor, extent, image = (np.array(out.as_tensor()) for out in pipe.run())
+            windows += zip(labels.tolist(), anchor, extent, image)
+    areas, aspects = [], []
+    for label, (x, y), (w, h), (width, height) in windows:
+        record = records[label]
+        assert record.jpeg and (width, height) == Image.open(io.BytesIO(record.jpeg)).size
+        assert x >= 0 and y >= 0 and x + w <= 1 + 1e-6 and y + h <= 1 + 1e-6
+        if (width, height) == EXTREME:  # TF's fallback: the whole image
+            assert (x, y, w, h) == (0, 0, 1, 1)
+            continue
+        areas.append(w * h)
+        aspects.append(w * width / (h * height))  # in pixels, as TF's aspect_ratio_range
+        boxes = record.boxes if len(record.boxes) else np.array([[0, 0, 1, 1]], np.float32)
+        ih = np.clip(np.minimum(y + h, boxes[:, 2]) - np.maximum(y, boxes[:, 0]), 0, None)
+        iw = np.clip(np.minimum(x + w, boxes[:, 3]) - np.maximum(x, boxes[:, 1]), 0, None)
+        covered = ih * iw / ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]))
+        assert covered.max() >= 0.1 - 1e-4  # min_object_covered of some box
+    areas, aspects = np.array(areas), np.array(aspects)
+    assert len(areas) > 150
+    assert areas.min() >= 0.05 - 1e-4 and areas.max() <= 1.0 + 1e-4
+    assert aspects.min() >= 0.75 - 1e-3 and aspects.max() <= 1.33 + 1e-3
+    # The windows spread over the ranges rather than sitting at one end.
+    assert areas.min() < 0.2 and areas.max() > 0.7 and aspects.min() < 0.85 and aspects.max() > 1.2
+
+
+def test_undecodable_jpeg_names_the_shard_and_record(tmp_path):
+    data_dir = write_dataset(tmp_path, bad={("validation", 1, 4): b"\xff\xd8\xff\xe0 not a jpeg" * 8})
+    loader = DaliLoader(_cfg(data_dir), "validation", False)
+    with pytest.raises(DataError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "record 4 of" in message and "validation-00001-of-00002" in message
+    assert "python -m fasttrain.data verify" in message and "--decode" in message
+
+
+def test_out_of_range_label_names_the_record(data_dir):
+    first_bad = next(r for r in _reference_records(data_dir, "validation") if r.label >= 20)
+    loader = DaliLoader(_cfg(data_dir, num_classes=20), "validation", False)
+    with pytest.raises(DataError) as info:
+        list(loader)
+    expected = f"record at offset {first_bad.offset} in {first_bad.file}: label 21 + label_offset -1"
+    assert str(info.value).startswith(expected)
+
+
+def test_skip_corrupt_is_refused(data_dir):
+    with pytest.raises(ConfigError, match="--data_backend=torch"):
+        DaliLoader(_cfg(data_dir, skip_corrupt=True), "train", True)
+
+
+def test_cli_trains_a_few_steps_with_the_dali_backend(data_dir, tmp_path):
+    if not (ROOT / "fasttrain" / "train.py").exists():
+        pytest.skip("the trainer is not there yet")
+    command = [sys.executable, "-m", "fasttrain", "--data_backend=dali", "--max_steps=3", "--log_every=1"]
+    command += [f"--data_dir={data_dir}", f"--train_dir={tmp_path / 'run'}", "--batch_size=8"]
+    command += [f"--num_classes={NUM_CLASSES}", "--image_size=32", "--no-eval_at_end", "--device=cpu"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "step 3, loss = " in done.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mixed_decode_matches_the_cpu_pipeline(data_dir):
+    cfg = _cfg(data_dir)
+    cpu = list(DaliLoader(cfg, "validation", False))
+    gpu = list(DaliLoader(cfg, "validation", False, device=torch.device("cuda")))
+    assert [y.tolist() for _, y in gpu] == [y.tolist() for _, y in cpu]
+    assert all(x.is_cuda and y.is_cuda for x, y in gpu)
+    # nvJPEG and libjpeg-turbo may differ by a few levels in the IDCT; the resize averages them out.
+    assert max(float((g.cpu() - c).abs().max()) for (g, _), (c, _) in zip(gpu, cpu)) <= 4.0
+    images, labels = next(
+        iter(DaliLoader(cfg, "train", True, device=torch.device("cuda"), dtype=torch.float16))
+    )
+    assert images.is_cuda and images.dtype == torch.float16 and images.shape == (8, 32, 32, 3)
