@@ -240,7 +240,7 @@ def test_undecodable_jpeg_names_the_shard_and_record(tmp_path):
     with pytest.raises(DataError) as info:
         list(loader)
     message = str(info.value)
-    assert "record 4 of" in message and "validation-00001-of-00002" in message
+    assert "record 4 (offset " in message and "validation-00001-of-00002:" in message
     assert "python -m fasttrain.data verify" in message and "--decode" in message
 
 

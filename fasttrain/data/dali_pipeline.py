@@ -1,20 +1,19 @@
 """NVIDIA DALI input pipeline over the ImageNet TFRecord shards: float NHWC batches, decoded on the GPU.
 
 Record order (fasttrain.data.sharding, shared with the torch pipeline; no communication between ranks)
-    eval: rank r of W reads the split's records [r N // W, (r + 1) N // W) in stored order, in
-        ceil(n_r / B) batches, the last one cut to its real records (DALI pads it with copies of the
-        last record, pad_last_batch), so every record is seen exactly once across ranks.
-    train, epoch e: the torch pipeline's shard permutation and rank slice; each shard's run in the
-        slice is then permuted whole, rng(seed, e, r), where the torch pipeline passes the slice through
-        a shuffle buffer (a buffer interleaves shards record by record, which DALI could only follow
-        with one index file per record run). The first N // W records, N // W // B batches, are read
-        on every rank (equal step counts); batch composition relies on the shards being shuffled, as
+    eval: rank r of W reads records [r N // W, (r + 1) N // W) in stored order, in ceil(n_r / B)
+        batches, the last cut to its real records (DALI pads it with copies of the last record,
+        pad_last_batch): every record is seen exactly once across ranks.
+    train, epoch e: the torch pipeline's shard permutation and rank slice, each shard's run in the slice
+        permuted whole, rng(seed, e, r), instead of the torch pipeline's shuffle buffer (which interleaves
+        shards record by record: one index file per record run for DALI). Every rank reads its first
+        N // W records in N // W // B batches; batch composition relies on shuffled shards, as
         build_imagenet_data.py and the synthetic writer write them.
     The rank's records reach fn.readers.tfrecord as per-epoch index files (tfrecord2idx `offset size`
-    lines in reading order, one per shard run; the shard's own index when a run is the whole shard in
-    stored order), so DALI reads exactly them in that order, with num_shards=1. DALI's shuffle buffer
-    (random_shuffle/initial_fill) is not used: it carries records across the epoch boundary, so an epoch
-    would repeat some records and miss others.
+    lines in reading order, one per shard run; the shard's own index for a whole shard in stored
+    order), so DALI reads exactly them, in that order, with num_shards=1. DALI's shuffle buffer
+    (random_shuffle/initial_fill) is not used: it carries records across the epoch boundary, so an
+    epoch would repeat some records and miss others.
 
 Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: all "cpu")
     train: boxes = the record's (xmin, ymin, xmax, ymax), or [0, 0, 1, 1] when it has none
@@ -52,6 +51,7 @@ batch's records with Pillow to name the shard and record, and points to
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import shutil
@@ -61,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from fasttrain.config import Config, ConfigError
 from fasttrain.data import DataError
@@ -68,7 +69,6 @@ from fasttrain.data.imagenet import decode_record
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, load_split, num_batches, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
-from fasttrain.data.transforms import open_image
 
 # Decoder buffers sized for ImageNet's largest JPEGs, so nvJPEG does not reallocate mid-run (the
 # values of NVIDIA's DeepLearningExamples ResNet-50 DALI pipeline).
@@ -76,6 +76,7 @@ _DEVICE_MEMORY_PADDING = 211_025_920
 _HOST_MEMORY_PADDING = 140_544_512
 _BOX_KEYS = (("xmin", 0.0), ("ymin", 0.0), ("xmax", 1.0), ("ymax", 1.0))
 _DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
+_MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3)}
 
 
 class DaliLoader:
@@ -110,9 +111,7 @@ class DaliLoader:
                 f"the {split} split of {cfg.data_dir} has {self.num_records} records, fewer than "
                 f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
             )
-        self._index_files = {
-            str(p): str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files
-        }
+        self._shard_index = {p: str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files}
         self.epoch, self._position, self._resume = 0, 0, 0
         self._workdir = Path(tempfile.mkdtemp(prefix="fasttrain-dali-"))
         weakref.finalize(self, shutil.rmtree, self._workdir, True)
@@ -187,7 +186,7 @@ class DaliLoader:
             first, last = table.shard_starts[file_id], table.shard_starts[file_id + 1]
             paths.append(table.files[file_id])
             if np.array_equal(run, np.arange(first, last)):  # the whole shard in stored order
-                index_files.append(self._index_files[table.files[file_id]])
+                index_files.append(self._shard_index[table.files[file_id]])
                 continue
             target = self._workdir / f"{k:06d}-{Path(table.files[file_id]).name}.idx"
             lines = zip(table.offsets[run].tolist(), table.sizes[run].tolist())
@@ -202,16 +201,15 @@ class DaliLoader:
         from nvidia.dali import Pipeline, types
 
         cuda = self.device.type == "cuda"
-        seed = np.random.SeedSequence([self.cfg.seed, self.epoch, self.rank, start_batch]).generate_state(1)[
-            0
-        ]
+        seed = np.random.SeedSequence([self.cfg.seed, self.epoch, self.rank, start_batch]).generate_state(1)
+        device_id = None  # DALI's CPU-only mode
+        if cuda:
+            device_id = self.device.index if self.device.index is not None else torch.cuda.current_device()
         pipe = Pipeline(
             batch_size=self.cfg.batch_size,
             num_threads=max(1, self.cfg.num_workers),
-            device_id=(self.device.index if self.device.index is not None else torch.cuda.current_device())
-            if cuda
-            else None,
-            seed=int(seed % 2**31),
+            device_id=device_id,
+            seed=int(seed[0] % 2**31),
             prefetch_queue_depth=2,
         )
         paths, index_files = self._write_index_files(positions)
@@ -241,21 +239,42 @@ class DaliLoader:
 
     def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
         """Name the record DALI failed on by reading this batch and the two prefetched with Pillow."""
-        hint = f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad record"
+        hint = (
+            f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad "
+            "record, then re-create those shards or train with --data_backend=torch --skip_corrupt"
+        )
         for position in positions[: 3 * self.cfg.batch_size]:
             shard, offset = self._where(position)
-            try:
-                with open(shard, "rb") as f:
-                    payload = read_record(f, offset, int(self.table.sizes[position]), shard)
-                record = decode_record(payload, shard, offset, self.cfg.label_offset, self.cfg.num_classes)
-                open_image(record.jpeg, shard, offset).convert("RGB")
-            except (DataError, OSError) as bad:
-                number = int(position - self.table.shard_starts[self.table.file_ids[position]])
-                return DataError(f"DALI could not read record {number} of {shard}: {bad}; {hint}")
-        lines = [line for line in str(exc).splitlines() if line.strip() and "no longer valid" not in line]
-        detail = re.sub(r"\s+", " ", lines[-1]) if lines else "unknown error"
+            number = int(position - self.table.shard_starts[self.table.file_ids[position]])
+            problem = _record_problem(shard, offset, int(self.table.sizes[position]))
+            if problem:
+                return DataError(
+                    f"DALI cannot decode record {number} (offset {offset}) of {shard}: {problem}; {hint}"
+                )
         near = self._where(positions[0])[0]
+        found = re.search(r"encountered:(.*?)(C\+\+ context|Current pipeline|$)", str(exc), re.S)
+        detail = " ".join((found.group(1) if found else str(exc)).split())[:300]
+        if "same dimensionality" in detail:  # a feature key present in some records, absent in others
+            return DataError(
+                f"the {self.split} records near {near} have the image/object/bbox keys in some records but "
+                "not in others, which DALI's reader cannot batch; write them in every record (empty lists "
+                "when there are no boxes, as build_imagenet_data.py does) or use --data_backend=torch"
+            )
         return DataError(f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}")
+
+
+def _record_problem(shard: str, offset: int, size: int) -> str | None:
+    """Why the record's image cannot be decoded (CRC, Example, JPEG), read with Pillow; None if it can."""
+    try:
+        with open(shard, "rb") as f:
+            payload = read_record(f, offset, size, shard)
+        # Any label passes here: labels are checked separately, on DALI's output.
+        Image.open(io.BytesIO(decode_record(payload, shard, offset, 0, 2**62).jpeg)).convert("RGB")
+    except DataError as e:
+        return str(e).split(";")[0]  # the reason, without the torch reader's advice
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _runs(positions: np.ndarray, file_ids: np.ndarray) -> list[np.ndarray]:
@@ -302,16 +321,10 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
     crop = None
 
     if training:
+        # An empty list becomes the whole-image box: pad to at least one entry, never more.
+        coords = [fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]) for k, _ in _BOX_KEYS]
         coords = [
-            # An empty list becomes the whole-image box: pad to at least one entry, never more.
-            fn.pad(
-                fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]),
-                fill_value=d,
-                axes=(0,),
-                shape=(1,),
-                align=(1,),
-            )
-            for k, d in _BOX_KEYS
+            fn.pad(c, fill_value=d, axes=(0,), shape=(1,), align=(1,)) for c, (_, d) in zip(coords, _BOX_KEYS)
         ]
         anchor, extent, _ = fn.random_bbox_crop(
             fn.stack(*coords, axis=1),
@@ -353,10 +366,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
             antialias=True,
         )
         mirror = 0
-    if cfg.preprocess == "inception":
-        mean, std = [127.5] * 3, [127.5] * 3
-    else:
-        mean, std = list(RESNET_CHANNEL_MEANS), [1.0] * 3
+    mean, std = _MEAN_STD[cfg.preprocess]
     images = fn.crop_mirror_normalize(
         images, mean=mean, std=std, mirror=mirror, output_layout="HWC", dtype=dtype
     )
