@@ -43,8 +43,10 @@ def list_shards(data_dir, split: str) -> list[Path]:
     """The split's shard files in data_dir, sorted; DataError if the directory or the shards are missing."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use train or validation")
+    if not str(data_dir or ""):  # Path("") would silently mean the current directory
+        raise DataError("no data directory given; set --data_dir to the directory of the TFRecord shards")
     data_dir = Path(data_dir)
-    if not str(data_dir) or not data_dir.is_dir():
+    if not data_dir.is_dir():
         raise DataError(
             f"data directory {str(data_dir)!r} does not exist; give the directory of the TFRecord shards"
         )

@@ -59,7 +59,14 @@ class _BatchDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         try:
             for j in range(self.start + worker, self.count, workers):
-                yield self._batch(j)
+                try:
+                    batch = self._batch(j)
+                except DataError as e:
+                    # Sent as data, not raised: the DataLoader would wrap it in a multi-line
+                    # "Caught DataError in DataLoader worker" message and the workers would linger.
+                    yield None, None, 0, str(e)
+                    return
+                yield batch
         finally:
             for f in self._files.values():
                 f.close()
@@ -121,7 +128,7 @@ class _BatchDataset(IterableDataset):
                 labels.append(labels[k % (self.batch_size - skipped)])
         shape = (len(images), self.image_size, self.image_size, 3)
         batch = torch.from_numpy(np.stack(images)) if images else torch.empty(shape, dtype=torch.uint8)
-        return batch, torch.tensor(labels, dtype=torch.int64), skipped
+        return batch, torch.tensor(labels, dtype=torch.int64), skipped, ""
 
 
 class TorchLoader:
@@ -150,7 +157,7 @@ class TorchLoader:
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self._resume = 0  # a loaded position belongs to the loaded epoch only
+            self._resume = self._position = 0  # a loaded position belongs to the loaded epoch only
         self.epoch = epoch
 
     def state_dict(self) -> dict:
@@ -176,8 +183,14 @@ class TorchLoader:
             num_workers=min(self.num_workers, self._len - start),
             pin_memory=torch.cuda.is_available(),
         )
-        for images, labels, skipped in loader:
+        error = ""
+        for images, labels, skipped, error in loader:
+            if error:
+                break
             self.skipped += int(skipped)
             self._position += 1
             if len(labels):  # an evaluation batch whose records were all skipped
                 yield images, labels
+        if error:
+            del loader  # stop the workers now rather than whenever the traceback is freed
+            raise DataError(error)
