@@ -28,7 +28,7 @@ from ._common import (
     check_args,
     check_triton_launch,
     f32,
-    launch_config,
+    launches,
     lazy_jit,
     scalar_arg,
     tl,
@@ -101,23 +101,21 @@ def rmsprop_tf_update(
     a 1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given."""
     check_triton_launch("rmsprop_tf_update", w)
     check_args("rmsprop_tf", w, found_inf, ema_weight, g=g, ms=ms, mom=mom, ema=ema)
-    numel = w.numel()
-    if numel == 0:
-        return
     lr_ptr, lr_value, lr_from_ptr = scalar_arg("lr", lr, w)
     scale_ptr, scale_value, scale_from_ptr = scalar_arg(
         "grad_scale", 1.0 if grad_scale is None else grad_scale, w
     )
-    grid, block_size, num_warps = launch_config(numel)
-    _rmsprop_tf_kernel[grid](
-        w, g, ms, mom, w if ema is None else ema,
-        lr_ptr, lr_value, scale_ptr, scale_value,
-        w if found_inf is None else found_inf, w if ema_weight is None else ema_weight,
-        decay, momentum, eps, weight_decay, numel,
-        LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr,
-        CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
-        BLOCK_SIZE=block_size, num_warps=num_warps,
-    )  # fmt: skip
+    for lo, hi, grid, options in launches(w.numel()):
+        part = slice(lo, hi)
+        _rmsprop_tf_kernel[grid](
+            w[part], g[part], ms[part], mom[part], (w if ema is None else ema)[part],
+            lr_ptr, lr_value, scale_ptr, scale_value,
+            w if found_inf is None else found_inf, w if ema_weight is None else ema_weight,
+            decay, momentum, eps, weight_decay, hi - lo,
+            LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr,
+            CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
+            **options,
+        )  # fmt: skip
 
 
 def rmsprop_tf_update_reference(
