@@ -69,12 +69,16 @@ class FlatParameters:
         self._states.append(state)
         return state
 
-    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
-        """Per-parameter views of a buffer of this layout, in registration order (group by group,
-        as the params were listed), each with its parameter's shape and strides. Valid until the
-        next `reorder`."""
+    def views(self, buffer: torch.Tensor, params: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per-parameter views of a buffer of this layout, each with its parameter's shape and
+        strides, for `params` (default: registration order, group by group as the params were
+        listed). Valid until the next `reorder`."""
         offsets = {id(p): offset for p, offset, _ in self.segments}
-        return [self._view(buffer, p, offsets[id(p)]) for p in self.registration_order]
+        params = self.registration_order if params is None else list(params)
+        for p in params:
+            if id(p) not in offsets:
+                raise ValueError(f"a parameter of shape {tuple(p.shape)} is not in these flat buffers.")
+        return [self._view(buffer, p, offsets[id(p)]) for p in params]
 
     def zero_grad(self) -> None:
         """Zero every gradient in place (one fill of the grad buffer); the `.grad` views survive."""

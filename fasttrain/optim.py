@@ -118,9 +118,11 @@ class _FlatOptimizer(torch.optim.Optimizer):
             self.applied_steps += (found_inf == 0).to(torch.int64)
         return loss
 
-    def ema_parameters(self) -> list[torch.Tensor]:
-        """The EMA of each parameter, in parameter order (views, valid until `flat.reorder`)."""
-        return self.flat.views(self._ema_buffer())
+    def ema_parameters(self, params=None) -> list[torch.Tensor]:
+        """The EMA of each of `params` (default: every parameter in `param_groups` order; pass
+        `model.parameters()` to match `model.named_parameters()` when groups regroup them). Views,
+        valid until `flat.reorder`."""
+        return self.flat.views(self._ema_buffer(), params)
 
     @contextlib.contextmanager
     def swap_ema(self):

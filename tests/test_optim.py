@@ -264,6 +264,21 @@ def test_swap_ema_swaps_in_and_restores():
     assert all(torch.equal(e, x) for e, x in zip(opt.ema_parameters(), emas))
 
 
+def test_ema_parameters_in_a_requested_order():
+    params = _params()
+    opt = FusedMomentum(_groups(params, 0.0), lr=0.1, ema_decay=0.9)  # groups reorder the params
+    for p in params:
+        p.grad.fill_(1.0)
+    opt.step()
+    emas = opt.ema_parameters(params)  # model order, e.g. to pair with model.named_parameters()
+    assert [e.shape for e in emas] == [p.shape for p in params]
+    for p, e in zip(params, emas):
+        # First step: d = min(0.9, 2/11), so ema = w_old + (1 - d) * (w_new - w_old) = w_new + d*lr*1.
+        torch.testing.assert_close(e, p.detach() + 2 / 11 * 0.1, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="not in these flat buffers"):
+        opt.ema_parameters([nn.Parameter(torch.zeros(2))])
+
+
 def test_dispatch(monkeypatch):
     assert select_impl("auto", torch.device("cpu")) == "torch"
     assert select_impl("torch", torch.device("cpu")) == "torch"
