@@ -24,32 +24,34 @@ import numpy as np
 def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
     """(..., 3) RGB in [0, 1] -> (..., 3) HSV with hue in [0, 1)."""
     r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    v = rgb.max(axis=-1)
-    chroma = v - rgb.min(axis=-1)
-    safe = np.where(chroma > 0, chroma, 1)
-    s = np.where(v > 0, chroma / np.where(v > 0, v, 1), 0)
-    h = np.where(v == r, (g - b) / safe, np.where(v == g, (b - r) / safe + 2, (r - g) / safe + 4))
-    h = np.where(chroma > 0, (h / 6) % 1.0, 0)
+    v = np.maximum(np.maximum(r, g), b)
+    chroma = v - np.minimum(np.minimum(r, g), b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.where(v > 0, chroma / v, 0)
+        inv = np.where(chroma > 0, 1 / chroma, 0)  # grey: hue 0
+    # Sextant offsets 0 (red is max), 2 (green), 4 (blue); hue/6 lies in [-1/6, 5/6): wrap the negatives.
+    h = np.where(v == r, (g - b) * inv, np.where(v == g, (b - r) * inv + 2, (r - g) * inv + 4))
+    h *= 1 / 6
+    h += h < 0
     return np.stack([h, s, v], axis=-1).astype(rgb.dtype, copy=False)
 
 
 def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
-    """(..., 3) HSV (hue in [0, 1)) -> (..., 3) RGB."""
-    h, s, v = hsv[..., 0], hsv[..., 1], hsv[..., 2]
-    h6 = (h % 1.0) * 6
-    sector = np.floor(h6).astype(np.int64) % 6
-    f = h6 - np.floor(h6)
-    p, q, t = v * (1 - s), v * (1 - s * f), v * (1 - s * (1 - f))
-    # Per sector: (r, g, b) = (v,t,p) (q,v,p) (p,v,t) (p,q,v) (t,p,v) (v,p,q).
-    choices = np.stack([v, q, p, p, t, v, t, v, v, q, p, p, p, p, t, v, v, q]).reshape(3, 6, *h.shape)
-    rgb = np.take_along_axis(choices, sector[None, None], axis=1)[:, 0]
-    return np.moveaxis(rgb, 0, -1)
+    """(..., 3) HSV (hue in [0, 1)) -> (..., 3) RGB: channel n in (5, 3, 1) for (r, g, b) is
+    v - v s clip(min(k, 4 - k), 0, 1) with k = (6 h + n) mod 6."""
+    h6, s, v = hsv[..., 0] * 6, hsv[..., 1], hsv[..., 2]
+    vs = v * s
+    out = np.empty_like(hsv)
+    for channel, n in enumerate((5.0, 3.0, 1.0)):
+        k = (h6 + n) % 6
+        out[..., channel] = v - vs * np.clip(np.minimum(k, 4 - k), 0, 1)
+    return out
 
 
 def _saturation_hue(x: np.ndarray, saturation: float, hue_delta: float) -> np.ndarray:
     hsv = rgb_to_hsv(np.clip(x, 0, 1))
     hsv[..., 1] = np.clip(hsv[..., 1] * saturation, 0, 1)
-    hsv[..., 0] = (hsv[..., 0] + hue_delta) % 1.0
+    hsv[..., 0] += hue_delta  # hsv_to_rgb takes the hue mod 1
     return hsv_to_rgb(hsv)
 
 
