@@ -153,17 +153,40 @@ def test_training_ranks_read_disjoint_records_and_reshuffle_each_epoch(data_dir)
     n = 69
     per_rank = (n // 2) // 4
     epochs = []
-    for epoch in range(2):
+    for epoch in range(4):
         seen = []
         for loader in loaders:
             loader.set_epoch(epoch)
             batches = list(loader)
             assert len(batches) == len(loader) == per_rank and all(len(y) == 4 for _, y in batches)
-            seen += _labels(batches)
-        assert len(seen) == len(set(seen)) == 2 * per_rank * 4  # no record twice in an epoch
-        assert set(seen) <= set(range(n))
+            seen.append(_labels(batches))
+        both = seen[0] + seen[1]
+        assert len(both) == len(set(both)) == 2 * per_rank * 4  # no record twice in an epoch
+        assert set(both) <= set(range(n))
+        # Labels follow the stored order, so stored-order reading would give runs of consecutive labels.
+        assert sum(b == a + 1 for a, b in zip(both, both[1:])) < len(both) // 4
         epochs.append(seen)
-    assert epochs[0] != epochs[1]  # a new order each epoch
+    first_shard = np.cumsum(SHARDS["train"])  # label l is in shard searchsorted(first_shard, l, "right")
+    shards = {tuple(np.unique(np.searchsorted(first_shard, seen[0], "right"))) for seen in epochs}
+    assert len(shards) > 1  # the shard order changes too, so rank 0 reads other shards
+
+
+def _windows(loader, positions) -> np.ndarray:
+    """The train crop windows (x, y, w, h) the loader's pipeline draws for `positions`, in order."""
+    pipe = loader._build_pipeline(positions, 0, crop_outputs=True)
+    out = [pipe.run() for _ in range(len(positions) // loader.cfg.batch_size)]
+    return np.concatenate(
+        [np.concatenate([np.array(o[2].as_tensor()), np.array(o[3].as_tensor())], 1) for o in out]
+    )
+
+
+def test_augmentation_is_seeded_by_the_config_seed_and_epoch(data_dir):
+    positions = np.arange(16)  # the same records for every pipeline
+    loaders = [DaliLoader(_cfg(data_dir, seed=seed), "train", True) for seed in (1, 1, 2, 1)]
+    loaders[3].set_epoch(1)
+    windows = [_windows(loader, positions) for loader in loaders]
+    assert np.array_equal(windows[0], windows[1])  # reproducible
+    assert not np.array_equal(windows[0], windows[2]) and not np.array_equal(windows[0], windows[3])
 
 
 def test_resume_reads_the_remaining_batches_of_the_epoch(data_dir):
