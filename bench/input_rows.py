@@ -1,0 +1,121 @@
+"""Input-pipeline measurements: the rate each backend delivers training batches at, alone.
+
+Data: the shards of --data_dir when given (train-*-of-*); otherwise `write_dataset` writes a
+synthetic set to a temporary directory: `unique` distinct JPEGs (quality 90) of width x height px,
+smooth colour fields plus uniform noise in [-20, 20], each with one random box, repeated to `records`
+records over `shards` shards, with DALI index files. Its JPEGs are not ImageNet's (the mean encoded
+size is recorded), so the decode cost is an estimate: rerun with --data_dir for the real figure.
+
+    pipeline_rate(spec, device, warmup, repeats, batches):
+        the loader of spec.input ("torch" or "dali") iterated on its own: `warmup` batches untimed,
+        then `repeats` windows of `batches` batches, wall clock (device batches synchronised);
+        images/s per window = batches * batch_size / seconds
+    headroom = pipeline images/s / training images/s of row (a) on synthetic input, same model,
+        batch and size: at 1 or more the pipeline keeps up with training.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from throughput import RowSpec, config_for, summarize, synchronize
+
+from fasttrain.data import build_loader
+from fasttrain.data.example import encode_example
+from fasttrain.data.tfrecord import write_index_file, write_records
+from fasttrain.train import batch_stream
+
+
+def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
+    field = rng.integers(0, 256, (max(2, height // 32), max(2, width // 32), 3), dtype=np.uint8)
+    img = np.asarray(Image.fromarray(field).resize((width, height), Image.BICUBIC), dtype=np.int16)
+    img = img + rng.integers(-20, 21, img.shape, dtype=np.int16)
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def _example(jpeg: bytes, width: int, height: int, label: int, box: list[float], name: str) -> bytes:
+    ymin, xmin, ymax, xmax = box
+    return encode_example(
+        {
+            "image/height": height,
+            "image/width": width,
+            "image/colorspace": b"RGB",
+            "image/channels": 3,
+            "image/class/label": label,
+            "image/class/synset": f"n{label:08d}",
+            "image/class/text": f"synthetic class {label}",
+            "image/object/bbox/xmin": (float, [xmin]),
+            "image/object/bbox/xmax": (float, [xmax]),
+            "image/object/bbox/ymin": (float, [ymin]),
+            "image/object/bbox/ymax": (float, [ymax]),
+            "image/object/bbox/label": (int, [label]),
+            "image/format": b"JPEG",
+            "image/filename": name,
+            "image/encoded": jpeg,
+        }
+    )
+
+
+def write_dataset(
+    out_dir, records: int, unique: int, width: int, height: int, shards: int, seed: int = 0
+) -> dict:
+    """Write train-%05d-of-%05d shards (see the module docstring); returns what was written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    jpegs = [_jpeg(rng, width, height) for _ in range(unique)]
+    examples = []
+    for i in range(unique):
+        y0, x0 = rng.uniform(0, 0.5, size=2)
+        box = [float(y0), float(x0), float(y0 + rng.uniform(0.3, 0.5)), float(x0 + rng.uniform(0.3, 0.5))]
+        label = int(rng.integers(1, 1001))  # stored labels 1..1000, as build_imagenet_data.py writes
+        examples.append(_example(jpegs[i], width, height, label, box, f"synthetic_{i}.JPEG"))
+    per_shard = -(-records // shards)
+    for shard in range(shards):
+        count = min(per_shard, records - shard * per_shard)
+        path = out_dir / f"train-{shard:05d}-of-{shards:05d}"
+        index = write_records(path, (examples[(shard * per_shard + i) % unique] for i in range(count)))
+        write_index_file(path.with_name(path.name + ".idx"), index)
+    return dict(
+        data_dir=str(out_dir),
+        synthetic=True,
+        records=records,
+        unique_images=unique,
+        image_px=f"{width}x{height}",
+        mean_jpeg_bytes=int(np.mean([len(j) for j in jpegs])),
+    )
+
+
+def pipeline_rate(spec: RowSpec, device: torch.device, warmup: int, repeats: int, batches: int) -> dict:
+    """Images/s the loader of spec.input delivers on its own. Never raises: failures are the status."""
+    result = dict(spec=vars(spec).copy(), status="ok")
+    try:
+        cfg = config_for(spec, device)
+        loader = build_loader(cfg, "train", True, 0, 1, device)
+        stream = batch_stream(loader, 1)
+        t0 = time.perf_counter()
+        for _ in range(warmup):
+            next(stream)
+        synchronize(device)
+        result["warmup_seconds"] = time.perf_counter() - t0  # worker start-up, DALI pipeline build
+        ips = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(batches):
+                images, _labels = next(stream)[0]
+            synchronize(device)  # note: DALI's batches are device tensors; count them finished
+            ips.append(batches * spec.batch / (time.perf_counter() - t0))
+        result.update(batches_per_repeat=batches, images_per_s=summarize(ips))
+        result["batch_dtype"] = str(images.dtype).replace("torch.", "")
+        result["batch_device"] = images.device.type
+    except Exception as exc:  # DALI missing a GPU decoder, a bad --data_dir, ...: reported, not fatal
+        result["status"] = "failed"
+        result["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return result

@@ -1,0 +1,378 @@
+"""The report of a bench/run.py run: environment, derived figures, Markdown table, PNG plot.
+
+results.json (everything below; numbers are only ever measured in this run, or are context rows):
+    environment   GPU, driver, CUDA, cuDNN, torch, triton, DALI versions, CPU, date, command, commit
+    rates         {"matmul": bf16 TFLOP/s, "copy": GB/s} measured by bench/device_rates.py
+    flops         {"<model>@<px>": {"counted", "nominal", "used", "source"}} per image
+    rows          training rows (bench/throughput.py): spec, setting, seconds per window, images/s
+                  {median, min, max, stdev}, and `derived` (added by `derive`):
+                      ratio_to_b = images/s / images/s of (b), same model, batch, px and input
+                      ratio_to_d = likewise for (d) (None when (d) did not run)
+                      mfu        = images/s x FLOP per image / (bf16 matmul TFLOP/s x 1e12)
+                      optimizer_fraction_of_copy = optimizer effective GB/s / copy GB/s
+    pipelines     input pipelines alone (bench/input_rows.py), with derived
+                      headroom = pipeline images/s / images/s of (a) on synthetic input
+    checks        GPU test and kernel-benchmark runs: status, seconds, output file
+    context       published figures on other hardware (DESIGN.md), never measured here
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+CONTEXT = [
+    # (source, hardware, model, setting, images/s) as DESIGN.md quotes them: other hardware.
+    ("TF 1.4 ResNet example (the ResNet seed)", "1x Tesla P40", "resnet101", "fp32, batch 32", 78),
+    ("TF 1.4 ResNet example (the ResNet seed)", "4x Tesla P40", "resnet101", "fp32, batch 32/GPU", 204),
+    ("NVIDIA DeepLearningExamples (PyTorch)", "1x V100", "resnet50", "AMP", 1200),
+    ("NVIDIA DeepLearningExamples (PyTorch)", "1x A100", "resnet50", "AMP", 2470),
+    ("NVIDIA MLPerf Training (MXNet + DALI)", "per H100", "resnet50", "heavily fused", 7000),
+    ("tf_cnn_benchmarks", "1x P100", "resnet50", "fp32", 219),
+    ("tf_cnn_benchmarks", "1x P100", "inception_v3", "fp32", 142),
+    ("tf_cnn_benchmarks", "1x P100", "resnet152", "fp32", 92),
+]
+
+
+def _version(*distributions: str) -> str | None:
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _run(cmd: list[str], cwd=None) -> str | None:
+    try:
+        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device, argv: list[str], root: Path) -> dict:
+    """Where and how the numbers were measured."""
+    try:
+        import nvidia.dali
+
+        dali = nvidia.dali.__version__
+    except ImportError:
+        dali = None
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
+    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    env = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=shlex.join(["python", *argv]),
+        git_commit=None if commit is None else commit + ("-dirty" if dirty else ""),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        triton=_version("triton", "pytorch-triton"),
+        dali=dali,
+        numpy=_version("numpy"),
+        cpu=_cpu_name(),
+        cpu_count=os.cpu_count(),
+        torch_threads=torch.get_num_threads(),
+        device=device.type,
+        triton_interpret=os.environ.get("TRITON_INTERPRET", ""),
+    )
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"])
+        env.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            compute_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            driver=driver.splitlines()[0] if driver else None,
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_cudnn=torch.backends.cudnn.allow_tf32,
+        )
+    return env
+
+
+def _key(spec: dict) -> tuple:
+    return (spec["model"], spec["batch"], spec["image_size"], spec["input"])
+
+
+def derive(results: dict) -> None:
+    """Add the derived figures (see the module docstring) to results, in place."""
+    rows = results["rows"]
+    ok = {(_key(r["spec"]), r["spec"]["row"]): r for r in rows if r["status"] == "ok"}
+    matmul = results["rates"]["matmul"]["tflop_per_s"] * 1e12
+    copy = results["rates"]["copy"]["gb_per_s"]
+    for r in rows:
+        derived = {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+        if r["status"] == "ok":
+            ips = r["images_per_s"]["median"]
+            for ref in ("b", "d"):
+                other = ok.get((_key(r["spec"]), ref))
+                if other is not None:
+                    derived[f"ratio_to_{ref}"] = ips / other["images_per_s"]["median"]
+            flops = results["flops"][flop_key(r["spec"])]["used"]
+            derived["mfu"] = ips * flops / matmul
+            if "optimizer" in r:
+                derived["optimizer_fraction_of_copy"] = r["optimizer"]["effective_gb_per_s"] / copy
+        r["derived"] = derived
+    for p in results.get("pipelines", []):
+        train = ok.get(((*_key(p["spec"])[:3], "synthetic"), "a"))
+        headroom = None
+        if p["status"] == "ok" and train is not None:
+            headroom = p["images_per_s"]["median"] / train["images_per_s"]["median"]
+        p["derived"] = {"headroom": headroom}
+
+
+def flop_key(spec: dict) -> str:
+    suffix = "" if spec.get("base_channels", 64) == 64 else f"/w{spec['base_channels']}"
+    return f"{spec['model']}{suffix}@{spec['image_size']}"
+
+
+# --- Markdown -----------------------------------------------------------------------------------
+
+
+def fmt_rate(x: float | None) -> str:
+    """Images/s and GB/s as printed in the tables."""
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _setting(r: dict) -> str:
+    s = r.get("setting", {})
+    if not s:
+        return ""
+    parts = [s["precision"], "channels_last" if s["channels_last"] else "NCHW"]
+    parts += ["CUDA graph"] if s["cuda_graph"] else []
+    parts += [s["optimizer"]] + ([s["compile"]] if "compile" in s else [])
+    return ", ".join(parts)
+
+
+def _status(r: dict) -> str:
+    if r["status"] == "ok":
+        return ""
+    return f"{r['status']}: {r.get('error', '')}".replace("|", "/")
+
+
+def markdown(results: dict) -> str:
+    env, rates = results["environment"], results["rates"]
+    where = env.get("gpu") or f"CPU ({env['cpu']}, {env['torch_threads']} threads)"
+    lines = [
+        f"# fasttrain throughput: {where}, {env['date'][:10]}",
+        "",
+        f"`{env['command']}` at commit {env.get('git_commit') or 'unknown'}"
+        + (" (smoke configuration: tiny sizes, not a performance claim)" if results["smoke"] else ""),
+        "",
+        "| | |\n| --- | --- |",
+    ]
+    keys = ("gpu", "driver", "cuda", "cudnn", "torch", "triton", "dali", "cpu", "cpu_count", "python")
+    lines += [f"| {k} | {env[k]} |" for k in keys if env.get(k) is not None]
+    lines += [
+        f"| bf16 matmul (measured, n={rates['matmul']['n']}) | "
+        f"{rates['matmul']['tflop_per_s']:.3g} TFLOP/s |",
+        f"| device copy (measured, read + write) | {fmt_rate(rates['copy']['gb_per_s'])} GB/s |",
+        "",
+        "## Training throughput",
+        "",
+        "Images/s: median of the timed windows after warm-up (min-max in brackets); every row trains",
+        "the same model, batch, loss, L2 decay and weight + BN-statistics EMA. Rows: "
+        + "; ".join(f"({k}) {v}" for k, v in results["row_titles"].items())
+        + ". MFU: images/s x training FLOPs per image / the measured bf16 matmul rate.",
+        "",
+        "| model | batch | px | input | row | images/s | min-max | vs (b) | vs (d) | MFU | setting |",
+        "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in results["rows"]:
+        s, d = r["spec"], r["derived"]
+        if r["status"] == "ok":
+            ips = r["images_per_s"]
+            cells = [fmt_rate(ips["median"]), f"{fmt_rate(ips['min'])}-{fmt_rate(ips['max'])}"]
+            cells += [_ratio(d["ratio_to_b"]), _ratio(d["ratio_to_d"]), _pct(d["mfu"]), _setting(r)]
+        else:
+            cells = ["-", "-", "-", "-", "-", _status(r)]
+        model = s["model"] + ("" if s["base_channels"] == 64 else f" (width {s['base_channels']})")
+        lines.append(
+            f"| {model} | {s['batch']} | {s['image_size']} | {s['input']} | ({s['row']}) | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += _optimizer_table(results) + _pipeline_table(results) + _checks(results) + _context()
+    return "\n".join(lines) + "\n"
+
+
+def _optimizer_table(results: dict) -> list[str]:
+    rows = [r for r in results["rows"] if r["status"] == "ok" and "optimizer" in r]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Optimizer step alone",
+        "",
+        "One update of every parameter (optimizer + weight EMA); effective GB/s counts the minimum",
+        "traffic of a one-pass update (RMSProp+EMA 36 B/param, Momentum+EMA 28 B/param), compared with",
+        "the measured device copy bandwidth.",
+        "",
+        "| model | row | optimizer | params | ms | effective GB/s | of copy bandwidth |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        o = r["optimizer"]
+        lines.append(
+            f"| {r['spec']['model']} | ({r['spec']['row']}) | {r['setting']['optimizer']} | "
+            f"{o['num_params'] / 1e6:.2f} M | {o['ms']:.3f} | {fmt_rate(o['effective_gb_per_s'])} | "
+            f"{_pct(r['derived'].get('optimizer_fraction_of_copy'))} |"
+        )
+    return lines
+
+
+def _pipeline_table(results: dict) -> list[str]:
+    pipes = results.get("pipelines", [])
+    if not pipes:
+        return []
+    data = results.get("data", {})
+    source = (
+        f"synthetic JPEGs ({data.get('image_px')} px, mean {data.get('mean_jpeg_bytes')} B; not ImageNet)"
+        if data.get("synthetic")
+        else f"--data_dir {data.get('data_dir')}"
+    )
+    lines = [
+        "",
+        "## Input pipeline alone",
+        "",
+        f"Data: {source}. Headroom = pipeline images/s / training images/s of (a) on synthetic input.",
+        "",
+        "| model | batch | px | backend | workers | images/s | min-max | headroom | status |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for p in pipes:
+        s = p["spec"]
+        ips = p.get("images_per_s")
+        cells = (
+            [fmt_rate(ips["median"]), f"{fmt_rate(ips['min'])}-{fmt_rate(ips['max'])}"] if ips else ["-", "-"]
+        )
+        head = p["derived"]["headroom"]
+        lines.append(
+            f"| {s['model']} | {s['batch']} | {s['image_size']} | {s['input']} | {s['num_workers']} | "
+            + " | ".join(cells)
+            + f" | {'-' if head is None else f'{head:.2f}'} | {_status(p)} |"
+        )
+    return lines
+
+
+def _checks(results: dict) -> list[str]:
+    checks = results.get("checks", {})
+    if not checks:
+        return []
+    lines = ["", "## GPU checks", "", "| check | status | seconds | output |", "| --- | --- | ---: | --- |"]
+    for name, c in checks.items():
+        lines.append(f"| {name} | {c['status']} | {c.get('seconds', 0):.0f} | {c.get('output', '')} |")
+    return lines
+
+
+def _context() -> list[str]:
+    lines = [
+        "",
+        "## Context: published figures on other hardware (not measured here)",
+        "",
+        "| source | hardware | model | setting | images/s |",
+        "| --- | --- | --- | --- | ---: |",
+    ]
+    lines += [f"| {s} | {h} (other hardware) | {m} | {st} | {v:,} |" for s, h, m, st, v in CONTEXT]
+    return lines
+
+
+# --- plot ---------------------------------------------------------------------------------------
+
+
+def plot(results: dict, path: Path) -> None:
+    """Grouped bars of images/s per configuration, one bar per row, min-max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in results["rows"] if r["status"] == "ok"]
+    labels = sorted(
+        {
+            r["spec"]["row"] + ("" if r["spec"]["input"] == "synthetic" else "+" + r["spec"]["input"])
+            for r in ok
+        }
+    )
+    configs = list(
+        dict.fromkeys(
+            f"{r['spec']['model']}\nbatch {r['spec']['batch']}, {r['spec']['image_size']} px" for r in ok
+        )
+    )
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs) * max(1, len(labels)) / 3), 4.5))
+    width = 0.8 / max(1, len(labels))
+    for i, label in enumerate(labels):
+        xs, ys, lo, hi = [], [], [], []
+        for r in ok:
+            s = r["spec"]
+            if s["row"] + ("" if s["input"] == "synthetic" else "+" + s["input"]) != label:
+                continue
+            ips = r["images_per_s"]
+            xs.append(
+                configs.index(f"{s['model']}\nbatch {s['batch']}, {s['image_size']} px")
+                + (i - (len(labels) - 1) / 2) * width
+            )
+            ys.append(ips["median"])
+            lo.append(ips["median"] - ips["min"])
+            hi.append(ips["max"] - ips["median"])
+        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=f"({label})")
+    ax.set_xticks(range(len(configs)), configs, fontsize=8)
+    ax.set_ylabel("images/s (median, min-max)")
+    env = results["environment"]
+    ax.set_title(
+        f"fasttrain training throughput, {env.get('gpu') or 'CPU'}, {env['date'][:10]}"
+        + (" (smoke)" if results["smoke"] else ""),
+        fontsize=10,
+    )
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def default_out_dir(root: Path, env: dict) -> Path:
+    """bench/results/<date>-<gpu or cpu>/ ($OUT/<date>-<gpu>/ where $OUT is set, as on the device machine)."""
+    name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
+    base = Path(os.environ["OUT"]) if os.environ.get("OUT") else root / "bench" / "results"
+    return base / f"{env['date'][:10]}-{name}"
+
+
+if __name__ == "__main__":  # re-render a results.json: python bench/report.py DIR
+    import json
+
+    out = Path(sys.argv[1])
+    res = json.loads((out / "results.json").read_text())
+    derive(res)
+    (out / "results.md").write_text(markdown(res))
+    plot(res, out / "throughput.png")

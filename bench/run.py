@@ -1,0 +1,394 @@
+"""The throughput suite in one command: fasttrain next to the alternatives, measured in one run.
+
+    python bench/run.py                     GPU: the full suite (~9 min on one H200); CPU: --smoke
+    python bench/run.py --smoke --out DIR   the tiny CPU configuration CI runs (under ~90 s, 2 cores)
+    python bench/run.py --parts compile --merge --out DIR     add (d) rows to an earlier run's DIR
+
+Parts, in this order, each under its share of --time_budget (time a part leaves unused passes on;
+whatever does not fit is recorded as skipped, never estimated):
+    rows       rows (a), (b), (c) of bench/throughput.py on synthetic device input, for every model x
+               batch; the optimizer step alone at each model's first batch
+    pipeline   the input pipelines alone (torch, and DALI when it imports) and training rows fed by
+               them (--pipeline_rows), at each model's largest batch, on --data_dir or a synthetic set
+    gpu_tests  python -m pytest -m gpu tests -q           (CUDA only; output in gpu_tests.txt)
+    kernels    python -m pytest bench/bench_optim.py      (CUDA only; bench_optim.txt / .json)
+    compile    row (d), each configuration in its own subprocess under --compile_timeout
+Before them: the environment, the measured bf16 matmul rate and copy bandwidth, FLOPs per image.
+
+Output in --out (default bench/results/<date>-<gpu>/, or $OUT/<date>-<gpu>/ where $OUT is set):
+results.json (bench/report.py documents it), results.md, throughput.png, run.log, and the parts'
+outputs. results.json and results.md are rewritten after every part, so a run cut short keeps what
+it measured.
+"""
+
+import sys
+from pathlib import Path
+
+# The checkout's fasttrain (not an installed copy) and bench/'s modules beside this file.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import report
+import torch
+from device_rates import copy_bandwidth, matmul_rate, training_flops
+from input_rows import pipeline_rate, write_dataset
+from throughput import ROW_TITLES, MeasureOptions, RowSpec, measure_row
+
+from fasttrain.data import dali_available
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("rows", "pipeline", "gpu_tests", "kernels", "compile")
+# Share of --time_budget each part may use at most; compile gets whatever is left at the end.
+PART_SHARE = {"rows": 0.45, "pipeline": 0.17, "gpu_tests": 0.22, "kernels": 0.11}
+FULL_MODELS = ("resnet50", "resnet101", "inception_v3")
+
+
+class UsageError(ValueError):
+    """A bad flag: printed as one line, exit status 2."""
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="fasttrain's throughput suite (see bench/results/README.md)")
+    p.add_argument("--smoke", action="store_true", help="tiny configuration (default without CUDA)")
+    p.add_argument("--out", default="", help="results directory (default bench/results/<date>-<gpu>)")
+    p.add_argument("--models", default="", help=f"comma-separated (default {','.join(FULL_MODELS)})")
+    p.add_argument("--batches", default="", help="comma-separated batch sizes (default 32,256)")
+    p.add_argument("--image_size", type=int, default=0, help="px (default: 224, Inception 299)")
+    p.add_argument("--rows", default="", help="rows to measure, of a,b,c,d (default all; smoke a,b,c)")
+    p.add_argument("--parts", default="", help=f"of {','.join(PARTS)} (default all; smoke rows,pipeline)")
+    p.add_argument("--data_dir", default="", help="TFRecord shards for the pipeline rows (default synthetic)")
+    p.add_argument("--pipeline_rows", default="a:torch,a:dali,b:torch", help="row:backend pairs")
+    p.add_argument("--num_workers", type=int, default=0, help="loader workers (default min(16, CPUs))")
+    p.add_argument("--warmup", type=int, default=-1, help="untimed steps per row (default 5; smoke 1)")
+    p.add_argument("--repeats", type=int, default=0, help="timed windows per row (default 5; smoke 3)")
+    p.add_argument("--steps", type=int, default=-1, help="steps per window (default: ~0.3 s; smoke 1)")
+    p.add_argument("--compile_mode", default="max-autotune", help="torch.compile mode of row (d)")
+    p.add_argument("--compile_timeout", type=float, default=240.0, help="seconds per (d) configuration")
+    p.add_argument("--time_budget", type=float, default=530.0, help="seconds for the whole run")
+    p.add_argument("--merge", action="store_true", help="merge into --out's existing results.json")
+    args = p.parse_args(argv)
+
+    cuda = torch.cuda.is_available()
+    args.smoke = args.smoke or not cuda
+    args.models = _list(args.models) or (["resnet18"] if args.smoke else list(FULL_MODELS))
+    bad = [m for m in args.models if m not in ("resnet18", "resnet34", "resnet152", *FULL_MODELS)]
+    if bad:
+        raise UsageError(
+            f"--models: unknown model {bad[0]!r}; choose from resnet18/34/50/101/152, inception_v3"
+        )
+    try:
+        args.batches = [int(b) for b in _list(args.batches)] or ([4, 8] if args.smoke else [32, 256])
+    except ValueError:
+        raise UsageError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
+    args.rows = _list(args.rows) or (["a", "b", "c"] if args.smoke else ["a", "b", "c", "d"])
+    args.parts = _list(args.parts) or (["rows", "pipeline"] if args.smoke else list(PARTS))
+    for name, values, allowed in (("rows", args.rows, "abcd"), ("parts", args.parts, PARTS)):
+        unknown = [v for v in values if v not in allowed]
+        if unknown:
+            raise UsageError(f"--{name}: {unknown[0]!r} is not one of {', '.join(allowed)}")
+    args.pipeline_rows = [tuple(x.split(":")) for x in _list(args.pipeline_rows)]
+    if any(len(x) != 2 or x[0] not in "abc" or x[1] not in ("torch", "dali") for x in args.pipeline_rows):
+        raise UsageError("--pipeline_rows takes row:backend pairs such as a:torch,b:dali (rows a-c)")
+    if args.data_dir and not Path(args.data_dir).is_dir():
+        raise UsageError(f"--data_dir {args.data_dir} is not a directory")
+    args.num_workers = args.num_workers or (1 if args.smoke else min(16, os.cpu_count() or 1))
+    args.warmup = args.warmup if args.warmup >= 0 else (1 if args.smoke else 5)
+    args.repeats = args.repeats or (3 if args.smoke else 5)
+    args.steps = args.steps if args.steps >= 0 else (1 if args.smoke else 0)
+    return args
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def configurations(args) -> list[tuple[str, int, int, int]]:
+    """(model, batch, px, base_channels) per configuration; the smoke pairs 32 px/4 and 64 px/8."""
+    if args.smoke:
+        sizes = [args.image_size or (32 if i == 0 else 64) for i in range(len(args.batches))]
+        return [
+            (m, b, s, 16 if m.startswith("resnet") else 64)
+            for m in args.models
+            for b, s in zip(args.batches, sizes)
+        ]
+    return [
+        (m, b, args.image_size or (299 if m == "inception_v3" else 224), 64)
+        for m in args.models
+        for b in args.batches
+    ]
+
+
+class Suite:
+    """Runs the parts into one results dict and writes it after each of them."""
+
+    def __init__(self, args, argv: list[str]):
+        self.args = args
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.start = time.monotonic()
+        env = report.environment(self.device, ["bench/run.py", *argv], ROOT)
+        self.out = Path(args.out) if args.out else report.default_out_dir(ROOT, env)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_file = open(self.out / "run.log", "a", encoding="utf-8")
+        self.results = dict(
+            environment=env, smoke=args.smoke, row_titles=ROW_TITLES, rates={}, flops={},
+            rows=[], pipelines=[], checks={}, context=[list(c) for c in report.CONTEXT],
+        )  # fmt: skip
+
+    def log(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.start:6.1f} s] {text}"
+        print(line, flush=True)
+        self.log_file.write(line + "\n")
+        self.log_file.flush()
+
+    def remaining(self) -> float:
+        return self.args.time_budget - (time.monotonic() - self.start)
+
+    def opts(self, **overrides) -> MeasureOptions:
+        a = self.args
+        base = dict(warmup=a.warmup, repeats=a.repeats, steps=a.steps, target_seconds=0.3)
+        if a.smoke:
+            base["optimizer_calls"] = 3
+        return MeasureOptions(**{**base, **overrides})
+
+    def spec(self, row: str, config, **extra) -> RowSpec:
+        model, batch, size, width = config
+        return RowSpec(row, model, batch, size, width, num_workers=self.args.num_workers, **extra)
+
+    # --- parts ---------------------------------------------------------------------------------
+
+    def yardsticks(self) -> None:
+        rates = self.results["rates"]
+        rates["matmul"] = matmul_rate(self.device)
+        rates["copy"] = copy_bandwidth(self.device)
+        self.log(
+            f"bf16 matmul {rates['matmul']['tflop_per_s']:.3g} TFLOP/s, "
+            f"copy {rates['copy']['gb_per_s']:.1f} GB/s"
+        )
+        for model, _, size, width in configurations(self.args):
+            key = report.flop_key(dict(model=model, image_size=size, base_channels=width))
+            if key not in self.results["flops"]:
+                self.results["flops"][key] = training_flops(model, size, width)
+
+    def rows(self, deadline: float) -> None:
+        first_of_model = set()
+        for config in configurations(self.args):
+            timing_optimizer = config[0] not in first_of_model
+            first_of_model.add(config[0])
+            for row in [r for r in ("c", "b", "a") if r in self.args.rows]:
+                self.add_row(self.spec(row, config), self.opts(optimizer=timing_optimizer), deadline)
+
+    def pipeline(self, deadline: float, data_dir: str) -> None:
+        largest = {}
+        for config in configurations(self.args):
+            largest[config[0]] = max(largest.get(config[0], config), config, key=lambda c: c[1])
+        backends = ["torch"] + (["dali"] if dali_available() else [])
+        smoke = self.args.smoke
+        for config in largest.values():
+            for backend in backends:
+                if time.monotonic() > deadline:
+                    return self.log(f"pipeline {backend} {config[:3]}: skipped, out of time")
+                spec = self.spec("a", config, input=backend, data_dir=data_dir)
+                result = pipeline_rate(
+                    spec, self.device, warmup=2 if smoke else 4, repeats=3, batches=2 if smoke else 6
+                )
+                self.results["pipelines"].append(result)
+                self.log(f"pipeline {backend} {config[:3]}: {self._summary(result)}")
+            for row, backend in self.args.pipeline_rows:
+                if backend == "dali" and not dali_available():
+                    continue
+                spec = self.spec(row, config, input=backend, data_dir=data_dir)
+                self.add_row(spec, self.opts(repeats=3), deadline)
+
+    def add_row(self, spec: RowSpec, opts: MeasureOptions, deadline: float) -> None:
+        name = f"({spec.row}) {spec.model} batch {spec.batch} {spec.image_size}px {spec.input}"
+        if time.monotonic() > deadline:
+            result = dict(spec=vars(spec), title=ROW_TITLES[spec.row], status="skipped", error="time budget")
+        else:
+            result = measure_row(spec, self.device, opts)
+        self.results["rows"].append(result)
+        self.log(f"{name}: {self._summary(result)}")
+
+    def compile_rows(self) -> None:
+        # Largest batch first: the configuration that matters most for throughput claims.
+        configs = sorted(configurations(self.args), key=lambda c: -c[1])
+        for config in configs:
+            spec = self.spec("d", config, compile_mode=self.args.compile_mode)
+            limit = min(self.args.compile_timeout, self.remaining() - 10)
+            name = f"(d) {spec.model} batch {spec.batch} {spec.image_size}px"
+            if limit < 30:
+                result = dict(spec=vars(spec), title=ROW_TITLES["d"], status="skipped", error="time budget")
+            else:
+                result = self._compile_subprocess(spec, limit, name)
+            self.results["rows"].append(result)
+            self.log(f"{name}: {self._summary(result)}")
+
+    def not_run(self, row: str, why: str) -> None:
+        for config in configurations(self.args):
+            spec = vars(self.spec(row, config, compile_mode=self.args.compile_mode))
+            self.results["rows"].append(dict(spec=spec, title=ROW_TITLES[row], status="not run", error=why))
+
+    def _compile_subprocess(self, spec: RowSpec, limit: float, name: str) -> dict:
+        result_path = self.out / f".{spec.model}-{spec.batch}-d.json"
+        log_path = self.out / f"compile-{spec.model}-{spec.batch}.log"
+        cmd = [
+            sys.executable, str(ROOT / "bench" / "throughput.py"),
+            "--spec", json.dumps(vars(spec)), "--opts", json.dumps(vars(self.opts())),
+            "--result", str(result_path),
+        ]  # fmt: skip
+        run = run_limited(cmd, limit, log_path)
+        if result_path.exists():
+            result = json.loads(result_path.read_text())
+            result_path.unlink()
+            return result
+        status = "timed out" if run["timed_out"] else "failed"
+        why = (
+            f"exceeded {limit:.0f} s (--compile_timeout)" if run["timed_out"] else f"exit {run['returncode']}"
+        )
+        return dict(
+            spec=vars(spec), title=ROW_TITLES["d"], status=status, error=f"{why}; see {log_path.name}"
+        )
+
+    def check(self, name: str, cmd: list[str], limit: float, output: str) -> None:
+        if limit < 20:
+            self.results["checks"][name] = dict(status="skipped (time budget)", seconds=0.0, output="")
+            return self.log(f"{name}: skipped, out of time")
+        run = run_limited(cmd, limit, self.out / output)
+        lines = (self.out / output).read_text(errors="replace").strip().splitlines()
+        status = "timed out" if run["timed_out"] else ("passed" if run["returncode"] == 0 else "failed")
+        self.results["checks"][name] = dict(
+            status=status, command=" ".join(cmd[1:]), seconds=run["seconds"], output=output,
+            summary=lines[-1] if lines else "",
+        )  # fmt: skip
+        self.log(f"{name}: {status} in {run['seconds']:.0f} s: {lines[-1] if lines else ''}")
+
+    @staticmethod
+    def _summary(result: dict) -> str:
+        if result["status"] != "ok":
+            return f"{result['status']}: {result.get('error', '')}"
+        ips = result["images_per_s"]
+        return f"{ips['median']:.1f} images/s (min {ips['min']:.1f}, max {ips['max']:.1f})"
+
+    # --- output --------------------------------------------------------------------------------
+
+    def save(self, plot: bool = True) -> None:
+        results = self.results
+        if self.args.merge and (self.out / "results.json").exists():
+            results = merge(json.loads((self.out / "results.json").read_text()), self.results)
+        report.derive(results)
+        tmp = self.out / "results.json.tmp"
+        tmp.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+        os.replace(tmp, self.out / "results.json")
+        (self.out / "results.md").write_text(report.markdown(results), encoding="utf-8")
+        if plot:
+            report.plot(results, self.out / "throughput.png")
+
+
+def merge(old: dict, new: dict) -> dict:
+    """old's results with new's rows, pipelines and checks replacing those of the same configuration."""
+    if old["environment"].get("gpu") != new["environment"].get("gpu"):
+        raise UsageError(
+            f"--merge: {old['environment'].get('gpu')} results cannot take rows measured on "
+            f"{new['environment'].get('gpu')}; use another --out"
+        )
+    merged = dict(old)
+    key = lambda r: json.dumps(r["spec"], sort_keys=True)
+    for part in ("rows", "pipelines"):
+        # A row this run did not measure ("not run") leaves an earlier result in place.
+        had = {key(r) for r in old[part]}
+        fresh = [r for r in new[part] if r["status"] != "not run" or key(r) not in had]
+        replaced = {key(r) for r in fresh}
+        merged[part] = [r for r in old[part] if key(r) not in replaced] + fresh
+    merged["checks"] = {**old.get("checks", {}), **new["checks"]}
+    merged["flops"] = {**old["flops"], **new["flops"]}
+    merged["merged_runs"] = old.get("merged_runs", []) + [new["environment"]]
+    return merged
+
+
+def run_limited(cmd: list[str], limit: float, log_path: Path) -> dict:
+    """Run cmd (in its own process group) with output to log_path; kill the group after `limit` s."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    start = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        try:
+            returncode, timed_out = proc.wait(timeout=limit), False
+        except subprocess.TimeoutExpired:
+            # The group holds the child and what it started (inductor's compile workers, pytest's).
+            os.killpg(proc.pid, signal.SIGKILL)
+            returncode, timed_out = proc.wait(), True
+    return dict(returncode=returncode, timed_out=timed_out, seconds=time.monotonic() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+        suite = Suite(args, argv)
+    except UsageError as exc:
+        print(f"bench/run.py: {exc}", file=sys.stderr)
+        return 2
+    budget, parts = args.time_budget, args.parts
+    suite.log(f"results in {suite.out}; parts {', '.join(parts)}; budget {budget:.0f} s")
+    suite.yardsticks()
+    suite.save(plot=False)
+    if "rows" in parts:
+        suite.rows(time.monotonic() + PART_SHARE["rows"] * budget)
+        suite.save(plot=False)
+    if "pipeline" in parts:
+        tmp = None
+        data_dir = args.data_dir
+        if not data_dir:
+            tmp = tempfile.mkdtemp(prefix="fasttrain-bench-data-")
+            shape = (
+                dict(records=64, unique=16, width=96, height=72, shards=2)
+                if args.smoke
+                else dict(records=16384, unique=512, width=500, height=375, shards=16)
+            )
+            suite.results["data"] = write_dataset(tmp, **shape)
+            data_dir = tmp
+        else:
+            suite.results["data"] = dict(data_dir=data_dir, synthetic=False)
+        try:
+            suite.pipeline(time.monotonic() + PART_SHARE["pipeline"] * budget, data_dir)
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+        suite.save(plot=False)
+    cuda = suite.device.type == "cuda"
+    if "gpu_tests" in parts and cuda:
+        limit = min(PART_SHARE["gpu_tests"] * budget, suite.remaining())
+        suite.check(
+            "gpu_tests", [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q"], limit, "gpu_tests.txt"
+        )
+        suite.save(plot=False)
+    if "kernels" in parts and cuda:
+        limit = min(PART_SHARE["kernels"] * budget, suite.remaining())
+        cmd = [
+            sys.executable, "-m", "pytest", "bench/bench_optim.py", "-q",
+            f"--benchmark-json={suite.out / 'bench_optim.json'}",
+        ]  # fmt: skip
+        suite.check("kernels", cmd, limit, "bench_optim.txt")
+        suite.save(plot=False)
+    if "compile" in parts and "d" in args.rows:
+        suite.compile_rows()
+    else:
+        why = "--smoke" if args.smoke else ("--rows" if "d" not in args.rows else "--parts")
+        suite.not_run("d", f"not selected ({why})")
+    suite.save()
+    suite.log(f"done in {time.monotonic() - suite.start:.0f} s: {suite.out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

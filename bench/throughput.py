@@ -1,0 +1,378 @@
+"""Training throughput of one configuration ("row"), measured the same way for every alternative.
+
+Every row trains the same model at the same batch and image size on the same input, with the recipe's
+loss (label smoothing, Inception aux head), L2 weight decay, and an EMA of the weights and of the BN
+statistics (decay 0.9999, the Inception seed's, in every row so that all rows do the same work):
+
+    a  fasttrain: TrainStep + build_optimizer + create_model + resolve_precision, as train.py wires
+       them: the whole step in a CUDA graph (eager on the CPU), the flat-buffer fused optimizer+EMA
+       (Triton on sm70+, its torch reference elsewhere), channels_last and autocast by the precision
+       policy (bf16 on sm80+), LR and loss scale on the device
+    b  eager PyTorch, the best conventional recipe: autocast (the policy's dtype, GradScaler for fp16)
+       + channels_last (by the same policy) + torch.optim with foreach=True (SGD momentum for ResNets,
+       RMSprop for Inception) + an EMA by torch._foreach_lerp_
+    c  plain eager PyTorch, the seeds' setting: fp32, NCHW, torch.optim with foreach=False, the EMA
+       as a loop over tensors, cudnn.benchmark off (PyTorch's defaults, TF32 convolutions included)
+    d  (b) with the model under torch.compile(mode=compile_mode) and optimizer.step under
+       torch.compile (unless fp16 loss scaling calls it), when compilation works
+
+Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
+`repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
+which executes synchronously, by time.perf_counter). A window's images/s = steps * batch / seconds;
+the row reports the median window and the min and max. `steps` is chosen once per row so that a
+window lasts about `target_seconds` (3..max_steps steps) unless given.
+
+Optimizer step alone (`optimizer=True`): the row's update (optimizer + weight EMA, no BN EMA) timed
+over repeated calls on the model's gradients; the effective bandwidth counts the minimum traffic of
+a one-pass update, 4 bytes x (3 + 2 x states + 2 x ema) per parameter: w and g read, w written, every
+state and the EMA read and written. RMSProp+EMA: 36 B/param, Momentum+EMA: 28 B/param.
+
+    python bench/throughput.py --spec JSON --opts JSON --result FILE   (one row; run.py's subprocess)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from fasttrain.config import make_config
+from fasttrain.data import build_loader
+from fasttrain.data.normalize import normalize_images
+from fasttrain.models import create_model, param_groups
+from fasttrain.precision import Precision, resolve_precision
+from fasttrain.schedule import LRSchedule
+from fasttrain.step import BufferEMA, TrainStep, classification_loss
+from fasttrain.train import batch_stream, build_optimizer
+
+ROWS = ("a", "b", "c", "d")
+ROW_TITLES = {
+    "a": "fasttrain (graph, fused optimizer+EMA, policy precision)",
+    "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
+    "c": "plain eager PyTorch: fp32 NCHW (the seeds' setting)",
+    "d": "torch.compile of (b)",
+}
+RECIPE_OF = {"inception_v3": "inception_v3", "resnet101": "resnet101"}  # the rest: resnet50's
+EMA_DECAY = 0.9999
+
+
+@dataclass
+class RowSpec:
+    """What one row trains; JSON-able so that run.py can hand it to a subprocess."""
+
+    row: str
+    model: str
+    batch: int
+    image_size: int
+    base_channels: int = 64
+    input: str = "synthetic"
+    """synthetic (one uint8 batch made on the device), torch or dali (the input pipelines)."""
+    data_dir: str = ""
+    num_workers: int = 8
+    compile_mode: str = "max-autotune"
+
+
+@dataclass
+class MeasureOptions:
+    warmup: int = 5
+    repeats: int = 5
+    steps: int = 0
+    """Steps per timed window (0: about target_seconds per window)."""
+    target_seconds: float = 0.5
+    max_steps: int = 100
+    optimizer: bool = False
+    """Also time the optimizer step alone."""
+    optimizer_calls: int = 20
+
+
+@dataclass
+class Row:
+    step: Callable[[torch.Tensor, torch.Tensor], None]
+    optimizer_step: Callable[[], None]
+    setting: dict
+    num_params: int
+    optimizer_bytes: int
+    """Minimum bytes one update moves (see the module docstring)."""
+    extra_warmup: int = 0
+
+
+def config_for(spec: RowSpec, device: torch.device):
+    """The recipe's Config for this row (resnet50's recipe for ResNets other than 50/101)."""
+    return make_config(
+        recipe=RECIPE_OF.get(spec.model, "resnet50"),
+        model=spec.model,
+        batch_size=spec.batch,
+        image_size=spec.image_size,
+        base_channels=spec.base_channels,
+        ema_decay=EMA_DECAY,
+        data_backend=spec.input,
+        data_dir=spec.data_dir,
+        num_workers=spec.num_workers,
+        device=device.type,
+        max_steps=1,
+    )
+
+
+def _model(cfg, device: torch.device, channels_last: bool) -> torch.nn.Module:
+    # The same construction as train.train() (create_model with the config's fields, then .to()).
+    model = create_model(
+        cfg.model_name,
+        cfg.num_classes,
+        base_channels=cfg.base_channels,
+        zero_init_residual=cfg.zero_init_residual,
+        bn_momentum=cfg.bn_momentum,
+        bn_eps=cfg.bn_eps,
+    )
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return model.to(device, memory_format=fmt).train()
+
+
+def _loss_fn(cfg) -> Callable:
+    return lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
+
+
+def _update_bytes(states: int, ema: bool) -> int:
+    return 4 * (3 + 2 * states + (2 if ema else 0))
+
+
+def build_fasttrain_row(cfg, device: torch.device) -> Row:
+    """Row (a): fasttrain's own pieces, wired as train.train() wires them for one device."""
+    precision = resolve_precision(cfg, device)
+    model = _model(cfg, device, precision.channels_last)
+    optimizer = build_optimizer(cfg, model)
+    bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
+    step_fn = TrainStep(
+        model, optimizer, precision, device, schedule, _loss_fn(cfg), cfg.preprocess, 1, None, None, bn_ema
+    )
+    one = torch.ones((), dtype=torch.float32, device=device)
+    zero = torch.zeros((), dtype=torch.float32, device=device)
+    states = 2 if cfg.optimizer == "rmsprop" else 1
+    return Row(
+        step=lambda images, labels: step_fn([(images, labels)]),
+        optimizer_step=lambda: optimizer.step(grad_scale=one, found_inf=zero),
+        setting=dict(
+            precision=precision.name,
+            channels_last=precision.channels_last,
+            cuda_graph=precision.cuda_graph,
+            optimizer=f"{type(optimizer).__name__} (impl {optimizer.impl})",
+        ),
+        num_params=sum(p.numel() for p in model.parameters()),
+        optimizer_bytes=_update_bytes(states, ema=True),
+        # TrainStep runs warmup_steps eager steps, then captures (and replays) on the next call.
+        extra_warmup=step_fn.warmup_steps + 1,
+    )
+
+
+def build_eager_row(
+    cfg, device: torch.device, precision: Precision, foreach: bool, compile_mode: str = ""
+) -> Row:
+    """Rows (b), (c) and (d): the conventional PyTorch training step."""
+    model = _model(cfg, device, precision.channels_last)
+    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
+    lr = cfg.initial_learning_rate
+    if cfg.optimizer == "rmsprop":
+        opt = torch.optim.RMSprop(
+            groups, lr=lr, alpha=cfg.rmsprop_decay, eps=cfg.rmsprop_epsilon, momentum=cfg.momentum,
+            foreach=foreach,
+        )  # fmt: skip
+        states = 2
+    else:
+        opt = torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, foreach=foreach)
+        states = 1
+    scaler = torch.amp.GradScaler(device.type, enabled=precision.loss_scaling)
+    params = [p for g in groups for p in g["params"]]
+    bn_stats = [b for b in model.buffers() if b.is_floating_point()]
+    ema_params = [p.detach().clone() for p in params]
+    ema_stats = [b.detach().clone() for b in bn_stats]
+    forward = torch.compile(model, mode=compile_mode) if compile_mode else model
+    opt_step = torch.compile(opt.step) if compile_mode and not precision.loss_scaling else opt.step
+    loss_fn, decay, applied = _loss_fn(cfg), cfg.ema_decay, [0]
+
+    def ema_update(targets, sources) -> None:
+        # tf.train.ExponentialMovingAverage with num_updates, the weight computed on the host.
+        n = applied[0]
+        weight = 1.0 - min(decay, (1 + n) / (10 + n))
+        if foreach:
+            torch._foreach_lerp_(targets, [s.detach() for s in sources], weight)
+        else:
+            for t, s in zip(targets, sources):
+                t.lerp_(s.detach(), weight)
+
+    def optimizer_step() -> None:
+        if precision.loss_scaling:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt_step()
+        applied[0] += 1
+        ema_update(ema_params, params)
+
+    def step(images: torch.Tensor, labels: torch.Tensor) -> None:
+        if compile_mode:
+            # One training iteration per call: cudagraph trees (max-autotune) may then reuse the
+            # previous step's output memory instead of failing on an overwritten output.
+            torch.compiler.cudagraph_mark_step_begin()
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        if images.is_floating_point():  # DALI's normalised NHWC batch
+            x = images.permute(0, 3, 1, 2)
+            x = x if precision.channels_last else x.contiguous()
+        else:
+            x = normalize_images(images, cfg.preprocess, torch.float32, precision.channels_last)
+        with torch.autocast(device.type, dtype=precision.dtype, enabled=precision.autocast):
+            loss = loss_fn(forward(x), labels)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        optimizer_step()
+        ema_update(ema_stats, bn_stats)
+
+    setting = dict(
+        precision=precision.name,
+        channels_last=precision.channels_last,
+        cuda_graph=False,
+        optimizer=f"torch.optim.{type(opt).__name__}(foreach={foreach})",
+    )
+    if compile_mode:
+        setting["compile"] = f"model: torch.compile(mode={compile_mode!r}); optimizer.step: " + (
+            "eager (GradScaler)" if precision.loss_scaling else "torch.compile()"
+        )
+    return Row(step, optimizer_step, setting, sum(p.numel() for p in params), _update_bytes(states, True))
+
+
+def build_row(spec: RowSpec, device: torch.device) -> Row:
+    """The row's training step, built from scratch (a fresh model initialised from seed 0)."""
+    if spec.row not in ROWS:
+        raise ValueError(f"row {spec.row!r} is not one of {', '.join(ROWS)}")
+    cfg = config_for(spec, device)
+    torch.manual_seed(0)
+    policy = resolve_precision(dataclasses.replace(cfg, cuda_graph=False), device)
+    # cudnn.benchmark (per-shape algorithm search, untimed in warm-up) for the tuned rows; (c) keeps
+    # PyTorch's default. fasttrain's train.py does not set it (see bench/results/README.md).
+    torch.backends.cudnn.benchmark = spec.row != "c"
+    if spec.row == "a":
+        row = build_fasttrain_row(cfg, device)
+    elif spec.row == "c":
+        row = build_eager_row(cfg, device, Precision("fp32", False, False), foreach=False)
+    else:
+        compile_mode = spec.compile_mode if spec.row == "d" else ""
+        row = build_eager_row(cfg, device, policy, foreach=True, compile_mode=compile_mode)
+    row.setting["cudnn_benchmark"] = torch.backends.cudnn.benchmark
+    return row
+
+
+def input_stream(spec: RowSpec, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """next_batch() for the row's input: the same device batch (synthetic) or the loader's batches."""
+    cfg = config_for(spec, device)
+    loader = build_loader(cfg, "train", True, 0, 1, device)
+    if spec.input == "synthetic":
+        images, labels = next(iter(loader))  # (N, H, W, 3) uint8 on the device
+        return lambda: (images, labels)
+    batches = batch_stream(loader, 1)
+    return lambda: next(batches)[0]
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], None], calls: int, device: torch.device) -> float:
+    """Seconds for `calls` calls of fn, device work included (events on CUDA)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()  # note: host waits for the window's device work, outside the window
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return time.perf_counter() - t0
+
+
+def summarize(values: list[float]) -> dict:
+    return dict(
+        median=statistics.median(values),
+        min=min(values),
+        max=max(values),
+        stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
+    )
+
+
+def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> dict:
+    """Build, warm up and time one row. Never raises: a failure is the result's status."""
+    result = dict(spec=dataclasses.asdict(spec), title=ROW_TITLES[spec.row], status="ok")
+    row = None
+    try:
+        t0 = time.perf_counter()
+        next_batch = input_stream(spec, device)
+        row = build_row(spec, device)
+        result["setting"] = row.setting
+        run = lambda: row.step(*next_batch())
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(opts.warmup + row.extra_warmup):
+            run()
+        synchronize(device)
+        result["warmup_seconds"] = time.perf_counter() - t0  # build, autotune, capture, compile
+        steps = opts.steps
+        if not steps:
+            one = timed(run, 1, device)
+            steps = max(3, min(opts.max_steps, math.ceil(opts.target_seconds / max(one, 1e-6))))
+        seconds = [timed(run, steps, device) for _ in range(opts.repeats)]
+        ips = [steps * spec.batch / s for s in seconds]
+        result.update(steps_per_repeat=steps, seconds=seconds, images_per_s=summarize(ips))
+        if device.type == "cuda":
+            result["peak_memory_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        if opts.optimizer:
+            for _ in range(2):
+                row.optimizer_step()
+            synchronize(device)
+            sec = timed(row.optimizer_step, opts.optimizer_calls, device) / opts.optimizer_calls
+            result["optimizer"] = dict(
+                num_params=row.num_params,
+                bytes_per_param=row.optimizer_bytes,
+                ms=sec * 1e3,
+                effective_gb_per_s=row.num_params * row.optimizer_bytes / sec / 1e9,
+            )
+    except Exception as exc:  # a row that cannot run is reported, not fatal (OOM, compile errors)
+        result["status"] = "failed"
+        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        result["traceback"] = traceback.format_exc(limit=8)
+    finally:
+        row = None  # free the model, graph and optimizer state before the next row
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One row in this process (run.py uses it for (d), whose compilation can hang or blow up)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, help="RowSpec as JSON")
+    parser.add_argument("--opts", default="{}", help="MeasureOptions as JSON")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    spec = RowSpec(**json.loads(args.spec))
+    result = measure_row(spec, torch.device(args.device), MeasureOptions(**json.loads(args.opts)))
+    with open(args.result, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    return 0 if result["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

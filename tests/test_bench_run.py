@@ -1,0 +1,239 @@
+"""bench/run.py: the CPU smoke run end to end, and the report's arithmetic against hand-computed values.
+
+The smoke run is executed once (`python bench/run.py --smoke --out TMP`, as CI runs it); the tests
+then recompute every derived figure from the raw measurements in results.json (seconds per window,
+the measured matmul rate and copy bandwidth) and check the Markdown shows them. No speed is asserted.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import report  # noqa: E402  (bench/report.py)
+import run as bench_run  # noqa: E402  (bench/run.py)
+
+SMOKE_CONFIGS = [("resnet18", 4, 32), ("resnet18", 8, 64)]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "results"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,  # a hang guard, not a speed check
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text())
+
+
+def _rows(results, **match):
+    return [r for r in results["rows"] if all(r["spec"][k] == v for k, v in match.items())]
+
+
+def _key(spec):
+    return (spec["model"], spec["batch"], spec["image_size"], spec["input"])
+
+
+def test_files_and_environment(smoke):
+    out, results = smoke
+    assert (out / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.md").stat().st_size > 0 and (out / "run.log").stat().st_size > 0
+    env = results["environment"]
+    for key in ("date", "command", "torch", "triton", "dali", "cpu", "python", "device"):
+        assert key in env, key
+    assert "--smoke" in env["command"] and results["smoke"] is True and env["device"] == "cpu"
+
+
+def test_every_smoke_row_is_there(smoke):
+    _, results = smoke
+    for model, batch, size in SMOKE_CONFIGS:
+        rows = {
+            r["spec"]["row"]: r
+            for r in _rows(results, model=model, batch=batch, image_size=size, input="synthetic")
+        }
+        assert sorted(rows) == ["a", "b", "c", "d"]
+        for name in "abc":
+            assert rows[name]["status"] == "ok", rows[name].get("traceback")
+            assert rows[name]["spec"]["base_channels"] == 16
+            assert len(rows[name]["seconds"]) == 3 and rows[name]["steps_per_repeat"] == 1
+        assert rows["a"]["setting"]["optimizer"].startswith("FusedMomentum")
+        assert rows["b"]["setting"]["optimizer"] == "torch.optim.SGD(foreach=True)"
+        assert rows["c"]["setting"] == dict(
+            precision="fp32", channels_last=False, cuda_graph=False,
+            optimizer="torch.optim.SGD(foreach=False)", cudnn_benchmark=False,
+        )  # fmt: skip
+        # (d) is not part of the smoke run: no number may stand in its place.
+        assert rows["d"]["status"] == "not run" and "images_per_s" not in rows["d"]
+
+
+def test_images_per_s_are_the_timed_windows(smoke):
+    _, results = smoke
+    for r in results["rows"]:
+        if r["status"] != "ok":
+            continue
+        per_window = [r["steps_per_repeat"] * r["spec"]["batch"] / s for s in r["seconds"]]
+        ips = r["images_per_s"]
+        assert ips["median"] == pytest.approx(statistics.median(per_window), rel=1e-12)
+        assert (ips["min"], ips["max"]) == pytest.approx((min(per_window), max(per_window)), rel=1e-12)
+
+
+def test_ratios_and_mfu_come_from_measured_numbers(smoke):
+    _, results = smoke
+    matmul = results["rates"]["matmul"]["tflop_per_s"] * 1e12
+    b_rows = {_key(r["spec"]): r for r in results["rows"] if r["spec"]["row"] == "b" and r["status"] == "ok"}
+    checked = 0
+    for r in results["rows"]:
+        d = r["derived"]
+        if r["status"] != "ok":
+            assert d == {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+            continue
+        ips = r["images_per_s"]["median"]
+        b = b_rows.get(_key(r["spec"]))
+        expected = None if b is None else ips / b["images_per_s"]["median"]
+        assert d["ratio_to_b"] == pytest.approx(expected, rel=1e-12)
+        assert d["ratio_to_d"] is None  # (d) did not run
+        flops = results["flops"][f"resnet18/w16@{r['spec']['image_size']}"]
+        assert flops["nominal"] is None and flops["used"] == flops["counted"] > 0
+        assert d["mfu"] == pytest.approx(ips * flops["used"] / matmul, rel=1e-12)
+        checked += 1
+    assert checked >= 7  # 6 synthetic rows and at least the torch-fed (a) row
+
+
+def test_optimizer_figures(smoke):
+    from fasttrain.models import create_model
+
+    _, results = smoke
+    expected_params = sum(p.numel() for p in create_model("resnet18", 1000, base_channels=16).parameters())
+    copy = results["rates"]["copy"]["gb_per_s"]
+    timed = [r for r in results["rows"] if "optimizer" in r]
+    assert sorted(r["spec"]["row"] for r in timed) == ["a", "b", "c"]  # first configuration only
+    for r in timed:
+        o = r["optimizer"]
+        assert o["num_params"] == expected_params and o["bytes_per_param"] == 28  # momentum + EMA
+        assert o["effective_gb_per_s"] == pytest.approx(
+            28 * expected_params / (o["ms"] / 1e3) / 1e9, rel=1e-9
+        )
+        assert r["derived"]["optimizer_fraction_of_copy"] == pytest.approx(o["effective_gb_per_s"] / copy)
+
+
+def test_pipeline_rows_and_headroom(smoke):
+    _, results = smoke
+    assert results["data"]["synthetic"] is True
+    torch_pipe = [p for p in results["pipelines"] if p["spec"]["input"] == "torch"]
+    assert len(torch_pipe) == 1 and torch_pipe[0]["status"] == "ok"
+    (a,) = _rows(results, row="a", batch=8, input="synthetic")
+    for p in results["pipelines"]:
+        if p["status"] == "ok":
+            expected = p["images_per_s"]["median"] / a["images_per_s"]["median"]
+            assert p["derived"]["headroom"] == pytest.approx(expected, rel=1e-12)
+    fed = _rows(results, row="a", input="torch") + _rows(results, row="b", input="torch")
+    assert [r["status"] for r in fed] == ["ok", "ok"]
+
+
+def test_markdown_shows_the_json(smoke):
+    out, results = smoke
+    md = (out / "results.md").read_text()
+    table = [line for line in md.splitlines() if line.startswith("| resnet18 (width 16) |")]
+    assert len(table) == len(results["rows"])
+    for line, r in zip(table, results["rows"]):
+        assert f"| ({r['spec']['row']}) |" in line
+        if r["status"] == "ok":
+            assert f"| {report.fmt_rate(r['images_per_s']['median'])} |" in line
+        else:
+            assert r["status"] in line
+    assert "## Context: published figures on other hardware (not measured here)" in md
+    context = md.split("## Context")[1]
+    assert context.count("(other hardware)") == len(report.CONTEXT)
+    assert "| 78 |" in context and "| 204 |" in context  # the seeds' ResNet-101 on P40s
+
+
+def test_derive_against_hand_computed_values():
+    def row(name, ips, status="ok", input="synthetic"):
+        spec = dict(row=name, model="resnet50", batch=256, image_size=224, base_channels=64, input=input)
+        r = dict(spec=spec, status=status)
+        if status == "ok":
+            r["images_per_s"] = dict(median=ips)
+        return r
+
+    results = dict(
+        rates=dict(matmul=dict(tflop_per_s=100.0), copy=dict(gb_per_s=1000.0)),
+        flops={"resnet50@224": dict(used=24.5e9)},
+        rows=[row("a", 3000.0), row("b", 2000.0), row("c", 500.0), row("d", 2400.0), row("d", 0, "failed")],
+        pipelines=[
+            dict(spec=row("a", 0)["spec"] | {"input": "dali"}, status="ok", images_per_s=dict(median=6000.0))
+        ],
+    )
+    results["rows"][0]["optimizer"] = dict(effective_gb_per_s=400.0)
+    report.derive(results)
+    a, b, c, d, failed = (r["derived"] for r in results["rows"])
+    assert a["ratio_to_b"] == pytest.approx(1.5) and a["ratio_to_d"] == pytest.approx(1.25)
+    assert c["ratio_to_b"] == pytest.approx(0.25) and b["ratio_to_b"] == pytest.approx(1.0)
+    assert a["mfu"] == pytest.approx(3000 * 24.5e9 / 100e12)  # 0.735
+    assert a["optimizer_fraction_of_copy"] == pytest.approx(0.4)
+    assert failed == {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+    assert results["pipelines"][0]["derived"]["headroom"] == pytest.approx(2.0)
+
+
+def test_counted_flops_match_the_published_figures():
+    from device_rates import NOMINAL_GFLOP, counted_training_flops
+
+    # DESIGN.md's ~3x forward figures; the count covers convolutions and matmuls only.
+    for model in ("resnet50", "inception_v3"):
+        gflop, size = NOMINAL_GFLOP[model]
+        assert counted_training_flops(model, size) / 1e9 == pytest.approx(gflop, rel=0.02)
+
+
+def test_merge_keeps_measured_rows_a_later_run_did_not_measure():
+    spec = dict(row="d", model="resnet50", batch=256, image_size=224, base_channels=64, input="synthetic")
+    env = dict(gpu="NVIDIA H200")
+    old = dict(environment=env, flops={}, checks={}, pipelines=[], rows=[dict(spec=spec, status="ok", v=1)])
+    new_a = dict(spec | {"row": "a"})
+    new = dict(
+        environment=env, flops={}, checks={"kernels": {}}, pipelines=[],
+        rows=[dict(spec=spec, status="not run"), dict(spec=new_a, status="ok", v=2)],
+    )  # fmt: skip
+    merged = bench_run.merge(old, new)
+    rows = [(r["spec"]["row"], r["status"], r.get("v")) for r in merged["rows"]]
+    assert rows == [("d", "ok", 1), ("a", "ok", 2)]
+    assert "kernels" in merged["checks"] and merged["merged_runs"] == [env]
+    with pytest.raises(bench_run.UsageError, match="another --out"):
+        bench_run.merge(old, dict(new, environment=dict(gpu="NVIDIA A100")))
+
+
+def test_time_limit_kills_the_whole_process_group(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    script = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(120)\n"
+    )
+    result = bench_run.run_limited([sys.executable, "-c", script], 3.0, tmp_path / "log.txt")
+    assert result["timed_out"] and result["returncode"] != 0
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # killed: gone, or a zombie where nothing reaps orphans (some containers)
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"grandchild {pid} survived the time limit")
+
+
+def test_bad_flag_is_one_line(capsys):
+    assert bench_run.main(["--models", "resnet9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--models" in err and "resnet9" in err
