@@ -6,8 +6,8 @@ import contextlib
 
 import torch
 
-from fasttrain.data.normalize import normalize_images
 from fasttrain.precision import Precision
+from fasttrain.step import model_input
 
 
 @torch.no_grad()
@@ -29,10 +29,7 @@ def evaluate(
             break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        if images.is_floating_point():
-            x = images.permute(0, 3, 1, 2)  # DALI's normalised NHWC batch as a channels_last view
-        else:
-            x = normalize_images(images, preprocess, precision.dtype, precision.channels_last)
+        x = model_input(images, preprocess, precision)
         with torch.autocast(device.type, dtype=precision.dtype, enabled=precision.autocast):
             logits = model(x)
         k = min(5, logits.shape[1])

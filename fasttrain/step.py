@@ -41,6 +41,18 @@ def classification_loss(
     return F.cross_entropy(output.float(), labels, label_smoothing=label_smoothing)
 
 
+def model_input(images: torch.Tensor, preprocess: str, precision: Precision) -> torch.Tensor:
+    """A loader batch (N, H, W, C) as the model's (N, C, H, W) input in the policy's layout.
+
+    uint8 batches (torch pipeline) are normalised here on the device; float batches come normalised
+    from DALI, and their NHWC storage already is the channels_last layout: a permute, no copy.
+    """
+    if not images.is_floating_point():
+        return normalize_images(images, preprocess, precision.dtype, precision.channels_last)
+    x = images.permute(0, 3, 1, 2)
+    return x if precision.channels_last else x.contiguous()
+
+
 class BufferEMA:
     """EMA of BatchNorm running statistics, the seed's averaging of moving_mean/moving_variance.
 
@@ -117,13 +129,7 @@ class TrainStep:
     def _forward_backward(
         self, images: torch.Tensor, labels: torch.Tensor, inv_accum: float, communicate: bool
     ) -> torch.Tensor:
-        x = (
-            images
-            if images.is_floating_point()
-            else normalize_images(images, self.preprocess, self.precision.dtype, self.precision.channels_last)
-        )
-        if images.is_floating_point() and self.precision.channels_last:
-            x = x.permute(0, 3, 1, 2)  # NHWC batch from DALI: a channels_last NCHW view, no copy
+        x = model_input(images, self.preprocess, self.precision)
         if self.buckets is not None:
             self.buckets.begin(communicate=communicate)
         # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes).

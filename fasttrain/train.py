@@ -18,7 +18,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, ConfigError, default_cache_dir, save_config
-from fasttrain.data import DataError, build_loader
+from fasttrain.data import build_loader
 from fasttrain.distributed import (
     GradBuckets,
     all_reduce_flag,
@@ -202,7 +202,7 @@ def prepare_data_dir(cfg: Config, info, log) -> Path:
     if cfg.data_dir:
         path = Path(cfg.data_dir)
         if not path.is_dir():
-            raise DataError(f"data directory {path} does not exist (--data_dir)")
+            raise ConfigError(f"--data_dir {path} does not exist or is not a directory")
         return path
     if cfg.recipe != "demo" and cfg.data_backend != "synthetic":
         raise ConfigError(f"--data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)")
@@ -324,7 +324,7 @@ def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info
         "optimizer": optimizer.state_dict(),
         "step": step,
         "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
-        "ema": dict(zip([n for n, _ in model.named_parameters()], optimizer.ema_parameters())),
+        "ema": ema_state(model, optimizer),
         "train_step": step_fn.state_dict(),
         "data": [g["data"] for g in gathered],
         "rng": [g["rng"] for g in gathered],
@@ -332,6 +332,14 @@ def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info
         "world_size": info.world_size,
     }
     ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
+
+
+def ema_state(model: torch.nn.Module, optimizer) -> dict:
+    """The weight EMA by parameter name, as a state_dict-like mapping (empty when EMA is off)."""
+    if not optimizer.ema_decay:
+        return {}
+    names, params = zip(*model.named_parameters())
+    return dict(zip(names, optimizer.ema_parameters(list(params))))
 
 
 def batch_stream(loader, accum: int):

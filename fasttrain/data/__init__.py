@@ -36,7 +36,8 @@ def dali_available() -> bool:
 
 def resolve_backend(cfg: Config) -> str:
     if cfg.data_backend == "auto":
-        return "dali" if dali_available() else "torch"
+        # DALI cannot skip a corrupt record: --skip_corrupt needs the torch pipeline.
+        return "dali" if dali_available() and not cfg.skip_corrupt else "torch"
     if cfg.data_backend == "dali" and not dali_available():
         raise ConfigError("--data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'")
     return cfg.data_backend
@@ -60,8 +61,12 @@ def build_loader(
         return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
     if backend == "dali":
         from fasttrain.data.dali_pipeline import DaliLoader
+        from fasttrain.precision import resolve_precision
 
-        return DaliLoader(cfg, split, training, rank, world_size, device)
+        # DALI writes fp16 directly; it has no bf16 output, so bf16 runs take fp32 and autocast casts.
+        fp16 = device is not None and resolve_precision(cfg, device).name == "fp16"
+        dtype = torch.float16 if fp16 else torch.float32
+        return DaliLoader(cfg, split, training, rank, world_size, device, dtype=dtype)
     from fasttrain.data.torch_pipeline import TorchLoader
 
     return TorchLoader(cfg, split, training, rank, world_size)

@@ -1,0 +1,132 @@
+"""`python -m fasttrain` as a user runs it: a short demo run, resume, and one-line errors."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttrain.data.imagenet import make_synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args, cache: Path, timeout=600):
+    env = {**os.environ, "FASTTRAIN_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    return subprocess.run(
+        [sys.executable, "-m", "fasttrain", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=cache,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=40, classes=4, seed=0)
+    return root
+
+
+SHORT = [
+    "--num_classes=4",
+    "--batch_size=8",
+    "--num_workers=0",
+    "--log_every=2",
+    "--max_eval_batches=2",
+    "--image_size=32",
+]
+
+
+def test_short_run_trains_checkpoints_and_resumes(tiny_data, tmp_path):
+    run_dir = tmp_path / "run"
+    first = run_cli(
+        "--data_dir",
+        str(tiny_data),
+        "--train_dir",
+        str(run_dir),
+        "--max_steps=4",
+        "--checkpoint_every=2",
+        *SHORT,
+        cache=tmp_path,
+    )
+    assert first.returncode == 0, first.stderr
+    assert "step 2, loss = " in first.stdout and "examples/sec; " in first.stdout
+    assert "validation top-1" in first.stdout.strip().splitlines()[-1]
+    assert {p.name for p in run_dir.glob("ckpt-*.pt")} == {"ckpt-2.pt", "ckpt-4.pt"}
+    state = torch.load(run_dir / "ckpt-4.pt", weights_only=True)
+    assert state["step"] == 4 and "model" in state and "optimizer" in state and "ema" in state
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["max_steps"] == 4 and config["data_dir"] == str(tiny_data)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4]
+    assert any(r.get("split") == "validation" for r in records)
+
+    second = run_cli(
+        "--data_dir",
+        str(tiny_data),
+        "--train_dir",
+        str(run_dir),
+        "--max_steps=6",
+        "--checkpoint_every=2",
+        *SHORT,
+        cache=tmp_path,
+    )
+    assert second.returncode == 0, second.stderr
+    assert "resuming from step 4" in second.stdout
+    assert "step 6, loss = " in second.stdout and "step 2, loss" not in second.stdout
+    assert torch.load(run_dir / "ckpt-6.pt", weights_only=True)["step"] == 6
+
+    again = run_cli(
+        "--data_dir", str(tiny_data), "--train_dir", str(run_dir), "--max_steps=6", *SHORT, cache=tmp_path
+    )
+    assert again.returncode == 0, again.stderr
+    assert "already holds a finished run at step 6" in again.stdout
+
+
+def test_default_demo_builds_its_data_once_in_the_cache(tmp_path):
+    out = run_cli(
+        "--max_steps=2",
+        "--log_every=1",
+        "--max_eval_batches=1",
+        "--train_dir",
+        str(tmp_path / "r"),
+        cache=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "building the demo data set" in out.stdout
+    assert (
+        sorted(p.name for p in (tmp_path / "demo-imagenet-v1").iterdir() if p.name.startswith("train-"))[0]
+        == "train-00000-of-00004"
+    )
+    again = run_cli(
+        "--max_steps=3",
+        "--log_every=1",
+        "--max_eval_batches=1",
+        "--train_dir",
+        str(tmp_path / "r"),
+        cache=tmp_path,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "building the demo data set" not in again.stdout and "resuming from step 2" in again.stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--no_such_flag=1"], "unknown flag --no_such_flag"),
+        (["--recipe", "resnet9000"], "unknown recipe 'resnet9000'"),
+        (["--data_dir", "/nonexistent/imagenet"], "--data_dir /nonexistent/imagenet does not exist"),
+        (["--recipe", "inception_v3"], "--data_dir is required"),
+    ],
+)
+def test_user_errors_are_one_line_with_exit_code_2(args, words, tmp_path):
+    out = run_cli(*args, cache=tmp_path, timeout=120)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip().count("\n") == 0 and words in out.stderr
