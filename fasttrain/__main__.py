@@ -14,6 +14,8 @@ def main(argv: list[str] | None = None) -> int:
     from fasttrain.config import ConfigError, parse_args
     from fasttrain.data import DataError
 
+    # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
+    sys.stdout.reconfigure(line_buffering=True)
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:

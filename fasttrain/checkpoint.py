@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,7 +123,10 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
         raise CheckpointError(f"{path} is a directory; name a ckpt-<step>.pt file")
     verify_checkpoint(path)
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns about a pickle protocol it may not parse; the refusal below says it better.
+            warnings.simplefilter("ignore", UserWarning)
+            state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure mode means the same to the user
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):

@@ -145,6 +145,7 @@ def train(cfg: Config) -> dict:
                 loss_scale=step_fn.scaler.scale.item(),
                 skipped_steps=int(step_fn.scaler.skipped_steps.item()),
                 epoch=train_loader.epoch,
+                skipped_records=getattr(train_loader, "skipped", 0),
             )
             check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
         if step % cfg.checkpoint_every == 0 or step == max_steps:
