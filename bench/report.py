@@ -281,9 +281,13 @@ def _pipeline_table(results: dict) -> list[str]:
         lines.append(
             f"| {s['model']} | {s['batch']} | {s['image_size']} | {s['input']} | {s['num_workers']} | "
             + " | ".join(cells)
-            + f" | {'-' if head is None else f'{head:.2f}'} | {_status(p)} |"
+            + f" | {'-' if head is None else f'{head:.2f}'} | {_status(p) or _shared(p)} |"
         )
     return lines
+
+
+def _shared(p: dict) -> str:
+    return f"same pipeline setting as {p['measured_for']}" if "measured_for" in p else ""
 
 
 def _checks(results: dict) -> list[str]:

@@ -195,18 +195,21 @@ def build_eager_row(
     ema_params = [p.detach().clone() for p in params]
     ema_stats = [b.detach().clone() for b in bn_stats]
     forward = torch.compile(model, mode=compile_mode) if compile_mode else model
-    opt_step = torch.compile(opt.step) if compile_mode and not precision.loss_scaling else opt.step
+    opt_step = opt.step
+    if compile_mode and not precision.loss_scaling:
+        opt_step = torch.compile(fullgraph=False)(lambda: opt.step())  # PyTorch's compiled-optimizer recipe
     loss_fn, decay, applied = _loss_fn(cfg), cfg.ema_decay, [0]
 
+    @torch.no_grad()
     def ema_update(targets, sources) -> None:
         # tf.train.ExponentialMovingAverage with num_updates, the weight computed on the host.
         n = applied[0]
         weight = 1.0 - min(decay, (1 + n) / (10 + n))
         if foreach:
-            torch._foreach_lerp_(targets, [s.detach() for s in sources], weight)
+            torch._foreach_lerp_(targets, sources, weight)
         else:
             for t, s in zip(targets, sources):
-                t.lerp_(s.detach(), weight)
+                t.lerp_(s, weight)
 
     def optimizer_step() -> None:
         if precision.loss_scaling:

@@ -138,7 +138,8 @@ def test_pipeline_rows_and_headroom(smoke):
             expected = p["images_per_s"]["median"] / a["images_per_s"]["median"]
             assert p["derived"]["headroom"] == pytest.approx(expected, rel=1e-12)
     fed = _rows(results, row="a", input="torch") + _rows(results, row="b", input="torch")
-    assert [r["status"] for r in fed] == ["ok", "ok"]
+    fed += _rows(results, row="a", input="dali")  # present where DALI imports (CI installs it)
+    assert [r["status"] for r in fed] == ["ok"] * len(fed) and len(fed) >= 2, [r.get("error") for r in fed]
 
 
 def test_markdown_shows_the_json(smoke):
