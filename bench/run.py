@@ -261,7 +261,7 @@ class Suite:
         cmd = [
             sys.executable, str(ROOT / "bench" / "throughput.py"),
             "--spec", json.dumps(vars(spec)), "--opts", json.dumps(vars(self.opts())),
-            "--result", str(result_path),
+            "--result", str(result_path), "--threads", str(torch.get_num_threads()),
         ]  # fmt: skip
         run = run_limited(cmd, limit, log_path)
         if result_path.exists():
@@ -319,7 +319,10 @@ def merge(old: dict, new: dict) -> dict:
             f"{new['environment'].get('gpu')}; use another --out"
         )
     merged = dict(old)
-    key = lambda r: json.dumps(r["spec"], sort_keys=True)
+    # Same configuration: row, model, shape and input (not flags like workers or the compile mode).
+    key = lambda r: tuple(
+        r["spec"][k] for k in ("row", "model", "batch", "image_size", "base_channels", "input")
+    )
     for part in ("rows", "pipelines"):
         # A row this run did not measure ("not run") leaves an earlier result in place.
         had = {key(r) for r in old[part]}

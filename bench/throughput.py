@@ -249,7 +249,10 @@ def build_eager_row(
         setting["compile"] = f"model: torch.compile(mode={compile_mode!r}); optimizer.step: " + (
             "eager (GradScaler)" if precision.loss_scaling else "torch.compile()"
         )
-    return Row(step, optimizer_step, setting, sum(p.numel() for p in params), _update_bytes(states, True))
+    # Compiled code recompiles on the second call (optimizer state appears after the first step).
+    extra_warmup = 2 if compile_mode else 0
+    num_params = sum(p.numel() for p in params)
+    return Row(step, optimizer_step, setting, num_params, _update_bytes(states, True), extra_warmup)
 
 
 def build_row(spec: RowSpec, device: torch.device) -> Row:
@@ -369,7 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--opts", default="{}", help="MeasureOptions as JSON")
     parser.add_argument("--result", required=True, help="where to write the result JSON")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     spec = RowSpec(**json.loads(args.spec))
     result = measure_row(spec, torch.device(args.device), MeasureOptions(**json.loads(args.opts)))
     with open(args.result, "w", encoding="utf-8") as f:
