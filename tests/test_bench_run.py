@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -238,3 +239,25 @@ def test_bad_flag_is_one_line(capsys):
     assert bench_run.main(["--models", "resnet9"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--models" in err and "resnet9" in err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rows_on_cuda_use_graph_policy_and_kernels():
+    from fasttrain.kernels._common import HAVE_TRITON
+    from throughput import MeasureOptions, RowSpec, measure_row
+
+    from fasttrain.precision import default_precision
+
+    device = torch.device("cuda")
+    opts = MeasureOptions(warmup=2, repeats=2, steps=3, optimizer=True, optimizer_calls=3)
+    rows = {row: measure_row(RowSpec(row, "resnet18", 8, 64, 16), device, opts) for row in "abc"}
+    for r in rows.values():
+        assert r["status"] == "ok", r.get("traceback")
+        assert r["peak_memory_gib"] > 0 and len(r["seconds"]) == 2
+    a, b = rows["a"]["setting"], rows["b"]["setting"]
+    assert a["cuda_graph"] and a["precision"] == b["precision"] == default_precision(device)
+    tensor_cores = torch.cuda.get_device_capability() >= (7, 0)
+    assert a["channels_last"] == b["channels_last"] == tensor_cores
+    if HAVE_TRITON and tensor_cores:
+        assert a["optimizer"] == "FusedMomentum (impl triton)"
