@@ -209,7 +209,14 @@ def markdown(results: dict) -> str:
         "| model | batch | px | input | row | images/s | min-max | vs (b) | vs (d) | MFU | setting |",
         "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for r in results["rows"]:
+    inputs = ("synthetic", "dali", "torch")
+    order = lambda r: (
+        r["spec"]["model"],
+        r["spec"]["batch"],
+        inputs.index(r["spec"]["input"]),
+        r["spec"]["row"],
+    )
+    for r in sorted(results["rows"], key=order):  # by configuration, then (a), (b), (c), (d)
         s, d = r["spec"], r["derived"]
         if r["status"] == "ok":
             ips = r["images_per_s"]
