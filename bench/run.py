@@ -136,6 +136,9 @@ class Suite:
         self.start = time.monotonic()
         env = report.environment(self.device, ["bench/run.py", *argv], ROOT)
         self.out = Path(args.out) if args.out else report.default_out_dir(ROOT, env)
+        earlier = self.out / "results.json"
+        if args.merge and earlier.exists():
+            merge(json.loads(earlier.read_text()), dict(environment=env, rows=[], pipelines=[]))  # GPU check
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.out / "run.log", "a", encoding="utf-8")
         self.results = dict(
@@ -315,8 +318,8 @@ def merge(old: dict, new: dict) -> dict:
     """old's results with new's rows, pipelines and checks replacing those of the same configuration."""
     if old["environment"].get("gpu") != new["environment"].get("gpu"):
         raise UsageError(
-            f"--merge: {old['environment'].get('gpu')} results cannot take rows measured on "
-            f"{new['environment'].get('gpu')}; use another --out"
+            f"--merge: {old['environment'].get('gpu') or 'CPU'} results cannot take rows measured on "
+            f"{new['environment'].get('gpu') or 'the CPU'}; use another --out"
         )
     merged = dict(old)
     # Same configuration: row, model, shape and input (not flags like workers or the compile mode).
@@ -329,8 +332,8 @@ def merge(old: dict, new: dict) -> dict:
         fresh = [r for r in new[part] if r["status"] != "not run" or key(r) not in had]
         replaced = {key(r) for r in fresh}
         merged[part] = [r for r in old[part] if key(r) not in replaced] + fresh
-    merged["checks"] = {**old.get("checks", {}), **new["checks"]}
-    merged["flops"] = {**old["flops"], **new["flops"]}
+    merged["checks"] = {**old.get("checks", {}), **new.get("checks", {})}
+    merged["flops"] = {**old["flops"], **new.get("flops", {})}
     merged["merged_runs"] = old.get("merged_runs", []) + [new["environment"]]
     return merged
 
