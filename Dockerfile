@@ -11,6 +11,7 @@ COPY setup.py pyproject.toml README.md ./
 COPY fasttrain ./fasttrain
 COPY kernels ./kernels
 COPY bench ./bench
+COPY tests ./tests
 # --no-deps: torch, triton, numpy and DALI come with the container and must not be replaced by
 # PyPI builds. The rest of the small dependencies are installed explicitly.
 RUN pip install --no-cache-dir google-crc32c protobuf tqdm pytest-benchmark \

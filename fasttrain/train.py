@@ -50,6 +50,8 @@ def train(cfg: Config) -> dict:
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
+    elif info.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # static shapes: the algorithm search pays off after a few steps
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
