@@ -7,10 +7,7 @@ torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import signal
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +18,6 @@ from fasttrain.config import Config, ConfigError, default_cache_dir, save_config
 from fasttrain.data import build_loader
 from fasttrain.distributed import (
     GradBuckets,
-    all_reduce_flag,
     broadcast_module,
     cleanup,
     init_distributed,
@@ -30,6 +26,7 @@ from fasttrain.distributed import (
 )
 from fasttrain.evaluate import ema_weights, evaluate
 from fasttrain.models import classifier_names, create_model, param_groups, reset_classifier
+from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import resolve_precision
 from fasttrain.rng import get_rng_state, set_rng_state
@@ -51,7 +48,9 @@ def train(cfg: Config) -> dict:
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     elif info.device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # static shapes: the algorithm search pays off after a few steps
+        torch.backends.cudnn.benchmark = (
+            True  # static shapes: the algorithm search pays off after a few steps
+        )
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
@@ -369,72 +368,3 @@ def check_finite(
         f"(updates were skipped, weights are unchanged){kept}; lower "
         "--initial_learning_rate or use --precision=fp32"
     )
-
-
-def log_step(log, progress, step: int, loss: float, examples_per_sec: float, sec_per_batch: float) -> None:
-    line = (
-        f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
-        f"({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch)"
-    )
-    if progress.enabled:
-        progress.write(line)
-    else:
-        log(line, flush=True)
-
-
-class MetricsLog:
-    """JSON lines in the run directory, appended and flushed as they come."""
-
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled = path, enabled
-
-    def write(self, **record) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"time": time.time(), **record}) + "\n")
-
-
-class progress_bar:  # noqa: N801 - used like a function
-    """A tqdm bar when stdout is a terminal on the main rank; otherwise it does nothing."""
-
-    def __init__(self, total: int, initial: int, enabled: bool):
-        self.enabled = enabled and sys.stdout.isatty()
-        if self.enabled:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
-
-    def update(self, n: int) -> None:
-        if self.enabled:
-            self._bar.update(n)
-
-    def write(self, line: str) -> None:
-        self._bar.write(line)
-
-    def close(self) -> None:
-        if self.enabled:
-            self._bar.close()
-
-
-class StopRequest:
-    """SIGTERM/SIGINT set a flag; all ranks agree (all-reduced) to stop at the same step."""
-
-    def __init__(self, check_every: int = 10):
-        self.flag, self.signal_name, self.check_every = False, "", check_every
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def _handle(self, signum, frame) -> None:
-        self.flag, self.signal_name = True, signal.Signals(signum).name
-
-    def requested(self, info, step: int) -> bool:
-        if info.world_size == 1:
-            return self.flag
-        if step % self.check_every:
-            return False
-        agreed = all_reduce_flag(self.flag, info)  # note: a small collective every check_every steps
-        self.signal_name = self.signal_name or "a signal on another rank"
-        return agreed
-
-    def restore(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
