@@ -44,6 +44,11 @@ def train(cfg: Config) -> dict:
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
+    if cfg.profile_comm and precision.cuda_graph:
+        raise ConfigError(
+            "--profile_comm times each all-reduce from Python hooks, which a CUDA graph "
+            "replay skips: add --no-cuda_graph"
+        )
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -89,7 +94,10 @@ def train(cfg: Config) -> dict:
     if info.world_size > 1 and cfg.grad_sync == "ddp":
         ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb)
     elif info.world_size > 1:
-        buckets = GradBuckets(optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb)
+        names = {p: n for n, p in model.named_parameters()}
+        buckets = GradBuckets(
+            optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb, profile=cfg.profile_comm, names=names
+        )
     schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
     loss_fn = lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
     step_fn = TrainStep(
@@ -149,6 +157,18 @@ def train(cfg: Config) -> dict:
                 skipped_records=getattr(train_loader, "skipped", 0),
             )
             check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
+            if buckets is not None and (comm := buckets.comm_stats()) is not None:
+                log(
+                    f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
+                    f"{comm['hidden_fraction']:.0%} hidden behind backward, "
+                    f"{comm['exposed_ms']:.1f} ms exposed"
+                )
+                metrics.write(
+                    step=step,
+                    comm_ms=comm["comm_ms"],
+                    comm_hidden_fraction=comm["hidden_fraction"],
+                    comm_exposed_ms=comm["exposed_ms"],
+                )
         if step % cfg.checkpoint_every == 0 or step == max_steps:
             save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
             last_saved = step
