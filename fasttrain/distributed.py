@@ -1,0 +1,244 @@
+"""Process group from torchrun's environment, start-up broadcast, small collectives, DDP and SyncBN.
+
+torchrun (`torchrun --nproc_per_node=N -m fasttrain ...`, or `python -m torch.distributed.run`) sets
+RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT for every process; a plain
+`python -m fasttrain` sets none of them and runs as one process without a process group. With CUDA
+each process drives the device LOCAL_RANK and the backend is NCCL; on the CPU it is gloo.
+
+Gradient averaging: fasttrain's own buckets (GradBuckets, in fasttrain/buckets.py) all-reduce a SUM and
+the optimizer multiplies by 1/world_size; torch DDP (`wrap_ddp`, --grad_sync ddp) averages by itself,
+so the trainer passes grad_scale without the 1/world_size factor there.
+
+BatchNorm statistics stay per rank by default, as in the seeds (each tower normalised with its own
+batch); `maybe_sync_bn` converts to SyncBatchNorm (CUDA only) for --sync_bn.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fasttrain.buckets import GradBuckets, GradSyncError
+from fasttrain.config import ConfigError
+
+__all__ = [
+    "DistInfo",
+    "init_distributed",
+    "cleanup",
+    "broadcast_module",
+    "all_reduce_flag",
+    "all_reduce_sum",
+    "per_rank_batch",
+    "wrap_ddp",
+    "maybe_sync_bn",
+    "GradBuckets",
+    "GradSyncError",
+]
+
+_TORCHRUN_HINT = "launch with torchrun (python -m torch.distributed.run), which sets it"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits in the job."""
+
+    rank: int
+    """Global rank, 0..world_size-1."""
+    world_size: int
+    """Number of processes in the job (all nodes)."""
+    local_rank: int
+    """Rank on this node; the CUDA device index it drives."""
+    device: torch.device
+    """The device this process trains on."""
+    backend: str
+    """'nccl', 'gloo', or 'none' for a single process without a process group."""
+    is_main: bool
+    """rank == 0: the process that logs, evaluates into files and writes checkpoints."""
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend != "none"
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {name}={text!r} is not an integer; {_TORCHRUN_HINT}"
+        ) from None
+
+
+def _pick_device(device: str, local_rank: int, distributed: bool) -> torch.device:
+    if device not in ("auto", "cuda", "cpu"):
+        raise ConfigError(f"device {device!r} is not one of auto, cuda, cpu")
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        return torch.device("cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        raise ConfigError(
+            "CUDA was requested but no CUDA device is visible (check CUDA_VISIBLE_DEVICES "
+            "and the driver), or run on the CPU"
+        )
+    if not distributed:
+        return torch.device("cuda", torch.cuda.current_device())
+    if local_rank >= count:
+        raise ConfigError(
+            f"LOCAL_RANK={local_rank} but only {count} CUDA device(s) are visible on this "
+            f"node: start torchrun with --nproc_per_node={count} or fewer"
+        )
+    return torch.device("cuda", local_rank)
+
+
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group described by torchrun's environment (or run as a single process).
+
+    device: 'auto' (CUDA if available, else CPU), 'cuda' or 'cpu'. With CUDA this sets the current
+    device to LOCAL_RANK and uses NCCL (the communicator is created now, bound to that device, so that
+    a later CUDA graph capture never has to create one); on the CPU it uses gloo.
+    """
+    world_size = _env_int("WORLD_SIZE")
+    rank, local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
+    if world_size is None:
+        if rank is not None or local_rank is not None:
+            raise ConfigError(f"RANK or LOCAL_RANK is set but WORLD_SIZE is not; {_TORCHRUN_HINT}")
+        dev = _pick_device(device, 0, distributed=False)
+        return DistInfo(rank=0, world_size=1, local_rank=0, device=dev, backend="none", is_main=True)
+    for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
+        if value is None:
+            raise ConfigError(f"WORLD_SIZE is set but {name} is not; {_TORCHRUN_HINT}")
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(name):
+            raise ConfigError(f"{name} is not set; {_TORCHRUN_HINT}, or set it to rank 0's address/port")
+    if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
+        raise ConfigError(
+            f"inconsistent torchrun environment: RANK={rank}, LOCAL_RANK={local_rank}, "
+            f"WORLD_SIZE={world_size}"
+        )
+    dev = _pick_device(device, local_rank, distributed=True)
+    kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=dev, **kwargs)
+        backend = "nccl"
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size, **kwargs)
+        backend = "gloo"
+    return DistInfo(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=dev,
+        backend=backend,
+        is_main=rank == 0,
+    )
+
+
+def cleanup() -> None:
+    """Leave the process group (a no-op for a single process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        # gloo's worker threads drop their last references to a finished collective's tensors just
+        # after wait() returns, and that needs the GIL. If Python is already finalizing by then, the
+        # thread cannot take it and the process aborts ("terminate called without an active
+        # exception", pytorch/pytorch#190489; about one 4-rank CPU run in five with torch 2.13, whose
+        # destroy_process_group leaves the worker threads running). Sleeping hands them the GIL:
+        # no abort in 30 such runs. No barrier here: cleanup also runs on error paths, where the
+        # other ranks may be inside a different collective.
+        time.sleep(0.05)
+
+
+def per_rank_batch(global_batch: int, info: DistInfo) -> int:
+    """The per-rank batch for a requested global batch, which must divide evenly over the ranks."""
+    if global_batch % info.world_size:
+        raise ConfigError(
+            f"the global batch {global_batch} is not divisible by the world size "
+            f"{info.world_size}: choose a multiple of {info.world_size}"
+        )
+    return global_batch // info.world_size
+
+
+def broadcast_module(model: nn.Module, src: int = 0) -> None:
+    """Copy rank src's parameters and buffers into every rank's model, in place (views stay views)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    tensors = [t for t in (*model.parameters(), *model.buffers())]
+    by_kind: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    # One collective per dtype and device instead of one per tensor (ResNet-50: ~320 tensors).
+    with torch.no_grad():
+        for group in by_kind.values():
+            packed = torch.cat([t.detach().reshape(-1) for t in group])
+            dist.broadcast(packed, src=src)
+            offset = 0
+            for t in group:
+                t.copy_(packed[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+
+
+def all_reduce_flag(flag: bool, info: DistInfo) -> bool:
+    """True on every rank if any rank passed True (e.g. a SIGTERM seen by one rank stops all)."""
+    if not info.distributed:
+        return flag
+    t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=info.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())  # note: a host sync; call it at the trainer's check points only
+
+
+def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Sum `tensor` over ranks in place (a no-op for one process); returns it."""
+    if info.distributed:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0) -> nn.Module:
+    """torch DistributedDataParallel around model, for --grad_sync ddp (averages the gradients).
+
+    No buffer broadcast in forward keeps BatchNorm statistics per rank, as fasttrain's buckets do, so both
+    modes train identically. gradient_as_bucket_view stays False: True would re-point every p.grad
+    into DDP's own buckets, away from the flat gradient buffer the fused optimizer reads; with False
+    DDP copies the averaged gradients back into the existing p.grad views.
+    """
+    if not info.distributed:
+        raise ConfigError("--grad_sync ddp needs a process group: launch with torchrun")
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    # torch 2.13 renamed broadcast_buffers to forward_sync_buffers (which still syncs once at
+    # construction: harmless, broadcast_module has done the same).
+    ddp = nn.parallel.DistributedDataParallel
+    no_buffer_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(ddp).parameters
+        else {"broadcast_buffers": False}
+    )
+    return ddp(
+        model,
+        device_ids=device_ids,
+        bucket_cap_mb=bucket_cap_mb,
+        gradient_as_bucket_view=False,
+        **no_buffer_sync,
+    )
+
+
+def maybe_sync_bn(model: nn.Module, enabled: bool, info: DistInfo | None = None) -> nn.Module:
+    """The model with its BatchNorm layers converted to SyncBatchNorm when enabled (--sync_bn)."""
+    if not enabled:
+        return model
+    if info is not None and info.distributed and info.device.type != "cuda":
+        raise ConfigError(
+            "--sync_bn needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
+            "drop --sync_bn for CPU runs"
+        )
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
