@@ -178,6 +178,8 @@ class TrainStep:
                     for i, lb in batches
                 ]
             )
+            if self.buckets is not None:
+                self.buckets.rebuild_from_observed_order()  # once, after the first step; then a no-op
             return
         if self.eager_steps_done < self.warmup_steps:
             self._warmup_step(batches)

@@ -84,7 +84,7 @@ def train(cfg: Config) -> dict:
     )
     if cfg.pretrained_model_checkpoint_path and not has_checkpoint(cfg, run_dir):
         restore_pretrained(model, cfg, log)
-    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1)
+    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
     memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
     model = model.to(info.device, memory_format=memory_format)
     broadcast_module(model)
