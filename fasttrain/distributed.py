@@ -128,6 +128,7 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> Di
         )
     dev = _pick_device(device, local_rank, distributed=True)
     kwargs = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
+    kwargs["store"] = _attempt_store(rank, world_size, timeout_s)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         dist.init_process_group("nccl", rank=rank, world_size=world_size, device_id=dev, **kwargs)
@@ -143,6 +144,18 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> Di
         backend=backend,
         is_main=rank == 0,
     )
+
+
+def _attempt_store(rank: int, world_size: int, timeout_s: float | None) -> dist.Store:
+    """torchrun's store, with keys private to this restart attempt.
+
+    Under `torchrun --max-restarts`, the agent's store can outlive a restart; the restarted workers
+    would then read the dead workers' gloo/NCCL addresses and fail with "connection refused"
+    (pytorch/pytorch#167288). A prefix per TORCHELASTIC_RESTART_COUNT keeps every attempt apart.
+    """
+    timeout = timedelta(seconds=timeout_s) if timeout_s is not None else timedelta(minutes=30)
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+    return dist.PrefixStore(f"fasttrain/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def cleanup() -> None:

@@ -1,0 +1,178 @@
+"""`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
+a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, and a SIGTERM on
+one rank that every rank agrees on."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fasttrain.data.imagenet import make_synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=48, classes=4, seed=5)
+    return root
+
+
+def torchrun(nproc: int, *args, extra: tuple = (), nnodes: int = 1, node_rank: int = 0, port: int = 0):
+    launcher = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *extra]
+    if nnodes == 1:
+        launcher.append("--standalone")  # c10d rendezvous on a free loopback port; survives restarts
+    else:
+        launcher += [
+            f"--nnodes={nnodes}",
+            f"--node_rank={node_rank}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=fasttrain-test",
+        ]
+    return launcher + ["-m", "fasttrain", *args]
+
+
+def fasttrain_args(data, run_dir, *more):
+    return [
+        f"--data_dir={data}",
+        f"--train_dir={run_dir}",
+        "--num_classes=4",
+        "--batch_size=4",
+        "--image_size=32",
+        "--num_workers=0",
+        "--log_every=2",
+        "--max_eval_batches=2",
+        *more,
+    ]
+
+
+def test_four_ranks_train_and_evaluate(data, tmp_path):
+    out = subprocess.run(
+        torchrun(4, *fasttrain_args(data, tmp_path / "run", "--max_steps=4")),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "4 x cpu" in out.stdout and "global batch 16" in out.stdout
+    assert out.stdout.count("step 4, loss = ") == 1  # only rank 0 logs
+    assert "validation top-1" in out.stdout
+
+
+def _final_params(run_dir: Path, step: int) -> dict:
+    return torch.load(run_dir / f"ckpt-{step}.pt", weights_only=True)["model"]
+
+
+def test_buckets_and_ddp_end_with_the_same_parameters(data, tmp_path):
+    finals = {}
+    for sync in ("buckets", "ddp"):
+        run_dir = tmp_path / sync
+        args = fasttrain_args(
+            data,
+            run_dir,
+            "--max_steps=20",
+            f"--grad_sync={sync}",
+            "--no-eval_at_end",
+            "--bucket_cap_mb=0.25",
+            "--checkpoint_every=20",
+        )
+        out = subprocess.run(torchrun(2, *args), env=ENV, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        finals[sync] = _final_params(run_dir, 20)
+    for name, a in finals["buckets"].items():
+        if a.is_floating_point():
+            b = finals["ddp"][name]
+            # DDP divides by the world size before its sum, buckets fold 1/world into the update:
+            # rounding may differ in the last bit, which 20 momentum steps must not grow past 1e-6.
+            assert (a - b).abs().max() <= 1e-6 * max(a.abs().max().item(), 1e-6), name
+
+
+def test_two_nodes_on_one_machine(data, tmp_path):
+    port = free_port()
+    args = fasttrain_args(data, tmp_path / "run", "--max_steps=4", "--no-eval_at_end")
+    nodes = [
+        subprocess.Popen(
+            torchrun(1, *args, nnodes=2, node_rank=r, port=port),
+            env=ENV,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outputs = [n.communicate(timeout=300) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [o[1][-2000:] for o in outputs]
+    assert "2 x cpu" in outputs[0][0] + outputs[1][0]
+    assert (tmp_path / "run" / "ckpt-4.pt").exists()
+
+
+def _workers(agent: subprocess.Popen) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _reached(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    return max((json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line), default=0)
+
+
+def _wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, limit: float = 180) -> None:
+    deadline = time.time() + limit
+    while _reached(run_dir) < step and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert _reached(run_dir) >= step, "the job never reached the step"
+
+
+def test_killed_worker_is_restarted_and_resumes(data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = fasttrain_args(data, run_dir, "--max_steps=40", "--checkpoint_every=4", "--no-eval_at_end")
+    agent = subprocess.Popen(
+        torchrun(2, *args, extra=("--max-restarts=1",)),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait_for_step(run_dir, 8, agent)
+    os.kill(_workers(agent)[-1], signal.SIGKILL)
+    stdout, stderr = agent.communicate(timeout=300)
+    assert agent.returncode == 0, stderr[-3000:]
+    assert "resuming from step " in stdout
+    assert torch.load(run_dir / "ckpt-40.pt", weights_only=True)["step"] == 40
+
+
+def test_sigterm_on_one_rank_stops_every_rank_at_one_step(data, tmp_path):
+    run_dir = tmp_path / "run"
+    args = fasttrain_args(
+        data, run_dir, "--max_steps=100000", "--checkpoint_every=100000", "--no-eval_at_end"
+    )
+    agent = subprocess.Popen(
+        torchrun(2, *args), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for_step(run_dir, 4, agent)
+    os.kill(_workers(agent)[-1], signal.SIGTERM)  # the last worker: not the one that logs and saves
+    stdout, stderr = agent.communicate(timeout=120)
+    assert agent.returncode == 0, stderr[-3000:]
+    stopped = [line for line in stdout.splitlines() if line.startswith("stopped by ")]
+    assert len(stopped) == 1, stdout
+    step = int(stopped[0].split("at step ")[1].split(";")[0])
+    assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{step}.pt"]
