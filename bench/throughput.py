@@ -48,11 +48,11 @@ import torch
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
 from fasttrain.data.normalize import normalize_images
-from fasttrain.models import create_model, param_groups
+from fasttrain.models import param_groups
 from fasttrain.precision import Precision, resolve_precision
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep, classification_loss
-from fasttrain.train import batch_stream, build_optimizer
+from fasttrain.step import BufferEMA, TrainStep
+from fasttrain.train import batch_stream, build_model, build_optimizer, make_loss
 
 ROWS = ("a", "b", "c", "d")
 ROW_TITLES = {
@@ -123,21 +123,8 @@ def config_for(spec: RowSpec, device: torch.device):
 
 
 def _model(cfg, device: torch.device, channels_last: bool) -> torch.nn.Module:
-    # The same construction as train.train() (create_model with the config's fields, then .to()).
-    model = create_model(
-        cfg.model_name,
-        cfg.num_classes,
-        base_channels=cfg.base_channels,
-        zero_init_residual=cfg.zero_init_residual,
-        bn_momentum=cfg.bn_momentum,
-        bn_eps=cfg.bn_eps,
-    )
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return model.to(device, memory_format=fmt).train()
-
-
-def _loss_fn(cfg) -> Callable:
-    return lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
+    return build_model(cfg).to(device, memory_format=fmt).train()
 
 
 def _update_bytes(states: int, ema: bool) -> int:
@@ -152,7 +139,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
     step_fn = TrainStep(
-        model, optimizer, precision, device, schedule, _loss_fn(cfg), cfg.preprocess, 1, None, None, bn_ema
+        model, optimizer, precision, device, schedule, make_loss(cfg), cfg.preprocess, 1, None, None, bn_ema
     )
     one = torch.ones((), dtype=torch.float32, device=device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -198,7 +185,7 @@ def build_eager_row(
     opt_step = opt.step
     if compile_mode and not precision.loss_scaling:
         opt_step = torch.compile(fullgraph=False)(lambda: opt.step())  # PyTorch's compiled-optimizer recipe
-    loss_fn, decay, applied = _loss_fn(cfg), cfg.ema_decay, [0]
+    loss_fn, decay, applied = make_loss(cfg), cfg.ema_decay, [0]
 
     @torch.no_grad()
     def ema_update(targets, sources) -> None:

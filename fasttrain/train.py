@@ -74,14 +74,7 @@ def train(cfg: Config) -> dict:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step --------------------------------------------------------------
-    model = create_model(
-        cfg.model_name,
-        cfg.num_classes,
-        base_channels=cfg.base_channels,
-        zero_init_residual=cfg.zero_init_residual,
-        bn_momentum=cfg.bn_momentum,
-        bn_eps=cfg.bn_eps,
-    )
+    model = build_model(cfg)
     if cfg.pretrained_model_checkpoint_path and not has_checkpoint(cfg, run_dir):
         restore_pretrained(model, cfg, log)
     model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
@@ -99,7 +92,7 @@ def train(cfg: Config) -> dict:
             optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb, profile=cfg.profile_comm, names=names
         )
     schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
-    loss_fn = lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
+    loss_fn = make_loss(cfg)
     step_fn = TrainStep(
         model,
         optimizer,
@@ -245,6 +238,23 @@ def prepare_data_dir(cfg: Config, info, log) -> Path:
     if info.world_size > 1:
         torch.distributed.barrier()
     return target
+
+
+def build_model(cfg: Config) -> torch.nn.Module:
+    """The recipe's architecture, on the CPU in NCHW (the caller moves it)."""
+    return create_model(
+        cfg.model_name,
+        cfg.num_classes,
+        base_channels=cfg.base_channels,
+        zero_init_residual=cfg.zero_init_residual,
+        bn_momentum=cfg.bn_momentum,
+        bn_eps=cfg.bn_eps,
+    )
+
+
+def make_loss(cfg: Config):
+    """loss(output, labels): cross-entropy with the recipe's label smoothing and aux-head weight."""
+    return lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module):
