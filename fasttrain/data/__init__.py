@@ -72,7 +72,36 @@ def build_loader(
     return TorchLoader(cfg, split, training, rank, world_size)
 
 
-class SyntheticLoader:
+class EpochPosition:
+    """The epoch and batch position every loader keeps: what state_dict saves and a resume restores.
+
+    A loader calls `_begin_epoch()` at the start of __iter__ (the batch to start from) and advances
+    `_position` as it yields batches.
+    """
+
+    epoch = 0
+    _position = 0  # batches of this epoch handed out so far
+    _resume = 0  # where the next __iter__ starts (set by load_state_dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume = self._position = 0  # a loaded position belongs to the loaded epoch only
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
+        self._position = self._resume
+
+    def _begin_epoch(self) -> int:
+        start, self._resume = self._resume, 0
+        self._position = start
+        return start
+
+
+class SyntheticLoader(EpochPosition):
     """Random uint8 images made once on the device: for pure compute benchmarks, no input cost."""
 
     normalized = False
@@ -84,21 +113,12 @@ class SyntheticLoader:
         self._labels = torch.randint(0, cfg.num_classes, (cfg.batch_size,), generator=gen).to(device)
         self._batches = batches
         self.num_records = batches * cfg.batch_size
-        self.epoch, self._start = 0, 0
 
     def __len__(self) -> int:
         return self._batches
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
     def __iter__(self):
-        start, self._start = self._start, 0
-        for _ in range(start, self._batches):
+        start = self._begin_epoch()
+        for b in range(start, self._batches):
+            self._position = b + 1
             yield self._images, self._labels
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._start}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self._start = int(state["epoch"]), int(state["batch"])

@@ -64,7 +64,7 @@ import torch
 from PIL import Image
 
 from fasttrain.config import Config, ConfigError
-from fasttrain.data import DataError
+from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, load_split, num_batches, rank_range
@@ -79,7 +79,7 @@ _DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
 _MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3)}
 
 
-class DaliLoader:
+class DaliLoader(EpochPosition):
     """The loader protocol of fasttrain.data over DALI: one pipeline per epoch, float NHWC batches."""
 
     normalized = True
@@ -112,7 +112,6 @@ class DaliLoader:
                 f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
             )
         self._shard_index = {p: str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files}
-        self.epoch, self._position, self._resume = 0, 0, 0
         self._workdir = Path(tempfile.mkdtemp(prefix="fasttrain-dali-"))
         weakref.finalize(self, shutil.rmtree, self._workdir, True)
 
@@ -121,21 +120,8 @@ class DaliLoader:
     def __len__(self) -> int:
         return self._len
 
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._resume = 0  # a loaded position belongs to the loaded epoch only
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
-        self._position = self._resume
-
     def __iter__(self):
-        start, self._resume = self._resume, 0
-        self._position = start
+        start = self._begin_epoch()
         size = self.cfg.batch_size
         positions = self.epoch_positions()[start * size :]
         if start >= self._len or len(positions) == 0:

@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
-from fasttrain.data import DataError
+from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record
 from fasttrain.data.sharding import RecordTable, epoch_positions, load_split, num_batches
 from fasttrain.data.tfrecord import read_record
@@ -131,7 +131,7 @@ class _BatchDataset(IterableDataset):
         return batch, torch.tensor(labels, dtype=torch.int64), skipped, ""
 
 
-class TorchLoader:
+class TorchLoader(EpochPosition):
     """The torch backend of the loader protocol in fasttrain.data (uint8 NHWC, pinned with CUDA)."""
 
     normalized = False
@@ -150,30 +150,16 @@ class TorchLoader:
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
         self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
         self.skipped = 0
-        self.epoch, self._position, self._resume = 0, 0, 0
 
     def __len__(self) -> int:
         return self._len
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._resume = self._position = 0  # a loaded position belongs to the loaded epoch only
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
-        self._position = self._resume
 
     def __iter__(self):
         cfg = self.cfg
         positions = epoch_positions(
             self.table, self.training, cfg.seed, self.epoch, self.rank, self.world_size, cfg.shuffle_buffer
         )
-        start, self._resume = self._resume, 0
-        self._position = start
+        start = self._begin_epoch()
         if start >= self._len:
             return
         dataset = _BatchDataset(self.table, positions, start, self._len, cfg, self.epoch, self.training)
