@@ -385,7 +385,8 @@ def parse_args(argv: list[str]) -> Config:
     while i < len(argv):
         arg = argv[i]
         if arg in ("-h", "--help"):
-            raise SystemExit(_usage())
+            print(_usage())
+            raise SystemExit(0)
         if not arg.startswith("--"):
             raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
         flag, eq, text = arg.partition("=")
@@ -427,6 +428,7 @@ def _usage() -> str:
         "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
         "",
         f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false.",
+        "Defaults shown are the base config's; the recipe (demo when none is named) overrides some.",
         "",
     ]
     doc = _field_docs()

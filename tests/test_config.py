@@ -1,6 +1,7 @@
 """Flags map one-to-one onto Config fields; recipes carry the seeds' settings; bad input is refused."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,3 +130,15 @@ def test_bad_flags_name_the_flag(argv, words):
 def test_config_round_trips_through_json():
     cfg = parse_args(["--recipe=inception_v3", "--max_steps=7"])
     assert Config(**json.loads(cfg.to_json())) == cfg
+
+
+def test_readme_flags_reference_lists_every_field():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    missing = [name for name in Config.__dataclass_fields__ if f"| `--{name}` |" not in readme]
+    assert not missing, f"README's flags table lacks {missing}"
+
+
+def test_help_goes_to_stdout_with_exit_0(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse_args(["--help"])
+    assert stop.value.code == 0 and "--bucket_cap_mb" in capsys.readouterr().out
