@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain.config import Config
+from fasttrain.config import Config, ConfigError
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,9 +60,9 @@ def resolve_precision(cfg: Config, device: torch.device) -> Precision:
     channels_last = tensor_cores if cfg.channels_last is None else cfg.channels_last
     graph = device.type == "cuda" if cfg.cuda_graph is None else cfg.cuda_graph
     if graph and device.type != "cuda":
-        raise ValueError("--cuda_graph needs a CUDA device; drop the flag or pass --no-cuda_graph")
+        raise ConfigError("--cuda_graph needs a CUDA device; drop the flag or pass --no-cuda_graph")
     if name == "fp16" and device.type == "cpu":
-        raise ValueError("--precision=fp16 is for CUDA devices; use bf16 or fp32 on the CPU")
+        raise ConfigError("--precision=fp16 is for CUDA devices; use bf16 or fp32 on the CPU")
     return Precision(name=name, channels_last=channels_last, cuda_graph=graph)
 
 

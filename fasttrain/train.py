@@ -53,9 +53,8 @@ def train(cfg: Config) -> dict:
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
     elif info.device.type == "cuda":
-        torch.backends.cudnn.benchmark = (
-            True  # static shapes: the algorithm search pays off after a few steps
-        )
+        # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
+        torch.backends.cudnn.benchmark = True
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
