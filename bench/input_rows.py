@@ -26,7 +26,7 @@ from PIL import Image
 from throughput import RowSpec, config_for, summarize, synchronize
 
 from fasttrain.data import build_loader
-from fasttrain.data.example import encode_example
+from fasttrain.data.synthetic import converter_example
 from fasttrain.data.tfrecord import write_index_file, write_records
 from fasttrain.train import batch_stream
 
@@ -41,26 +41,8 @@ def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
 
 
 def _example(jpeg: bytes, width: int, height: int, label: int, box: list[float], name: str) -> bytes:
-    ymin, xmin, ymax, xmax = box
-    return encode_example(
-        {
-            "image/height": height,
-            "image/width": width,
-            "image/colorspace": b"RGB",
-            "image/channels": 3,
-            "image/class/label": label,
-            "image/class/synset": f"n{label:08d}",
-            "image/class/text": f"synthetic class {label}",
-            "image/object/bbox/xmin": (float, [xmin]),
-            "image/object/bbox/xmax": (float, [xmax]),
-            "image/object/bbox/ymin": (float, [ymin]),
-            "image/object/bbox/ymax": (float, [ymax]),
-            "image/object/bbox/label": (int, [label]),
-            "image/format": b"JPEG",
-            "image/filename": name,
-            "image/encoded": jpeg,
-        }
-    )
+    synset, text = f"n{label:08d}", f"synthetic class {label}"
+    return converter_example(jpeg, height, width, label, synset, text, name, [box])
 
 
 def write_dataset(

@@ -1,4 +1,4 @@
-"""Typed run configuration, the seeds' recipes, and flag parsing.
+"""Typed run configuration and flag parsing (the recipes themselves are in recipes.py).
 
 Every field of `Config` is a command-line flag (`--field=value` or `--field value`, `_` and `-` both
 accepted). A recipe is a function returning a `Config`; flags given on the command line override it.
@@ -14,6 +14,8 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
+
+from fasttrain.recipes import RECIPES
 
 
 class ConfigError(ValueError):
@@ -244,100 +246,6 @@ def lr_boundaries(cfg: Config) -> list[float]:
         raise ValueError("boundaries must increase")
     return values
 
-
-# --- recipes ---------------------------------------------------------------------------------
-
-
-def _demo() -> dict:
-    # A small ResNet-18 (16 channels wide) at 64 px on a synthetic 10-class set: trains on 2 CPU
-    # cores in about two minutes and reaches well above chance.
-    return dict(
-        model="resnet18",
-        base_channels=16,
-        image_size=64,
-        num_classes=10,
-        label_offset=-1,
-        batch_size=32,
-        max_steps=300,
-        optimizer="momentum",
-        initial_learning_rate=0.1,
-        lr_schedule="exponential",
-        num_epochs_per_decay=2.0,
-        learning_rate_decay_factor=0.5,
-        weight_decay=5e-5,
-        ema_decay=0.99,
-        log_every=25,
-        checkpoint_every=100,
-        num_workers=2,
-        shuffle_buffer=256,
-        bn_momentum=0.1,
-        data_backend="torch",
-    )
-
-
-def _inception_v3() -> dict:
-    # The TF Inception v3 multi-GPU trainer (inception_train.py + inception_model.py).
-    return dict(
-        model="inception_v3",
-        image_size=299,
-        preprocess="inception",
-        color_distort=True,
-        label_offset=0,
-        num_classes=1001,
-        batch_size=32,
-        max_steps=10_000_000,
-        optimizer="rmsprop",
-        initial_learning_rate=0.1,
-        lr_schedule="exponential",
-        num_epochs_per_decay=30.0,
-        learning_rate_decay_factor=0.16,
-        momentum=0.9,
-        rmsprop_decay=0.9,
-        rmsprop_epsilon=1.0,
-        weight_decay=4e-5,
-        ema_decay=0.9999,
-        label_smoothing=0.1,
-        aux_loss_weight=0.4,
-        no_decay_bn_bias=True,  # slim put L2 on conv and fc weights only
-        bn_momentum=0.0003,
-        bn_eps=0.001,
-        zero_init_residual=False,
-        checkpoint_every=5000,
-    )
-
-
-def _resnet(size: int) -> dict:
-    # The TF 1.4 ResNet ImageNet example: momentum 0.9, 32 per device, LR 0.1 x batch/256,
-    # x0.1 at epochs 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5.
-    return dict(
-        model=f"resnet{size}",
-        image_size=224,
-        preprocess="resnet",
-        label_offset=-1,
-        num_classes=1000,
-        batch_size=32,
-        max_steps=0,
-        train_epochs=90.0,
-        optimizer="momentum",
-        initial_learning_rate=0.1,
-        lr_batch_scaling=True,
-        lr_schedule="piecewise",
-        lr_boundary_epochs="30,60,80,90",
-        learning_rate_decay_factor=0.1,
-        momentum=0.9,
-        weight_decay=1e-4,
-        bn_momentum=0.003,
-        bn_eps=1e-5,
-        checkpoint_every=5000,
-    )
-
-
-RECIPES: dict[str, typing.Callable[[], dict]] = {
-    "demo": _demo,
-    "inception_v3": _inception_v3,
-    "resnet50": lambda: _resnet(50),
-    "resnet101": lambda: _resnet(101),
-}
 
 # The seeds' spellings that are not field names.
 ALIASES = {"train_batch_size": "batch_size", "output_dir": "train_dir"}

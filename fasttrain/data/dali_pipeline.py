@@ -67,7 +67,7 @@ from fasttrain.config import Config, ConfigError
 from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
-from fasttrain.data.sharding import epoch_positions, load_split, num_batches, rank_range
+from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
 
 # Decoder buffers sized for ImageNet's largest JPEGs, so nvJPEG does not reallocate mid-run (the
@@ -103,14 +103,8 @@ class DaliLoader(EpochPosition):
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size, self.dtype = rank, world_size, dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+        self.table, self._len = open_split(cfg, split, training, rank, world_size)
         self.num_records = len(self.table)
-        self._len = num_batches(self.num_records, training, rank, world_size, cfg.batch_size)
-        if training and self._len == 0:
-            raise DataError(
-                f"the {split} split of {cfg.data_dir} has {self.num_records} records, fewer than "
-                f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
-            )
         self._shard_index = {p: str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files}
         self._workdir = Path(tempfile.mkdtemp(prefix="fasttrain-dali-"))
         weakref.finalize(self, shutil.rmtree, self._workdir, True)

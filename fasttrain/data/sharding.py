@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fasttrain.data import DataError
 from fasttrain.data.imagenet import list_shards
 from fasttrain.data.tfrecord import load_index
 
@@ -115,3 +116,15 @@ def num_batches(n: int, training: bool, rank: int, world_size: int, batch_size: 
         return n // world_size // batch_size
     lo, hi = rank_range(n, rank, world_size)
     return -(-(hi - lo) // batch_size)
+
+
+def open_split(cfg, split: str, training: bool, rank: int, world_size: int) -> tuple[RecordTable, int]:
+    """The split's record table and this rank's batches per epoch; DataError when training gets none."""
+    table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+    batches = num_batches(len(table), training, rank, world_size, cfg.batch_size)
+    if training and batches == 0:
+        raise DataError(
+            f"the {split} split of {cfg.data_dir} has {len(table)} records, fewer than "
+            f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
+        )
+    return table, batches

@@ -63,14 +63,18 @@ def _boxes(rng: np.random.Generator) -> list[list[float]]:
     return boxes
 
 
-def synthetic_example(
-    rng: np.random.Generator, style, label: int, synset: str, text: str, filename: str
+def converter_example(
+    jpeg: bytes,
+    height: int,
+    width: int,
+    label: int,
+    synset: str,
+    text: str,
+    filename: str,
+    boxes: list[list[float]],
 ) -> bytes:
-    """One serialized Example with every key and type the converter writes."""
-    height, width = (int(v) for v in rng.integers(MIN_SIDE, MAX_SIDE + 1, size=2))
-    buf = io.BytesIO()
-    Image.fromarray(_image(rng, style, height, width), "RGB").save(buf, "JPEG", quality=90)
-    boxes = _boxes(rng)
+    """A serialized Example with every key and type build_imagenet_data.py writes (boxes as
+    [ymin, xmin, ymax, xmax] lists, normalised)."""
     ymin, xmin, ymax, xmax = ([b[i] for b in boxes] for i in range(4))
     return encode_example(
         {
@@ -88,9 +92,19 @@ def synthetic_example(
             "image/object/bbox/label": (int, [label] * len(boxes)),
             "image/format": b"JPEG",
             "image/filename": filename,
-            "image/encoded": buf.getvalue(),
+            "image/encoded": jpeg,
         }
     )
+
+
+def synthetic_example(
+    rng: np.random.Generator, style, label: int, synset: str, text: str, filename: str
+) -> bytes:
+    """One serialized Example with every key and type the converter writes."""
+    height, width = (int(v) for v in rng.integers(MIN_SIDE, MAX_SIDE + 1, size=2))
+    buf = io.BytesIO()
+    Image.fromarray(_image(rng, style, height, width), "RGB").save(buf, "JPEG", quality=90)
+    return converter_example(buf.getvalue(), height, width, label, synset, text, filename, _boxes(rng))
 
 
 def make_synthetic(

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record
-from fasttrain.data.sharding import RecordTable, epoch_positions, load_split, num_batches
+from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import read_record
 from fasttrain.data.transforms import eval_transform, train_transform
 
@@ -139,14 +139,8 @@ class TorchLoader(EpochPosition):
     def __init__(self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1):
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size = rank, world_size
-        self.table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+        self.table, self._len = open_split(cfg, split, training, rank, world_size)
         self.num_records = len(self.table)
-        self._len = num_batches(self.num_records, training, rank, world_size, cfg.batch_size)
-        if training and self._len == 0:
-            raise DataError(
-                f"the {split} split of {cfg.data_dir} has {self.num_records} records, fewer than "
-                f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
-            )
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
         self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
         self.skipped = 0
