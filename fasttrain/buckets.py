@@ -105,7 +105,8 @@ class GradBuckets:
 
     Per step: `begin(communicate)` before each backward (only the last micro-step of gradient
     accumulation communicates), backward, then `wait()` before the optimizer. After the first step,
-    on every rank: `rebuild_from_observed_order()`. With world_size 1 every method is a no-op.
+    on every rank: `rebuild_from_observed_order()`. With world_size 1 every method is a no-op unless
+    `enabled=True` is passed.
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class GradBuckets:
         group: dist.ProcessGroup | None = None,
         profile: bool = False,
         names: dict[torch.Tensor, str] | None = None,
+        enabled: bool | None = None,
     ):
         if bucket_cap_mb <= 0 or first_bucket_mb <= 0:
             raise ValueError(
@@ -125,7 +127,8 @@ class GradBuckets:
             )
         self.flat, self.info, self.group = flat, info, group
         self.bucket_cap_mb, self.first_bucket_mb = bucket_cap_mb, first_bucket_mb
-        self.enabled = info.world_size > 1
+        # enabled=True runs the collectives even on one rank (the single-GPU check of graph capture).
+        self.enabled = info.world_size > 1 if enabled is None else enabled
         self.params = [p for p, _, _ in flat.segments]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         names = names or {}

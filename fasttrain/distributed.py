@@ -236,13 +236,22 @@ def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0) -> n
         if "forward_sync_buffers" in inspect.signature(ddp).parameters
         else {"broadcast_buffers": False}
     )
-    return ddp(
+    build = lambda: ddp(
         model,
         device_ids=device_ids,
         bucket_cap_mb=bucket_cap_mb,
         gradient_as_bucket_view=False,
         **no_buffer_sync,
     )
+    if info.device.type != "cuda":
+        return build()
+    # PyTorch's CUDA-graph notes: for a whole-step capture DDP must be constructed on a side stream.
+    side = torch.cuda.Stream(info.device)
+    side.wait_stream(torch.cuda.current_stream(info.device))
+    with torch.cuda.stream(side):
+        wrapped = build()
+    torch.cuda.current_stream(info.device).wait_stream(side)
+    return wrapped
 
 
 def maybe_sync_bn(model: nn.Module, enabled: bool, info: DistInfo | None = None) -> nn.Module:

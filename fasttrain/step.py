@@ -216,7 +216,9 @@ class TrainStep:
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize(self.device)  # note: a one-off host sync, before capture only
         try:
-            with torch.cuda.graph(graph):
+            # thread_local: the DataLoader's pin-memory thread may allocate pinned host memory while
+            # this thread captures; the default "global" mode would invalidate the capture for it.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._body(self.static_batches)
         except Exception as exc:
             raise RuntimeError(

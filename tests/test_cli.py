@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,19 @@ def test_user_errors_are_one_line_with_exit_code_2(args, words, tmp_path):
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().count("\n") == 0 and words in out.stderr
+
+
+@pytest.mark.gpu
+def test_demo_on_cuda_captures_the_step_learns_and_resumes(tmp_path):
+    # The whole trainer on a GPU as a user runs it: the policy's precision (bf16 on sm_80+),
+    # channels_last, the step captured in a CUDA graph while two loader workers and the pin-memory
+    # thread keep running; then a resumed run that captures again.
+    run_dir = tmp_path / "r"
+    out = run_cli("--train_dir", str(run_dir), cache=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "1 x cuda" in out.stdout and "channels_last cuda-graph" in out.stdout, out.stdout[:2000]
+    top1 = float(re.search(r"validation top-1 ([0-9.]+)", out.stdout).group(1))
+    assert top1 > 0.5, out.stdout[-2000:]  # chance is 0.1 (10 classes); the CPU run reaches 1.0
+    again = run_cli("--train_dir", str(run_dir), "--max_steps=330", cache=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from step 300" in again.stdout and "done: step 330" in again.stdout, again.stdout[-2000:]

@@ -260,7 +260,7 @@ from triton.compiler import ASTSource
 import fasttrain
 from fasttrain.kernels import momentum, rmsprop_tf
 
-kernel = sys.argv[1]
+kernel, arch = sys.argv[1], int(sys.argv[2])
 scalars = {"lr_ptr": "*fp32", "lr_value": "fp32", "scale_ptr": "*fp32", "scale_value": "fp32",
            "found_inf_ptr": "*fp32", "ema_weight_ptr": "*fp32", "numel": "i32",
            "momentum": "fp32", "weight_decay": "fp32", "decay": "fp32", "eps": "fp32"}
@@ -281,7 +281,7 @@ source = ASTSource(
     attrs={(names.index(a),): [["tt.divisibility", 16]] for a in ["g_ptr", *streams, "numel"]},
 )
 options = {"enable_fp_fusion": False, "num_warps": 4}
-ptx = triton.compile(source, target=GPUTarget("cuda", 80, 32), options=options).asm["ptx"]
+ptx = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options).asm["ptx"]
 exact_math = "sqrt.rn.f32" in ptx and "div.rn.f32" in ptx
 print(json.dumps({"streams": len(streams), "ld_v4": ptx.count("ld.global.v4"),
                   "st_v4": ptx.count("st.global.v4"), "exact_math": exact_math}))
@@ -290,14 +290,20 @@ print(json.dumps({"streams": len(streams), "ld_v4": ptx.count("ld.global.v4"),
 
 @needs_triton
 @pytest.mark.parametrize("kernel", ["rmsprop_tf", "momentum"])
-def test_kernels_compile_for_gpu_with_vector_access_and_exact_math(kernel):
-    # The interpreter accepts code the compiler rejects, so compile for sm_80 (ptxas ships in the
-    # Triton wheel: no GPU needed). In a subprocess: Triton fixes interpret-vs-compile for its own
-    # library when first imported, and the CPU test session imports it under TRITON_INTERPRET=1.
+@pytest.mark.parametrize("arch", [80, 90])
+def test_kernels_compile_for_gpu_with_vector_access_and_exact_math(kernel, arch):
+    # The interpreter accepts code the compiler rejects, so compile for sm_80 (A100) and sm_90
+    # (H100/H200) (ptxas ships in the Triton wheel: no GPU needed). In a subprocess: Triton fixes
+    # interpret-vs-compile for its own library when first imported, and the CPU test session imports
+    # it under TRITON_INTERPRET=1.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")])
     run = subprocess.run(
-        [sys.executable, "-c", _COMPILE_SCRIPT, kernel], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _COMPILE_SCRIPT, kernel, str(arch)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     if run.returncode != 0 and "ASTSource" in run.stderr and "TypeError" in run.stderr:
         pytest.skip(f"triton.compiler.ASTSource, a private API, differs in this Triton: {run.stderr[-300:]}")
