@@ -8,6 +8,7 @@ results.json (everything below; numbers are only ever measured in this run, or a
                   {median, min, max, stdev}, and `derived` (added by `derive`):
                       ratio_to_b = images/s / images/s of (b), same model, batch, px and input
                       ratio_to_d = likewise for (d) (None when (d) did not run)
+                      ratio_to_e = likewise for (e); on row (a) the CUDA graph's speed-up
                       mfu        = images/s x FLOP per image / (bf16 matmul TFLOP/s x 1e12)
                       optimizer_fraction_of_copy = optimizer effective GB/s / copy GB/s
     pipelines     input pipelines alone (bench/input_rows.py), with derived
@@ -122,10 +123,10 @@ def derive(results: dict) -> None:
     matmul = results["rates"]["matmul"]["tflop_per_s"] * 1e12
     copy = results["rates"]["copy"]["gb_per_s"]
     for r in rows:
-        derived = {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+        derived = {"ratio_to_b": None, "ratio_to_d": None, "ratio_to_e": None, "mfu": None}
         if r["status"] == "ok":
             ips = r["images_per_s"]["median"]
-            for ref in ("b", "d"):
+            for ref in ("b", "d", "e"):
                 other = ok.get((_key(r["spec"]), ref))
                 if other is not None:
                     derived[f"ratio_to_{ref}"] = ips / other["images_per_s"]["median"]
@@ -230,8 +231,35 @@ def markdown(results: dict) -> str:
             + " | ".join(cells)
             + " |"
         )
-    lines += _optimizer_table(results) + _pipeline_table(results) + _checks(results) + _context()
+    lines += _graph_table(results) + _optimizer_table(results) + _pipeline_table(results)
+    lines += _checks(results) + _context()
     return "\n".join(lines) + "\n"
+
+
+def _graph_table(results: dict) -> list[str]:
+    """Row (a) next to row (e): the same fasttrain step with and without the CUDA graph."""
+    pairs = [r for r in results["rows"] if r["spec"]["row"] == "a" and r["derived"].get("ratio_to_e")]
+    if not pairs:
+        return []
+    ok = {(_key(r["spec"]), r["spec"]["row"]): r for r in results["rows"] if r["status"] == "ok"}
+    lines = [
+        "",
+        "## CUDA graph on and off",
+        "",
+        "Row (a) and row (e) are the same fasttrain step (model, precision, fused optimizer, device LR",
+        "and loss scale); (e) runs it eagerly, (a) replays it as one CUDA graph.",
+        "",
+        "| model | batch | px | input | graph (a) images/s | eager (e) images/s | graph speed-up |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for r in pairs:
+        s, e = r["spec"], ok[(_key(r["spec"]), "e")]
+        lines.append(
+            f"| {s['model']} | {s['batch']} | {s['image_size']} | {s['input']} | "
+            f"{fmt_rate(r['images_per_s']['median'])} | {fmt_rate(e['images_per_s']['median'])} | "
+            f"{_ratio(r['derived']['ratio_to_e'])} |"
+        )
+    return lines
 
 
 def _optimizer_table(results: dict) -> list[str]:

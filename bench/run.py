@@ -6,8 +6,8 @@
 
 Parts, in this order, each under its share of --time_budget (time a part leaves unused passes on;
 whatever does not fit is recorded as skipped, never estimated):
-    rows       rows (a), (b), (c) of bench/throughput.py on synthetic device input, for every model x
-               batch; the optimizer step alone at each model's first batch
+    rows       rows (a), (b), (c), (e) of bench/throughput.py on synthetic device input, for every
+               model x batch; the optimizer step alone at each model's first batch
     pipeline   the input pipelines alone (torch, and DALI when it imports) and training rows fed by
                them (--pipeline_rows), at each model's largest batch, on --data_dir or a synthetic set
     gpu_tests  python -m pytest -m gpu tests -q           (CUDA only; output in gpu_tests.txt)
@@ -48,7 +48,7 @@ from fasttrain.data import dali_available
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("rows", "pipeline", "gpu_tests", "kernels", "compile")
 # Share of --time_budget each part may use at most; compile gets whatever is left at the end.
-PART_SHARE = {"rows": 0.4, "pipeline": 0.24, "gpu_tests": 0.2, "kernels": 0.1}
+PART_SHARE = {"rows": 0.4, "pipeline": 0.2, "gpu_tests": 0.25, "kernels": 0.1}
 FULL_MODELS = ("resnet50", "resnet101", "inception_v3")
 
 
@@ -63,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--models", default="", help=f"comma-separated (default {','.join(FULL_MODELS)})")
     p.add_argument("--batches", default="", help="comma-separated batch sizes (default 32,256)")
     p.add_argument("--image_size", type=int, default=0, help="px (default: 224, Inception 299)")
-    p.add_argument("--rows", default="", help="rows to measure, of a,b,c,d (default all; smoke a,b,c)")
+    p.add_argument("--rows", default="", help="rows to measure, of a,b,c,d,e (default all; smoke a,b,c)")
     p.add_argument("--parts", default="", help=f"of {','.join(PARTS)} (default all; smoke rows,pipeline)")
     p.add_argument("--data_dir", default="", help="TFRecord shards for the pipeline rows (default synthetic)")
     p.add_argument("--pipeline_rows", default="a:dali,a:torch,b:torch", help="row:backend pairs")
@@ -89,9 +89,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.batches = [int(b) for b in _list(args.batches)] or ([4, 8] if args.smoke else [32, 256])
     except ValueError:
         raise UsageError(f"--batches takes comma-separated integers, got {args.batches!r}") from None
-    args.rows = _list(args.rows) or (["a", "b", "c"] if args.smoke else ["a", "b", "c", "d"])
+    args.rows = _list(args.rows) or (["a", "b", "c"] if args.smoke else ["a", "b", "c", "d", "e"])
     args.parts = _list(args.parts) or (["rows", "pipeline"] if args.smoke else list(PARTS))
-    for name, values, allowed in (("rows", args.rows, "abcd"), ("parts", args.parts, PARTS)):
+    for name, values, allowed in (("rows", args.rows, "abcde"), ("parts", args.parts, PARTS)):
         unknown = [v for v in values if v not in allowed]
         if unknown:
             raise UsageError(f"--{name}: {unknown[0]!r} is not one of {', '.join(allowed)}")
@@ -186,7 +186,7 @@ class Suite:
         for config in configurations(self.args):
             timing_optimizer = config[0] not in first_of_model
             first_of_model.add(config[0])
-            for row in [r for r in ("c", "b", "a") if r in self.args.rows]:
+            for row in [r for r in ("c", "b", "e", "a") if r in self.args.rows]:
                 self.add_row(self.spec(row, config), self.opts(optimizer=timing_optimizer), deadline)
 
     def pipeline(self, deadline: float, data_dir: str) -> None:

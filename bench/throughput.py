@@ -15,6 +15,8 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
        as a loop over tensors, cudnn.benchmark off (PyTorch's defaults, TF32 convolutions included)
     d  (b) with the model under torch.compile(mode=compile_mode) and optimizer.step under
        torch.compile (unless fp16 loss scaling calls it), when compilation works
+    e  (a) without the CUDA graph (the trainer's --no-cuda_graph): the step run eagerly, everything
+       else as in (a); (a) / (e) is what the graph buys
 
 Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
 `repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
@@ -54,12 +56,13 @@ from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
 from fasttrain.train import batch_stream, build_model, build_optimizer, make_loss
 
-ROWS = ("a", "b", "c", "d")
+ROWS = ("a", "b", "c", "d", "e")
 ROW_TITLES = {
     "a": "fasttrain (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
     "c": "plain eager PyTorch: fp32 NCHW (the seeds' setting)",
     "d": "torch.compile of (b)",
+    "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
 }
 RECIPE_OF = {"inception_v3": "inception_v3", "resnet101": "resnet101"}  # the rest: resnet50's
 EMA_DECAY = 0.9999
@@ -254,6 +257,8 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
     torch.backends.cudnn.benchmark = spec.row != "c"
     if spec.row == "a":
         row = build_fasttrain_row(cfg, device)
+    elif spec.row == "e":
+        row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False), device)
     elif spec.row == "c":
         row = build_eager_row(cfg, device, Precision("fp32", False, False), foreach=False)
     else:

@@ -97,13 +97,13 @@ def test_ratios_and_mfu_come_from_measured_numbers(smoke):
     for r in results["rows"]:
         d = r["derived"]
         if r["status"] != "ok":
-            assert d == {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+            assert d == {"ratio_to_b": None, "ratio_to_d": None, "ratio_to_e": None, "mfu": None}
             continue
         ips = r["images_per_s"]["median"]
         b = b_rows.get(_key(r["spec"]))
         expected = None if b is None else ips / b["images_per_s"]["median"]
         assert d["ratio_to_b"] == pytest.approx(expected, rel=1e-12)
-        assert d["ratio_to_d"] is None  # (d) did not run
+        assert d["ratio_to_d"] is None and d["ratio_to_e"] is None  # (d) and (e) did not run
         flops = results["flops"][f"resnet18/w16@{r['spec']['image_size']}"]
         assert flops["nominal"] is None and flops["used"] == flops["counted"] > 0
         assert d["mfu"] == pytest.approx(ips * flops["used"] / matmul, rel=1e-12)
@@ -178,20 +178,31 @@ def test_derive_against_hand_computed_values():
     results = dict(
         rates=dict(matmul=dict(tflop_per_s=100.0), copy=dict(gb_per_s=1000.0)),
         flops={"resnet50@224": dict(used=24.5e9)},
-        rows=[row("a", 3000.0), row("b", 2000.0), row("c", 500.0), row("d", 2400.0), row("d", 0, "failed")],
+        rows=[
+            row("a", 3000.0),
+            row("b", 2000.0),
+            row("c", 500.0),
+            row("d", 2400.0),
+            row("d", 0, "failed"),
+            row("e", 2500.0),
+        ],  # fmt: skip
         pipelines=[
             dict(spec=row("a", 0)["spec"] | {"input": "dali"}, status="ok", images_per_s=dict(median=6000.0))
         ],
     )
     results["rows"][0]["optimizer"] = dict(effective_gb_per_s=400.0)
     report.derive(results)
-    a, b, c, d, failed = (r["derived"] for r in results["rows"])
+    a, b, c, d, failed, e = (r["derived"] for r in results["rows"])
     assert a["ratio_to_b"] == pytest.approx(1.5) and a["ratio_to_d"] == pytest.approx(1.25)
+    assert a["ratio_to_e"] == pytest.approx(1.2) and e["ratio_to_b"] == pytest.approx(1.25)
     assert c["ratio_to_b"] == pytest.approx(0.25) and b["ratio_to_b"] == pytest.approx(1.0)
     assert a["mfu"] == pytest.approx(3000 * 24.5e9 / 100e12)  # 0.735
     assert a["optimizer_fraction_of_copy"] == pytest.approx(0.4)
-    assert failed == {"ratio_to_b": None, "ratio_to_d": None, "mfu": None}
+    assert failed == {"ratio_to_b": None, "ratio_to_d": None, "ratio_to_e": None, "mfu": None}
     assert results["pipelines"][0]["derived"]["headroom"] == pytest.approx(2.0)
+    # The graph on/off table pairs (a) with (e) of the same configuration.
+    (line,) = [x for x in report._graph_table(results) if x.startswith("| resnet50 |")]
+    assert line == "| resnet50 | 256 | 224 | synthetic | 3,000 | 2,500 | 1.20x |"
 
 
 def test_counted_flops_match_the_published_figures():
@@ -258,12 +269,13 @@ def test_rows_on_cuda_use_graph_policy_and_kernels():
 
     device = torch.device("cuda")
     opts = MeasureOptions(warmup=2, repeats=2, steps=3, optimizer=True, optimizer_calls=3)
-    rows = {row: measure_row(RowSpec(row, "resnet18", 8, 64, 16), device, opts) for row in "abc"}
+    rows = {row: measure_row(RowSpec(row, "resnet18", 8, 64, 16), device, opts) for row in "abce"}
     for r in rows.values():
         assert r["status"] == "ok", r.get("traceback")
         assert r["peak_memory_gib"] > 0 and len(r["seconds"]) == 2
     a, b = rows["a"]["setting"], rows["b"]["setting"]
     assert a["cuda_graph"] and a["precision"] == b["precision"] == default_precision(device)
+    assert rows["e"]["setting"] == dict(a, cuda_graph=False)  # (e) is (a) without the graph
     tensor_cores = torch.cuda.get_device_capability() >= (7, 0)
     assert a["channels_last"] == b["channels_last"] == tensor_cores
     if HAVE_TRITON and tensor_cores:
