@@ -14,6 +14,9 @@ results.json (everything below; numbers are only ever measured in this run, or a
     pipelines     input pipelines alone (bench/input_rows.py), with derived
                       headroom = pipeline images/s / images/s of (a) on synthetic input
     checks        GPU test and kernel-benchmark runs: status, seconds, output file
+    kernels       the optimizer microbenchmarks (bench/bench_optim.py's JSON, `kernel_rows`): per
+                  optimizer, parameter set and contender: ms per update, effective GB/s, fraction of
+                  the copy bandwidth measured in that run, speed-up over torch-foreach
     context       published figures on other hardware (DESIGN.md), never measured here
 """
 
@@ -231,7 +234,8 @@ def markdown(results: dict) -> str:
             + " | ".join(cells)
             + " |"
         )
-    lines += _graph_table(results) + _optimizer_table(results) + _pipeline_table(results)
+    lines += _graph_table(results) + _optimizer_table(results) + _kernel_table(results)
+    lines += _pipeline_table(results)
     lines += _checks(results) + _context()
     return "\n".join(lines) + "\n"
 
@@ -258,6 +262,48 @@ def _graph_table(results: dict) -> list[str]:
             f"| {s['model']} | {s['batch']} | {s['image_size']} | {s['input']} | "
             f"{fmt_rate(r['images_per_s']['median'])} | {fmt_rate(e['images_per_s']['median'])} | "
             f"{_ratio(r['derived']['ratio_to_e'])} |"
+        )
+    return lines
+
+
+def kernel_rows(bench_json: dict) -> list[dict]:
+    """bench/bench_optim.py's pytest-benchmark JSON as report rows, with the speed-up of each contender
+    over torch-foreach (torch.optim foreach + foreach EMA) on the same optimizer and parameter set."""
+    keys = ("optimizer", "contender", "model", "num_params", "width_divisor", "ms_per_update")
+    keys += ("effective_gb_per_s", "copy_gb_per_s", "fraction_of_copy")
+    rows = [
+        {k: b["extra_info"][k] for k in keys} for b in bench_json.get("benchmarks", []) if b["extra_info"]
+    ]
+    baseline = {(r["optimizer"], r["model"]): r for r in rows if r["contender"] == "torch-foreach"}
+    for r in rows:
+        base = baseline.get((r["optimizer"], r["model"]))
+        r["speedup_vs_torch_foreach"] = None if base is None else base["ms_per_update"] / r["ms_per_update"]
+    return rows
+
+
+def _kernel_table(results: dict) -> list[str]:
+    rows = results.get("kernels", [])
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Optimizer kernels (bench/bench_optim.py)",
+        "",
+        "One update of every parameter + the weight EMA on the parameter set of the model; effective",
+        "GB/s counts the minimum traffic (RMSProp+EMA 36 B/param, Momentum+EMA 28 B/param) and is",
+        "compared with the device copy bandwidth measured in the same benchmark run. Targets on a GPU:",
+        ">= 85% of copy bandwidth and >= 4x torch-foreach (torch.optim foreach=True + _foreach_lerp_ EMA).",
+        "",
+        "| optimizer | params of | contender | params | ms | effective GB/s | of copy | vs torch-foreach |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in sorted(rows, key=lambda r: (r["optimizer"], r["model"], r["ms_per_update"])):
+        width = "" if r["width_divisor"] == 1 else f" (width / {r['width_divisor']})"
+        lines.append(
+            f"| {r['optimizer']}+EMA | {r['model']}{width} | {r['contender']} | "
+            f"{r['num_params'] / 1e6:.2f} M | {r['ms_per_update']:.3f} | "
+            f"{fmt_rate(r['effective_gb_per_s'])} | {_pct(r['fraction_of_copy'])} | "
+            f"{_ratio(r['speedup_vs_torch_foreach'])} |"
         )
     return lines
 

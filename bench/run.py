@@ -334,6 +334,8 @@ def merge(old: dict, new: dict) -> dict:
         merged[part] = [r for r in old[part] if key(r) not in replaced] + fresh
     merged["checks"] = {**old.get("checks", {}), **new.get("checks", {})}
     merged["flops"] = {**old["flops"], **new.get("flops", {})}
+    if new.get("kernels"):
+        merged["kernels"] = new["kernels"]
     merged["merged_runs"] = old.get("merged_runs", []) + [new["environment"]]
     return merged
 
@@ -408,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
             f"--benchmark-json={suite.out / 'bench_optim.json'}",
         ]  # fmt: skip
         suite.check("kernels", cmd, limit, "bench_optim.txt")
+        bench_json = suite.out / "bench_optim.json"
+        if bench_json.exists():
+            suite.results["kernels"] = report.kernel_rows(json.loads(bench_json.read_text()))
         suite.save(plot=False)
     if "compile" in parts and "d" in args.rows:
         suite.compile_rows()
