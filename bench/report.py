@@ -453,11 +453,31 @@ def default_out_dir(root: Path, env: dict) -> Path:
     return base / f"{env['date'][:10]}-{name}"
 
 
-if __name__ == "__main__":  # re-render a results.json: python bench/report.py DIR
+def main(argv: list[str]) -> int:
+    """python bench/report.py DIR [MORE_DIR ...]: re-render DIR's report, first merging into DIR the
+    results of later runs on the same GPU (e.g. a second device call that measured row (d))."""
     import json
 
-    out = Path(sys.argv[1])
+    if not argv:
+        print("usage: python bench/report.py DIR [MORE_DIR ...]", file=sys.stderr)
+        return 2
+    out = Path(argv[0])
     res = json.loads((out / "results.json").read_text())
+    if argv[1:]:
+        import run  # bench/run.py, which owns the merge rules
+
+        for more in argv[1:]:
+            try:
+                res = run.merge(res, json.loads((Path(more) / "results.json").read_text()))
+            except run.UsageError as exc:
+                print(f"bench/report.py: {more}: {exc}", file=sys.stderr)
+                return 2
+        (out / "results.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
     derive(res)
-    (out / "results.md").write_text(markdown(res))
+    (out / "results.md").write_text(markdown(res), encoding="utf-8")
     plot(res, out / "throughput.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

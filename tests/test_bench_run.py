@@ -6,9 +6,11 @@ the measured matmul rate and copy bandwidth) and check the Markdown shows them. 
 """
 
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -309,3 +311,57 @@ def test_kernel_microbenchmarks_run_and_their_table_shows_the_json(tmp_path):
     assert f"| {r['ms_per_update']:.3f} |" in line and line.endswith(
         f"| {report._ratio(r['speedup_vs_torch_foreach'])} |"
     )
+
+
+def test_report_merges_a_later_run_into_a_folder(tmp_path):
+    env = dict(gpu="NVIDIA H200", date="2026-11-22T00:00:00+00:00", command="python bench/run.py")
+    spec = dict(model="resnet50", batch=256, image_size=224, base_channels=64, input="synthetic")
+    base = dict(
+        environment=env, smoke=False, row_titles={}, checks={}, pipelines=[], kernels=[],
+        rates=dict(matmul=dict(n=8192, tflop_per_s=700.0), copy=dict(bytes=1, gb_per_s=4000.0)),
+        flops={"resnet50@224": dict(used=24.5e9)},
+    )  # fmt: skip
+    first = dict(
+        base,
+        rows=[
+            dict(
+                spec=dict(spec, row="b"),
+                status="ok",
+                images_per_s=dict(median=2000.0, min=1900.0, max=2100.0),
+            )
+        ],
+    )
+    second = dict(
+        base,
+        rows=[
+            dict(
+                spec=dict(spec, row="d"),
+                status="ok",
+                images_per_s=dict(median=2500.0, min=2400.0, max=2600.0),
+            )
+        ],
+    )
+    for name, res in (("first", first), ("second", second)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.json").write_text(json.dumps(res))
+    assert report.main([str(tmp_path / "first"), str(tmp_path / "second")]) == 0
+    merged = json.loads((tmp_path / "first" / "results.json").read_text())
+    assert sorted(r["spec"]["row"] for r in merged["rows"]) == ["b", "d"]
+    assert "| (d) | 2,500 |" in (tmp_path / "first" / "results.md").read_text()
+    other = dict(second, environment=dict(env, gpu="NVIDIA A100"))
+    (tmp_path / "second" / "results.json").write_text(json.dumps(other))
+    assert report.main([str(tmp_path / "first"), str(tmp_path / "second")]) == 2  # another GPU's rows
+
+
+def test_device_script_packs_the_run_into_one_archive(tmp_path):
+    # bench/device_run.sh as the lent GPU machine runs it, here on the CPU (bench/run.py's smoke).
+    proc = subprocess.run(
+        ["bash", "bench/device_run.sh", "--smoke", "--parts", "rows", "--batches", "4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "OUT": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.md", "results.tar.gz"]
+    with tarfile.open(tmp_path / "results.tar.gz") as tar:
+        names = tar.getnames()
+    (folder,) = {n.split("/")[0] for n in names}
+    assert folder.endswith("-cpu") and f"{folder}/results.json" in names and f"{folder}/run.log" in names
