@@ -12,6 +12,14 @@ size is recorded), so the decode cost is an estimate: rerun with --data_dir for 
         images/s per window = batches * batch_size / seconds
     headroom = pipeline images/s / training images/s of row (a) on synthetic input, same model,
         batch and size: at 1 or more the pipeline keeps up with training.
+
+    nvjpeg_rate(spec, device, data_dir, warmup, repeats, batches):
+        GPU decoding where DALI's GPU (mixed) decoder cannot run (the lent GPU machine has no DALI):
+        torchvision.io.decode_jpeg(..., device="cuda") (nvJPEG) on a batch of the shards' JPEGs,
+        then per image the seed's bounding-box crop (sample_distorted_bounding_box) and a bilinear
+        resize to spec.image_size, stacked into the (N, H, W, 3) uint8 batch the step takes. The
+        encoded bytes are read from the shards once beforehand (no file reading in the window, one
+        host thread): an estimate of what GPU decoding sustains, not a full loader.
 """
 
 from __future__ import annotations
@@ -22,12 +30,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from throughput import RowSpec, config_for, summarize, synchronize
 
 from fasttrain.data import build_loader
+from fasttrain.data.imagenet import decode_record, list_shards
 from fasttrain.data.synthetic import converter_example
-from fasttrain.data.tfrecord import write_index_file, write_records
+from fasttrain.data.tfrecord import iter_records, write_index_file, write_records
+from fasttrain.data.transforms import sample_distorted_bounding_box
 from fasttrain.train import batch_stream
 
 
@@ -101,3 +112,81 @@ def pipeline_rate(spec: RowSpec, device: torch.device, warmup: int, repeats: int
         result["status"] = "failed"
         result["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
     return result
+
+
+def nvjpeg_rate(
+    spec: RowSpec, device: torch.device, data_dir: str, warmup: int, repeats: int, batches: int
+) -> dict:
+    """GPU JPEG decode + crop + resize images/s (see the module docstring). Never raises."""
+    try:
+        from torchvision.io import decode_jpeg
+
+        if device.type != "cuda":
+            raise RuntimeError("nvJPEG decoding needs a CUDA device")
+    except Exception as exc:  # torchvision missing or built for another torch, no CUDA
+        error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        return dict(spec=vars(spec).copy(), status="failed", error=error)
+    decode = lambda jpegs: decode_jpeg(jpegs, device=device)
+    return decode_rate(spec, device, data_dir, decode, warmup, repeats, batches)
+
+
+def decode_rate(
+    spec: RowSpec, device: torch.device, data_dir: str, decode, warmup: int, repeats: int, batches: int
+) -> dict:
+    """nvjpeg_rate's measurement with any batch decoder: decode(list of 1-D uint8 CPU tensors) ->
+    list of (3, h, w) uint8 tensors on `device`. Never raises."""
+    result = dict(spec=vars(spec).copy(), status="ok")
+    try:
+        records = []
+        for shard in list_shards(data_dir, "train"):
+            for offset, payload in iter_records(shard):
+                records.append(decode_record(payload, shard, offset, label_offset=0, num_classes=1001))
+                if len(records) >= spec.batch * 4:
+                    break
+            if len(records) >= spec.batch * 4:
+                break
+        if len(records) < spec.batch:
+            raise ValueError(f"{data_dir} holds {len(records)} training records, fewer than a batch")
+        encoded = [torch.frombuffer(bytearray(r.jpeg), dtype=torch.uint8) for r in records]
+        rng = np.random.default_rng(0)
+
+        def one_batch(k: int) -> torch.Tensor:
+            start = (k * spec.batch) % (len(encoded) - spec.batch + 1)
+            chosen = range(start, start + spec.batch)
+            images = decode([encoded[i] for i in chosen])
+            return crop_resize_batch(images, [records[i].boxes for i in chosen], rng, spec.image_size)
+
+        t0 = time.perf_counter()
+        for k in range(warmup):
+            one_batch(k)
+        synchronize(device)
+        result["warmup_seconds"] = time.perf_counter() - t0
+        ips = []
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            for k in range(batches):
+                images = one_batch(warmup + r * batches + k)
+            synchronize(device)
+            ips.append(batches * spec.batch / (time.perf_counter() - t0))
+        result.update(batches_per_repeat=batches, images_per_s=summarize(ips))
+        result["batch_dtype"] = str(images.dtype).replace("torch.", "")
+        result["batch_device"] = images.device.type
+        result["note"] = "decode + crop + resize only, bytes in host memory, one host thread"
+    except Exception as exc:  # an undecodable JPEG, too few records, out of memory: reported, not fatal
+        result["status"] = "failed"
+        result["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+    return result
+
+
+def crop_resize_batch(
+    images: list[torch.Tensor], boxes: list, rng: np.random.Generator, size: int
+) -> torch.Tensor:
+    """(3, h, w) uint8 images -> the (N, size, size, 3) uint8 batch: per image the seed's bounding-box
+    crop (sample_distorted_bounding_box), then a bilinear resize, on the images' device."""
+    out = []
+    for img, image_boxes in zip(images, boxes, strict=True):
+        h, w = img.shape[1:]
+        top, left, ch, cw = sample_distorted_bounding_box(rng, h, w, image_boxes)
+        crop = img[:, top : top + ch, left : left + cw].unsqueeze(0).float()
+        out.append(F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False))
+    return torch.cat(out).round_().clamp_(0, 255).to(torch.uint8).permute(0, 2, 3, 1).contiguous()

@@ -8,8 +8,9 @@ Parts, in this order, each under its share of --time_budget (time a part leaves 
 whatever does not fit is recorded as skipped, never estimated):
     rows       rows (a), (b), (c), (e) of bench/throughput.py on synthetic device input, for every
                model x batch; the optimizer step alone at each model's first batch
-    pipeline   the input pipelines alone (torch, and DALI when it imports) and training rows fed by
-               them (--pipeline_rows), at each model's largest batch, on --data_dir or a synthetic set
+    pipeline   the input pipelines alone (torch, DALI when it imports, and on CUDA nvJPEG decoding
+               through torchvision when it imports) and training rows fed by the loaders
+               (--pipeline_rows), at each model's largest batch, on --data_dir or a synthetic set
     gpu_tests  python -m pytest -m gpu tests -q           (CUDA only; output in gpu_tests.txt)
     kernels    python -m pytest bench/bench_optim.py      (CUDA only; bench_optim.txt / .json)
     compile    row (d), each configuration in its own subprocess under --compile_timeout
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -40,7 +42,7 @@ import time
 import report
 import torch
 from device_rates import copy_bandwidth, matmul_rate, training_flops
-from input_rows import pipeline_rate, write_dataset
+from input_rows import nvjpeg_rate, pipeline_rate, write_dataset
 from throughput import ROW_TITLES, MeasureOptions, RowSpec, config_for, measure_row
 
 from fasttrain.data import dali_available
@@ -105,6 +107,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.repeats = args.repeats or (3 if args.smoke else 5)
     args.steps = args.steps if args.steps >= 0 else (1 if args.smoke else 0)
     return args
+
+
+def _has_torchvision() -> bool:
+    try:
+        import torchvision.io  # noqa: F401
+    except Exception:  # not installed, or built against another torch
+        return False
+    return True
 
 
 def _list(text: str) -> list[str]:
@@ -194,6 +204,9 @@ class Suite:
         for config in configurations(self.args):
             largest[config[0]] = max(largest.get(config[0], config), config, key=lambda c: c[1])
         backends = ["torch"] + (["dali"] if dali_available() else [])
+        # GPU decoding without DALI (the lent GPU machine has none): nvJPEG through torchvision,
+        # decode + crop + resize alone (input_rows.nvjpeg_rate), not a loader that feeds training.
+        alone = backends + (["nvjpeg"] if self.device.type == "cuda" and _has_torchvision() else [])
         # DataLoader workers each build whole batches, so batches arrive in waves of `workers`:
         # warm up past the first wave and time windows spanning two, or the queue inflates the rate.
         workers, smoke = self.args.num_workers, self.args.smoke
@@ -209,9 +222,9 @@ class Suite:
         )
         measured = {}  # the pipeline does not depend on the model: measure each setting once
         for config in largest.values():
-            for backend in backends:
+            for backend in alone:
                 spec = self.spec("a", config, input=backend, data_dir=data_dir)
-                cfg = config_for(spec, self.device)
+                cfg = config_for(dataclasses.replace(spec, input="torch"), self.device)  # the recipe's
                 setting = (backend, cfg.preprocess, cfg.color_distort, spec.image_size, spec.batch)
                 if setting in measured:
                     result = dict(
@@ -219,6 +232,8 @@ class Suite:
                     )
                 elif time.monotonic() > deadline:
                     result = dict(spec=vars(spec), status="skipped", error="time budget")
+                elif backend == "nvjpeg":
+                    result = measured[setting] = nvjpeg_rate(spec, self.device, data_dir, **wave)
                 else:
                     result = measured[setting] = pipeline_rate(spec, self.device, **wave)
                 self.results["pipelines"].append(result)

@@ -5,6 +5,7 @@ then recompute every derived figure from the raw measurements in results.json (s
 the measured matmul rate and copy bandwidth) and check the Markdown shows them. No speed is asserted.
 """
 
+import io
 import json
 import os
 import statistics
@@ -365,3 +366,55 @@ def test_device_script_packs_the_run_into_one_archive(tmp_path):
         names = tar.getnames()
     (folder,) = {n.split("/")[0] for n in names}
     assert folder.endswith("-cpu") and f"{folder}/results.json" in names and f"{folder}/run.log" in names
+
+
+def test_gpu_decode_row_logic_with_a_cpu_decoder(tmp_path):
+    # nvjpeg_rate's measurement (decode_rate) with PIL standing in for nvJPEG, which needs CUDA and
+    # torchvision; the crop + resize it times is checked on images whose output is known.
+    import numpy as np
+    from input_rows import crop_resize_batch, decode_rate, nvjpeg_rate, write_dataset
+    from PIL import Image
+    from throughput import RowSpec
+
+    write_dataset(tmp_path, records=12, unique=4, width=96, height=72, shards=2)
+
+    def pil_decode(jpegs):
+        arrays = [np.asarray(Image.open(io.BytesIO(j.numpy().tobytes())).convert("RGB")) for j in jpegs]
+        return [torch.from_numpy(a.copy()).permute(2, 0, 1) for a in arrays]
+
+    spec = RowSpec("a", "resnet18", 4, 32, 16, input="nvjpeg")
+    cpu = torch.device("cpu")
+    r = decode_rate(spec, cpu, str(tmp_path), pil_decode, warmup=1, repeats=2, batches=2)
+    assert r["status"] == "ok", r
+    assert r["batch_dtype"] == "uint8" and r["batches_per_repeat"] == 2 and r["images_per_s"]["min"] > 0
+    too_big = RowSpec("a", "resnet18", 64, 32, 16, input="nvjpeg")
+    failed = decode_rate(too_big, cpu, str(tmp_path), pil_decode, warmup=1, repeats=1, batches=1)
+    assert failed["status"] == "failed" and "fewer than a batch" in failed["error"]
+    if not torch.cuda.is_available():
+        assert nvjpeg_rate(spec, cpu, str(tmp_path), 1, 1, 1)["status"] == "failed"
+
+    rng = np.random.default_rng(0)
+    flat = [torch.full((3, 72, 96), 77, dtype=torch.uint8), torch.full((3, 50, 40), 200, dtype=torch.uint8)]
+    batch = crop_resize_batch(flat, [np.zeros((0, 4)), np.array([[0.1, 0.1, 0.9, 0.9]])], rng, 32)
+    assert batch.shape == (2, 32, 32, 3) and batch.dtype == torch.uint8
+    assert (batch[0] == 77).all() and (batch[1] == 200).all()
+    # A ramp across the columns stays a non-decreasing ramp across the output's columns, in range.
+    ramp = torch.arange(96, dtype=torch.uint8).expand(3, 72, 96).contiguous()
+    (out,) = crop_resize_batch([ramp], [np.zeros((0, 4))], rng, 16)
+    assert (out[:, 1:, :].int() - out[:, :-1, :].int() >= 0).all() and int(out.max()) <= 95
+    assert torch.equal(out[0], out[-1])  # rows are equal: nothing varies vertically
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nvjpeg_decode_row_on_cuda(tmp_path):
+    pytest.importorskip("torchvision.io", reason="GPU decoding is measured through torchvision's nvJPEG")
+    from input_rows import nvjpeg_rate, write_dataset
+    from throughput import RowSpec
+
+    write_dataset(tmp_path, records=32, unique=8, width=500, height=375, shards=2)
+    r = nvjpeg_rate(
+        RowSpec("a", "resnet50", 8, 224, input="nvjpeg"), torch.device("cuda"), str(tmp_path), 1, 2, 2
+    )
+    assert r["status"] == "ok", r
+    assert r["batch_device"] == "cuda" and r["batch_dtype"] == "uint8" and r["images_per_s"]["min"] > 0
