@@ -360,11 +360,16 @@ def _pipeline_table(results: dict) -> list[str]:
         )
         head = p["derived"]["headroom"]
         lines.append(
-            f"| {s['model']} | {s['batch']} | {s['image_size']} | {s['input']} | {s['num_workers']} | "
+            f"| {s['model']} | {s['batch']} | {s['image_size']} | {_backend(s['input'])} | "
+            f"{'1 thread' if s['input'] == 'nvjpeg' else s['num_workers']} | "
             + " | ".join(cells)
             + f" | {'-' if head is None else f'{head:.2f}'} | {_status(p) or _shared(p)} |"
         )
     return lines
+
+
+def _backend(name: str) -> str:
+    return "nvjpeg (torchvision; decode + crop + resize only)" if name == "nvjpeg" else name
 
 
 def _shared(p: dict) -> str:
