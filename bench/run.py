@@ -233,7 +233,8 @@ class Suite:
                 elif time.monotonic() > deadline:
                     result = dict(spec=vars(spec), status="skipped", error="time budget")
                 elif backend == "nvjpeg":
-                    result = measured[setting] = nvjpeg_rate(spec, self.device, data_dir, **wave)
+                    # No worker waves here: a few batches past cuda/nvJPEG start-up suffice.
+                    result = measured[setting] = nvjpeg_rate(spec, self.device, data_dir, 3, 3, 5)
                 else:
                     result = measured[setting] = pipeline_rate(spec, self.device, **wave)
                 self.results["pipelines"].append(result)
