@@ -119,14 +119,15 @@ def nvjpeg_rate(
 ) -> dict:
     """GPU JPEG decode + crop + resize images/s (see the module docstring). Never raises."""
     try:
-        from torchvision.io import decode_jpeg
+        from torchvision.io import ImageReadMode, decode_jpeg
 
         if device.type != "cuda":
             raise RuntimeError("nvJPEG decoding needs a CUDA device")
     except Exception as exc:  # torchvision missing or built for another torch, no CUDA
         error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
         return dict(spec=vars(spec).copy(), status="failed", error=error)
-    decode = lambda jpegs: decode_jpeg(jpegs, device=device)
+    # RGB: ImageNet holds some grayscale and CMYK JPEGs; the crop/resize stacks 3-channel images.
+    decode = lambda jpegs: decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
     return decode_rate(spec, device, data_dir, decode, warmup, repeats, batches)
 
 

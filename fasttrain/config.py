@@ -36,7 +36,8 @@ class Config:
     seed: int = 0
     """Seed for model initialisation, data order and augmentation."""
     deterministic: bool = False
-    """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU."""
+    """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU (on CUDA
+    also a fixed cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set)."""
     log_every: int = 10
     """Print the seeds' `step N, loss = X (...)` line and a metrics record every N steps."""
     checkpoint_every: int = 5000

@@ -27,10 +27,11 @@ def get_rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore get_rng_state()'s result, wherever torch.load(map_location=...) put its tensors."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss))
     kind, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
+    np.random.set_state((kind, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())  # generator states are CPU byte tensors only
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from pathlib import Path
 
@@ -51,6 +52,10 @@ def train(cfg: Config) -> dict:
         )
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
+        if info.device.type == "cuda":
+            # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
+            # when cuBLAS makes its first handle, which no step has done yet.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     elif info.device.type == "cuda":
         # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
@@ -316,7 +321,9 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and not source.is_dir():
         raise ckpt.CheckpointError(f"--checkpoint_dir {source} is not a directory")
-    found = ckpt.load_latest(source, log=log, map_location=info.device)
+    # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
+    # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
+    found = ckpt.load_latest(source, log=log, map_location="cpu")
     if found is None:
         if cfg.checkpoint_dir:
             raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
