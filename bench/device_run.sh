@@ -5,7 +5,10 @@
 #                                                   GPU tests, kernel microbenchmarks, compile rows)
 #   bash bench/device_run.sh --parts compile        a second call: row (d), torch.compile, alone
 #
-# Arguments go to bench/run.py. Such a machine returns only a few files from $OUT, so the run's
+# Arguments go to bench/run.py. That machine has no network and lacks google-crc32c: run
+# `bash bench/device_wheels.sh` beforehand where PyPI is reachable and carry the .whl/ folder it
+# fills (or FASTTRAIN_WHEELS names); this script installs those wheels first, then checks in seconds that everything imports.
+# Such a machine returns only a few files from $OUT, so the run's
 # folder (results.json, results.md, throughput.png, run.log, the test and benchmark outputs and logs)
 # comes back as one archive, $OUT/results.tar.gz, with results.md beside it for a first look.
 # Unpack the archive's folder (named <date>-<gpu>) under bench/results/ and commit it; a second
@@ -15,7 +18,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the folder the results should go to}"
+wheels=${FASTTRAIN_WHEELS:-.whl}
+if compgen -G "$wheels/*.whl" >/dev/null; then
+  # A wheel for another Python is refused here; preflight.py then names what is still missing.
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/fasttrain-site "$wheels"/*.whl \
+    && PYTHONPATH="/tmp/fasttrain-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+python3 bench/preflight.py || exit 3
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -368,6 +368,30 @@ def test_device_script_packs_the_run_into_one_archive(tmp_path):
     assert folder.endswith("-cpu") and f"{folder}/results.json" in names and f"{folder}/run.log" in names
 
 
+def test_device_script_stops_in_seconds_when_a_carried_package_is_missing(tmp_path):
+    # The lent GPU machine has no google-crc32c: without the carried wheel the script must say so at
+    # once, before any measurement. A module of that name that fails to import stands in for it.
+    (tmp_path / "google_crc32c.py").write_text("raise ImportError('not on this machine')\n")
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "PYTHONPATH": str(tmp_path),
+        "FASTTRAIN_WHEELS": "none",
+    }
+    (tmp_path / "out").mkdir()
+    proc = subprocess.run(
+        ["bash", "bench/device_run.sh", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 3
+    assert "google_crc32c" in proc.stderr and "bench/device_wheels.sh" in proc.stderr
+    assert list((tmp_path / "out").iterdir()) == []  # nothing measured, nothing packed
+
+
 def test_gpu_decode_row_logic_with_a_cpu_decoder(tmp_path):
     # nvjpeg_rate's measurement (decode_rate) with PIL standing in for nvJPEG, which needs CUDA and
     # torchvision; the crop + resize it times is checked on images whose output is known.
