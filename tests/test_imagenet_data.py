@@ -99,6 +99,9 @@ def test_decode_record_fields_and_label_offset():
         ({"image/encoded": 3}, "'image/encoded' is int64_list"),
         ({"image/object/bbox/xmin": [1, 2]}, "expected float_list"),
         ({"image/object/bbox/xmax": [0.5]}, "different lengths"),
+        # NaN crashed the crop sampler in a loader worker (found by mutating records), and verify let it pass.
+        ({"image/object/bbox/ymin": [0.1, float("nan")]}, "bounding-box coordinate is NaN or infinite"),
+        ({"image/object/bbox/xmax": [float("inf"), 0.8]}, "bounding-box coordinate is NaN or infinite"),
         ({"image/class/label": [1, 2]}, "2 values"),
         ({"image/class/label": 11}, r"label 11 \+ label_offset -1 is outside \[0, 10\)"),
         ({"image/class/label": 0}, r"label 0 \+ label_offset -1 is outside"),

@@ -127,6 +127,9 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
     if len({len(c) for c in coords}) != 1:
         raise _bad(file, offset, "bounding-box coordinate lists have different lengths")
     boxes = np.array(coords, dtype=np.float32).T.reshape(-1, 4)
+    if not np.isfinite(boxes).all():
+        # The crop sampler clips boxes into [0, 1] (TensorFlow rejects them), but NaN has no place.
+        raise _bad(file, offset, "a bounding-box coordinate is NaN or infinite")
     return ImageRecord(
         jpeg=jpeg,
         label=label,
