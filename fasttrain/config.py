@@ -191,6 +191,9 @@ _POSITIVE = (
     "grad_accum_steps",
     "base_channels",
     "max_nonfinite_steps",
+    "num_epochs_per_decay",
+    "learning_rate_decay_factor",
+    "bucket_cap_mb",
 )
 _NON_NEGATIVE = (
     "max_steps",
@@ -204,6 +207,9 @@ _NON_NEGATIVE = (
     "label_smoothing",
     "aux_loss_weight",
     "ema_decay",
+    "initial_learning_rate",
+    "momentum",
+    "rmsprop_epsilon",
 )
 
 
@@ -211,12 +217,19 @@ def _validate(cfg: Config) -> None:
     for name, choices in _CHOICES.items():
         if getattr(cfg, name) not in choices:
             raise ConfigError(f"--{name}={getattr(cfg, name)!r} is not one of {', '.join(choices)}")
+    # Written as `not value > 0` so that a NaN (`--initial_learning_rate=nan`) is refused too.
     for name in _POSITIVE:
-        if getattr(cfg, name) <= 0:
+        if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name} must be positive, got {getattr(cfg, name)}")
     for name in _NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
+        if not getattr(cfg, name) >= 0:
             raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
+    for name in ("rmsprop_decay", "bn_momentum"):
+        value = getattr(cfg, name)
+        if value is not None and not 0.0 <= value <= 1.0:
+            raise ConfigError(f"--{name} must be in [0, 1], got {value}")
+    if cfg.bn_eps is not None and not cfg.bn_eps > 0:
+        raise ConfigError(f"--bn_eps must be positive, got {cfg.bn_eps}")
     if cfg.resnet_size not in (0, 18, 34, 50, 101, 152):
         raise ConfigError(f"--resnet_size={cfg.resnet_size} is not one of 18, 34, 50, 101, 152")
     if cfg.label_offset not in (0, -1):
