@@ -73,8 +73,13 @@ def train(cfg: Config) -> dict:
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, run_dir)
+        except OSError as exc:
+            raise ConfigError(
+                f"--train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory"
+            ) from None
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step --------------------------------------------------------------

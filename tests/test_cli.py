@@ -133,6 +133,15 @@ def test_user_errors_are_one_line_with_exit_code_2(args, words, tmp_path):
     assert out.stderr.strip().count("\n") == 0 and words in out.stderr
 
 
+def test_unwritable_train_dir_is_one_line(tiny_data, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    out = run_cli(
+        "--data_dir", str(tiny_data), *SHORT, "--train_dir", str(tmp_path / "a-file" / "r"), cache=tmp_path
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"--train_dir {tmp_path / 'a-file' / 'r'} cannot be written (Not a directory)" in out.stderr
+
+
 @pytest.mark.gpu
 def test_demo_on_cuda_captures_the_step_learns_and_resumes(tmp_path):
     # The whole trainer on a GPU as a user runs it: the policy's precision (bf16 on sm_80+),
