@@ -128,11 +128,18 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
             warnings.simplefilter("ignore", UserWarning)
             state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - every failure mode means the same to the user
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+        text = str(exc)
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        if "Unsupported global" in text:  # a pickled object naming code (a class or function)
             raise CheckpointError(
                 f"refusing to load {path}: it holds Python objects that would run "
                 f"code when unpickled (only tensors and plain data are accepted)"
+            ) from None
+        if "WeightsUnpickler error:" in text:  # torch's own first line is advice about weights_only
+            detail = text.split("WeightsUnpickler error:")[1].strip().splitlines()[0]
+            raise CheckpointError(
+                f"refusing to load {path}: it is not a checkpoint of tensors and plain data, or it is "
+                f"corrupt (torch's safe loader stopped at: {detail})"
             ) from None
         raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:

@@ -70,6 +70,17 @@ def test_malicious_pickle_is_refused_without_running(tmp_path):
     assert not _RunsCode.marker.exists()
 
 
+def test_a_file_that_is_no_checkpoint_gets_a_readable_reason(tmp_path):
+    # torch's message starts with advice to retry with weights_only=False: never pass that on.
+    path = tmp_path / "ckpt-5.pt"
+    path.write_text("garbage\n")
+    with pytest.raises(
+        ckpt.CheckpointError,
+        match="refusing to load .*: it is not a checkpoint of tensors and plain data, or it is corrupt",
+    ):
+        ckpt.load_checkpoint(path)
+
+
 @pytest.mark.parametrize("bad, words", [("missing.pt", "does not exist"), (".", "is a directory")])
 def test_bad_paths(tmp_path, bad, words):
     with pytest.raises(ckpt.CheckpointError, match=words):

@@ -298,6 +298,11 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["make-synthetic", "--out", str(tmp_path), "--train-shards", "0", "--val-shards", "0"])
     assert e.value.code == 2
+    capsys.readouterr()
+    (tmp_path / "a-file").write_text("")
+    assert main(["make-synthetic", "--out", str(tmp_path / "a-file" / "d"), "--per-shard", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the data set to" in err and "Not a directory" in err
 
 
 def test_ls_prints_one_json_object_per_record(synthetic, capsys):

@@ -137,7 +137,12 @@ def _ls(args) -> int:
 
 def _make_synthetic(args) -> int:
     start = time.perf_counter()
-    make_synthetic(args.out, args.train_shards, args.val_shards, args.per_shard, args.classes, args.seed)
+    try:
+        make_synthetic(args.out, args.train_shards, args.val_shards, args.per_shard, args.classes, args.seed)
+    except OSError as e:
+        raise DataError(
+            f"cannot write the data set to {args.out} ({e.strerror}); pick a writable --out"
+        ) from None
     print(
         f"wrote {args.train_shards * args.per_shard} train and {args.val_shards * args.per_shard} validation "
         f"records to {args.out} in {time.perf_counter() - start:.1f} s"
