@@ -63,7 +63,7 @@ def train(cfg: Config) -> dict:
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
-    cfg = dataclasses.replace(cfg, data_dir=str(data_dir))
+    cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
     train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
     global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
     epoch_size = cfg.epoch_size or train_loader.num_records
@@ -123,7 +123,7 @@ def train(cfg: Config) -> dict:
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
         f"{' cuda-graph' if precision.cuda_graph else ''} | global batch {global_batch} | "
-        f"{steps_per_epoch} steps/epoch | data {data_dir} | run dir {run_dir}"
+        f"{steps_per_epoch} steps/epoch | data {data_dir or 'synthetic'} | run dir {run_dir}"
     )
     if step >= max_steps:
         log(
@@ -221,14 +221,17 @@ def train(cfg: Config) -> dict:
 # --- named pieces of the loop -----------------------------------------------------------------
 
 
-def prepare_data_dir(cfg: Config, info, log) -> Path:
-    """cfg.data_dir checked; for the demo with no --data_dir, a synthetic set built once in the cache."""
+def prepare_data_dir(cfg: Config, info, log) -> Path | None:
+    """cfg.data_dir checked; for the demo with no --data_dir, a synthetic set built once in the cache;
+    None for --data_backend=synthetic without --data_dir (random device batches read no files)."""
+    if cfg.data_backend == "synthetic" and not cfg.data_dir:
+        return None
     if cfg.data_dir:
         path = Path(cfg.data_dir)
         if not path.is_dir():
             raise ConfigError(f"--data_dir {path} does not exist or is not a directory")
         return path
-    if cfg.recipe != "demo" and cfg.data_backend != "synthetic":
+    if cfg.recipe != "demo":
         raise ConfigError(f"--data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)")
     from fasttrain.data.imagenet import make_synthetic
 

@@ -133,6 +133,16 @@ def test_user_errors_are_one_line_with_exit_code_2(args, words, tmp_path):
     assert out.stderr.strip().count("\n") == 0 and words in out.stderr
 
 
+def test_synthetic_backend_needs_no_data_dir_and_builds_no_data(tmp_path):
+    # A pure compute run of a real recipe: random device batches, no TFRecords read or written.
+    args = ["--recipe=resnet50", "--model=resnet18", "--base_channels=8", "--image_size=32"]
+    args += ["--data_backend=synthetic", "--max_steps=2", "--log_every=1", "--max_eval_batches=1"]
+    out = run_cli(*args, "--train_dir", str(tmp_path / "r"), cache=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| data synthetic |" in out.stdout and "building the demo data set" not in out.stdout
+    assert not (tmp_path / "demo-imagenet-v1").exists()
+
+
 def test_unwritable_train_dir_is_one_line(tiny_data, tmp_path):
     (tmp_path / "a-file").write_text("")
     out = run_cli(
