@@ -217,7 +217,9 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
-def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0) -> nn.Module:
+def wrap_ddp(
+    model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0, stream: torch.cuda.Stream | None = None
+) -> nn.Module:
     """torch DistributedDataParallel around model, for --grad_sync ddp (averages the gradients).
 
     No buffer broadcast in forward keeps BatchNorm statistics per rank, as fasttrain's buckets do, so both
@@ -245,8 +247,9 @@ def wrap_ddp(model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0) -> n
     )
     if info.device.type != "cuda":
         return build()
-    # PyTorch's CUDA-graph notes: for a whole-step capture DDP must be constructed on a side stream.
-    side = torch.cuda.Stream(info.device)
+    # PyTorch's CUDA-graph notes: for a whole-step capture DDP must be constructed on a side stream
+    # (`stream`: the one the step's warm-up and capture use, see TrainStep).
+    side = stream or torch.cuda.Stream(info.device)
     side.wait_stream(torch.cuda.current_stream(info.device))
     with torch.cuda.stream(side):
         wrapped = build()

@@ -104,6 +104,7 @@ class TrainStep:
         ddp_model: torch.nn.Module | None = None,
         bn_ema: BufferEMA | None = None,
         warmup_steps: int = 3,
+        stream: torch.cuda.Stream | None = None,
     ):
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.device, self.schedule, self.loss_fn = device, schedule, loss_fn
@@ -123,6 +124,12 @@ class TrainStep:
         self.eager_steps_done = 0
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # One side stream for the eager warm-up steps and the capture (and, passed in by the trainer,
+        # for DDP's construction): autograd's AccumulateGrad nodes remember the stream they first ran
+        # on, and whole-step captures that mixed streams failed (Megatron-LM #6021, pytorch #187745).
+        self.stream = None
+        if precision.cuda_graph:
+            self.stream = stream or torch.cuda.Stream(device)
 
     # --- the step itself -----------------------------------------------------------------------
 
@@ -194,7 +201,7 @@ class TrainStep:
     # --- CUDA graph ------------------------------------------------------------------------------
 
     def _warmup_step(self, batches) -> None:
-        side = torch.cuda.Stream(self.device)
+        side = self.stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._body(
@@ -218,13 +225,22 @@ class TrainStep:
         try:
             # thread_local: the DataLoader's pin-memory thread may allocate pinned host memory while
             # this thread captures; the default "global" mode would invalidate the capture for it.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, stream=self.stream, capture_error_mode="thread_local"):
                 self._body(self.static_batches)
         except Exception as exc:
             raise RuntimeError(
                 f"this training step cannot be captured in a CUDA graph ({exc}); run with --no-cuda_graph"
             ) from exc
         self.graph = graph
+
+    def release_graph(self) -> None:
+        """Drop the captured graph and its memory. Before leaving a NCCL process group: destroying
+        the communicator waits for every graph that captured its collectives to be destroyed first
+        (pytorch/pytorch#115388). The next step captures again."""
+        if self.graph is not None:
+            torch.cuda.synchronize(self.device)  # note: a one-off host sync, after the last replay
+            self.graph = None
+            self.static_batches = []
 
     # --- state -----------------------------------------------------------------------------------
 

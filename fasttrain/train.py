@@ -93,8 +93,10 @@ def train(cfg: Config) -> dict:
     optimizer = build_optimizer(cfg, model)
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     buckets, ddp_model = None, None
+    # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.
+    capture_stream = torch.cuda.Stream(info.device) if precision.cuda_graph else None
     if info.world_size > 1 and cfg.grad_sync == "ddp":
-        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb)
+        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb, stream=capture_stream)
     elif info.world_size > 1:
         names = {p: n for n, p in model.named_parameters()}
         buckets = GradBuckets(
@@ -115,6 +117,7 @@ def train(cfg: Config) -> dict:
         ddp_model,
         bn_ema,
         warmup_steps=11 if ddp_model is not None else 3,
+        stream=capture_stream,
     )
 
     # --- resume ------------------------------------------------------------------------------
@@ -176,6 +179,7 @@ def train(cfg: Config) -> dict:
             last_saved = step
         if stop.requested(info, step):
             save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+            step_fn.release_graph()
             progress.close()
             log(
                 f"stopped by {stop.signal_name} at step {step}; checkpoint "
@@ -185,6 +189,7 @@ def train(cfg: Config) -> dict:
             return {"step": step, "stopped": True}
     progress.close()
     stop.restore()
+    step_fn.release_graph()  # its memory goes back for evaluation; and before leaving the group
 
     # --- evaluation ----------------------------------------------------------------------------
     result = {"step": step}

@@ -186,8 +186,9 @@ def test_injected_fp16_overflow_skips_exactly_that_step():
 def test_bucket_all_reduces_are_captured_in_the_graph_on_nccl(tmp_path):
     # One GPU allows one NCCL rank (NCCL refuses two ranks on one device), so this checks the capture
     # mechanics on a one-rank communicator with the buckets forced on: the hooks launch every bucket's
-    # all_reduce during capture, the capture succeeds, and replay equals the eager bucketed run.
-    # Sums over several ranks inside a graph need a machine with several GPUs.
+    # all_reduce during capture (ProcessGroupNCCL's stream joins and wait() are recorded), the capture
+    # succeeds, and replay equals the eager bucketed run. On one rank an in-place all_reduce is no
+    # kernel at all (NCCL returns early), so sums inside a graph need a machine with several GPUs.
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -197,12 +198,14 @@ def test_bucket_all_reduces_are_captured_in_the_graph_on_nccl(tmp_path):
         info = DistInfo(rank=0, world_size=1, local_rank=0, device=device, backend="nccl", is_main=True)
         eager, eager_step = _run("resnet18", 32, graph=False, steps=8, dist_info=info)
         graphed, step = _run("resnet18", 32, graph=True, steps=8, dist_info=info)
+        captured, works = step.graph is not None, len(step.buckets._works)
+        step.release_graph()  # as the trainer does before leaving the group (pytorch#115388)
     finally:
         dist.destroy_process_group()
-    assert step.graph is not None and step.buckets._rebuilt
+    assert captured and step.buckets._rebuilt
     assert len(step.buckets.bucket_ranges) >= 3
     # The captured step launched (recorded) every bucket, as the last eager steps did.
-    assert len(step.buckets._works) == len(step.buckets.bucket_ranges) == len(eager_step.buckets._works)
+    assert works == len(step.buckets.bucket_ranges) == len(eager_step.buckets._works)
     for (key, a), b in zip(eager.state_dict().items(), graphed.state_dict().values()):
         if a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=key)
