@@ -129,9 +129,11 @@ class DaliLoader(EpochPosition):
             except RuntimeError as exc:
                 raise self._decode_error(positions[(b - start) * size :], exc) from None
             labels = self._checked_labels(labels, mine)
-            # A zero-copy view of DALI's output (bound to the current stream on CUDA): the trainer's
-            # copy into its static input buffer is the batch's one device copy.
-            images = torch.from_dlpack(images.as_tensor())[: len(mine)]  # (N, S, S, 3) float
+            # DALI's output buffer is in use only until the next run() (DALI's "Pipeline Run
+            # Methods"): a view kept past that, as gradient accumulation keeps its micro-batches, may
+            # be overwritten by a prefetched batch. So copy it, on the stream DALI bound it to (one
+            # device copy: 0.15 GB for 256 x 224 px in fp32, about 0.1 ms on an H100).
+            images = torch.from_dlpack(images.as_tensor())[: len(mine)].clone()  # (N, S, S, 3) float
             self._position = b + 1
             yield images, labels.to(self.device, non_blocking=True)
 
