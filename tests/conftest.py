@@ -1,11 +1,17 @@
 """Shared test set-up: GPU-only tests skip cleanly; Triton kernels run in the interpreter on the CPU."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+
+# Subprocesses (the CLI, torchrun, worker scripts) import this checkout's fasttrain, and keep what
+# PYTHONPATH already held: on the lent GPU machine that is where carried wheels (google-crc32c) live.
+_REPO = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p)
 
 if HAS_CUDA:
     # cuBLAS's documented setting for run-to-run reproducible results (a fixed workspace per stream),

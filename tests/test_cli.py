@@ -12,11 +12,9 @@ import torch
 
 from fasttrain.data.imagenet import make_synthetic
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def run_cli(*args, cache: Path, timeout=600):
-    env = {**os.environ, "FASTTRAIN_CACHE": str(cache), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "FASTTRAIN_CACHE": str(cache), "OMP_NUM_THREADS": "2"}
     return subprocess.run(
         [sys.executable, "-m", "fasttrain", *args],
         capture_output=True,

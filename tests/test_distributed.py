@@ -91,7 +91,7 @@ def run_torchrun(
     through a c10d rendezvous on 127.0.0.1, as on a real cluster. Returns each agent's result.
     """
     port = free_port()
-    full_env = {**os.environ, **_loopback_env(), "PYTHONPATH": str(REPO), **(env or {})}
+    full_env = {**os.environ, **_loopback_env(), **(env or {})}  # PYTHONPATH: conftest.py
     procs = []
     for node in range(nnodes):
         cmd = [

@@ -16,8 +16,7 @@ import torch
 from fasttrain.data.imagenet import list_shards, make_synthetic
 from fasttrain.data.tfrecord import build_index
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # PYTHONPATH: conftest.py
 
 
 @pytest.fixture(scope="module")

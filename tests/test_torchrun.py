@@ -16,8 +16,7 @@ import torch
 
 from fasttrain.data.imagenet import make_synthetic
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}  # PYTHONPATH: conftest.py
 
 
 def free_port() -> int:
