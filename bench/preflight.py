@@ -7,6 +7,7 @@ network, so a missing package must be carried there (bench/device_wheels.sh).
 """
 
 import importlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -41,6 +42,12 @@ def main() -> int:
         f"(CUDA {torch.version.cuda}), triton {triton.__version__}, "
         f"DALI {'yes' if dali_available() else 'no'}, {gpu}"
     )
+    if Path("/dev/shm").is_dir():
+        # DataLoader workers hand batches over in shared memory: 14 workers x 2 prefetched x 256
+        # images at 299 px is about 2 GB. Too little makes every torch-pipeline row fail.
+        free_gb = shutil.disk_usage("/dev/shm").free / 1e9
+        note = "" if free_gb >= 4 else " (too little for the torch pipeline's workers at batch 256)"
+        print(f"bench/preflight.py: /dev/shm has {free_gb:.1f} GB free{note}")
     return 0
 
 

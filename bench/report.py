@@ -83,6 +83,9 @@ def environment(device: torch.device, argv: list[str], root: Path) -> dict:
         dali = None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
+    if commit is None and os.environ.get("FASTTRAIN_COMMIT"):
+        # A copy of the working tree without .git (the lent GPU machine): the caller names the commit.
+        commit, dirty = os.environ["FASTTRAIN_COMMIT"], ""
     env = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=shlex.join(["python", *argv]),

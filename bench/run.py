@@ -13,7 +13,8 @@ whatever does not fit is recorded as skipped, never estimated):
                through torchvision when it imports) and training rows fed by the loaders
                (--pipeline_rows), at each model's largest batch, on --data_dir or a synthetic set
     kernels    python -m pytest bench/bench_optim.py      (CUDA only; bench_optim.txt / .json)
-    compile    row (d), each configuration in its own subprocess under --compile_timeout
+    compile    row (d), each configuration in its own subprocess under --compile_timeout, started
+               only while that much of the budget is left (a compile cut short measures nothing)
 Before them: the environment, the measured bf16 matmul rate and copy bandwidth, FLOPs per image.
 
 Output in --out (default bench/results/<date>-<gpu>/, or $OUT/<date>-<gpu>/ where $OUT is set):
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -50,7 +52,7 @@ from fasttrain.data import dali_available
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("gpu_tests", "rows", "pipeline", "kernels", "compile")
 # Share of --time_budget each part may use at most; compile gets whatever is left at the end.
-PART_SHARE = {"rows": 0.4, "pipeline": 0.2, "gpu_tests": 0.25, "kernels": 0.1}
+PART_SHARE = {"gpu_tests": 0.3, "rows": 0.35, "pipeline": 0.2, "kernels": 0.1}
 FULL_MODELS = ("resnet50", "resnet101", "inception_v3")
 
 
@@ -102,7 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         raise UsageError("--pipeline_rows takes row:backend pairs such as a:torch,b:dali (rows a-c)")
     if args.data_dir and not Path(args.data_dir).is_dir():
         raise UsageError(f"--data_dir {args.data_dir} is not a directory")
-    args.num_workers = args.num_workers or (1 if args.smoke else min(16, os.cpu_count() or 1))
+    # Two cores stay free for the training process and its pin-memory thread.
+    args.num_workers = args.num_workers or (1 if args.smoke else max(1, min(16, (os.cpu_count() or 1) - 2)))
     args.warmup = args.warmup if args.warmup >= 0 else (1 if args.smoke else 5)
     args.repeats = args.repeats or (3 if args.smoke else 5)
     args.steps = args.steps if args.steps >= 0 else (1 if args.smoke else 0)
@@ -144,6 +147,7 @@ class Suite:
         self.args = args
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.start = time.monotonic()
+        self._allotted = 0.0  # share of the budget given to the parts run so far
         env = report.environment(self.device, ["bench/run.py", *argv], ROOT)
         self.out = Path(args.out) if args.out else report.default_out_dir(ROOT, env)
         earlier = self.out / "results.json"
@@ -164,6 +168,12 @@ class Suite:
 
     def remaining(self) -> float:
         return self.args.time_budget - (time.monotonic() - self.start)
+
+    def deadline(self, part: str) -> float:
+        """When `part` must stop. The shares of the parts run so far add up, so time that one part
+        leaves unused passes on to the next."""
+        self._allotted += PART_SHARE[part]
+        return self.start + self._allotted * self.args.time_budget
 
     def opts(self, **overrides) -> MeasureOptions:
         a = self.args
@@ -196,7 +206,8 @@ class Suite:
         for config in configurations(self.args):
             timing_optimizer = config[0] not in first_of_model
             first_of_model.add(config[0])
-            for row in [r for r in ("c", "b", "e", "a") if r in self.args.rows]:
+            # fasttrain's own rows first: a run that runs out of time loses a baseline, not the headline.
+            for row in [r for r in ("a", "e", "b", "c") if r in self.args.rows]:
                 self.add_row(self.spec(row, config), self.opts(optimizer=timing_optimizer), deadline)
 
     def pipeline(self, deadline: float, data_dir: str) -> None:
@@ -260,12 +271,14 @@ class Suite:
         configs = sorted(configurations(self.args), key=lambda c: -c[1])
         for config in configs:
             spec = self.spec("d", config, compile_mode=self.args.compile_mode)
-            limit = min(self.args.compile_timeout, self.remaining() - 10)
+            left = self.remaining() - 10
             name = f"(d) {spec.model} batch {spec.batch} {spec.image_size}px"
-            if limit < 30:
-                result = dict(spec=vars(spec), title=ROW_TITLES["d"], status="skipped", error="time budget")
+            if left < self.args.compile_timeout:
+                # A compile cut short measures nothing: start one only with its whole allowance.
+                why = f"time budget ({left:.0f} s left, --compile_timeout {self.args.compile_timeout:.0f} s)"
+                result = dict(spec=vars(spec), title=ROW_TITLES["d"], status="skipped", error=why)
             else:
-                result = self._compile_subprocess(spec, limit, name)
+                result = self._compile_subprocess(spec, self.args.compile_timeout, name)
             self.results["rows"].append(result)
             self.log(f"{name}: {self._summary(result)}")
 
@@ -368,7 +381,8 @@ def run_limited(cmd: list[str], limit: float, log_path: Path) -> dict:
             returncode, timed_out = proc.wait(timeout=limit), False
         except subprocess.TimeoutExpired:
             # The group holds the child and what it started (inductor's compile workers, pytest's).
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                os.killpg(proc.pid, signal.SIGKILL)
             returncode, timed_out = proc.wait(), True
     return dict(returncode=returncode, timed_out=timed_out, seconds=time.monotonic() - start)
 
@@ -393,12 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     if "gpu_tests" in parts and cuda:
         # First: the correctness evidence (graph == eager, no host sync, kernels compiled) matters
         # more than any speed, and a run cut short must still have it.
-        limit = min(PART_SHARE["gpu_tests"] * budget, suite.remaining())
-        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rs", "--durations=10"]
+        limit = min(suite.deadline("gpu_tests") - time.monotonic(), suite.remaining())
+        # -v: one line per test as it ends, so a run cut off at its limit still names the one running.
+        cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "--durations=10"]
         suite.check("gpu_tests", cmd, limit, "gpu_tests.txt")
         suite.save(plot=False)
     if "rows" in parts:
-        suite.rows(time.monotonic() + PART_SHARE["rows"] * budget)
+        suite.rows(suite.deadline("rows"))
         suite.save(plot=False)
     if "pipeline" in parts:
         tmp = None
@@ -408,20 +423,22 @@ def main(argv: list[str] | None = None) -> int:
             shape = (
                 dict(records=256, unique=16, width=96, height=72, shards=2)
                 if args.smoke  # 32 batches of 8, enough for every smoke measurement within one epoch
-                else dict(records=32768, unique=512, width=500, height=375, shards=32)  # 128 x 256
+                # 192 batches of 256: a fed row's warm-up and timed windows stay inside one epoch
+                # (an epoch's end restarts the loader's workers, seconds that are no training speed).
+                else dict(records=49152, unique=512, width=500, height=375, shards=32)
             )
             suite.results["data"] = write_dataset(tmp, **shape)
             data_dir = tmp
         else:
             suite.results["data"] = dict(data_dir=data_dir, synthetic=False)
         try:
-            suite.pipeline(time.monotonic() + PART_SHARE["pipeline"] * budget, data_dir)
+            suite.pipeline(suite.deadline("pipeline"), data_dir)
         finally:
             if tmp:
                 shutil.rmtree(tmp, ignore_errors=True)
         suite.save(plot=False)
     if "kernels" in parts and cuda:
-        limit = min(PART_SHARE["kernels"] * budget, suite.remaining())
+        limit = min(suite.deadline("kernels") - time.monotonic(), suite.remaining())
         cmd = [
             sys.executable, "-m", "pytest", "bench/bench_optim.py", "-q",
             f"--benchmark-json={suite.out / 'bench_optim.json'}",

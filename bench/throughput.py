@@ -253,7 +253,7 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
     torch.manual_seed(0)
     policy = resolve_precision(dataclasses.replace(cfg, cuda_graph=False), device)
     # cudnn.benchmark (per-shape algorithm search, untimed in warm-up) for the tuned rows; (c) keeps
-    # PyTorch's default. fasttrain's train.py does not set it (see bench/results/README.md).
+    # PyTorch's default. fasttrain's train.py sets it too (unless --deterministic).
     torch.backends.cudnn.benchmark = spec.row != "c"
     if spec.row == "a":
         row = build_fasttrain_row(cfg, device)
