@@ -448,7 +448,8 @@ def plot(results: dict, path: Path) -> None:
         + (" (smoke)" if results["smoke"] else ""),
         fontsize=10,
     )
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # nothing measured (every row skipped): no legend
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

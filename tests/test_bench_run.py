@@ -256,6 +256,28 @@ def test_time_limit_kills_the_whole_process_group(tmp_path):
         pytest.fail(f"grandchild {pid} survived the time limit")
 
 
+def test_a_compile_that_cannot_finish_in_the_budget_is_not_started(tmp_path):
+    # It would only be killed at the budget and read as a compile timing out.
+    argv = ["--smoke", "--parts", "compile", "--rows", "d", "--compile_timeout", "600", "--time_budget", "60"]
+    assert bench_run.main([*argv, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert rows and all(r["status"] == "skipped" for r in rows)
+    assert all("--compile_timeout 600 s" in r["error"] and "time budget" in r["error"] for r in rows)
+    assert not list(tmp_path.glob("compile-*.log"))  # no compile subprocess was started
+
+
+def test_parts_deadlines_add_up_so_unused_time_passes_on(tmp_path):
+    suite = bench_run.Suite(
+        bench_run.parse_args(["--smoke", "--time_budget", "100", "--out", str(tmp_path)]), []
+    )
+    first = suite.deadline("gpu_tests")
+    second = suite.deadline("rows")
+    share = bench_run.PART_SHARE
+    assert first == pytest.approx(suite.start + 100 * share["gpu_tests"])
+    assert second == pytest.approx(suite.start + 100 * (share["gpu_tests"] + share["rows"]))
+    suite.log_file.close()
+
+
 def test_bad_flag_is_one_line(capsys):
     assert bench_run.main(["--models", "resnet9"]) == 2
     err = capsys.readouterr().err.strip()
