@@ -60,7 +60,7 @@ ROWS = ("a", "b", "c", "d", "e")
 ROW_TITLES = {
     "a": "fasttrain (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
-    "c": "plain eager PyTorch: fp32 NCHW (the seeds' setting)",
+    "c": "plain eager PyTorch: fp32 NCHW, TF32 convolutions as PyTorch ships (the seeds' setting)",
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
 }
