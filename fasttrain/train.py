@@ -26,11 +26,11 @@ from fasttrain.distributed import (
     wrap_ddp,
 )
 from fasttrain.evaluate import ema_weights, evaluate
-from fasttrain.models import classifier_names, create_model, param_groups, reset_classifier
+from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import resolve_precision
-from fasttrain.rng import get_rng_state, set_rng_state
+from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_run
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
 
@@ -296,101 +296,6 @@ def build_optimizer(cfg: Config, model: torch.nn.Module):
         ema_decay=ema,
         impl=cfg.optimizer_impl,
     )
-
-
-def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
-    return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
-
-
-def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
-    """Start from another run's weights; with --fine_tune, all but the re-initialised classifier."""
-    state = ckpt.load_checkpoint(Path(cfg.pretrained_model_checkpoint_path))["model"]
-    skip = tuple(classifier_names(model)) if cfg.fine_tune else ()
-    own = model.state_dict()
-    wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
-    missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
-    mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
-    if missing or mismatched or set(wanted) - set(own):
-        problem = (
-            f"shapes differ for {', '.join(mismatched[:3])}"
-            if mismatched
-            else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
-        )
-        hint = "" if cfg.fine_tune else " (pass --fine_tune to re-initialise the classifier)"
-        raise ckpt.CheckpointError(
-            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}"
-        )
-    model.load_state_dict(wanted, strict=False)
-    if cfg.fine_tune:
-        reset_classifier(model)
-    log(
-        f"restored weights from {cfg.pretrained_model_checkpoint_path}"
-        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}"
-    )
-
-
-def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, log) -> int:
-    """Resume from the newest usable checkpoint (train_dir, or --checkpoint_dir); returns the step."""
-    source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
-    if cfg.checkpoint_dir and not source.is_dir():
-        raise ckpt.CheckpointError(f"--checkpoint_dir {source} is not a directory")
-    # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
-    # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
-    found = ckpt.load_latest(source, log=log, map_location="cpu")
-    if found is None:
-        if cfg.checkpoint_dir:
-            raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
-        return 0
-    state, path = found
-    try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if bn_ema is not None and state.get("bn_ema"):
-            bn_ema.load_state_dict(state["bn_ema"])
-        step_fn.load_state_dict(state["train_step"])
-    except (KeyError, RuntimeError, ValueError) as exc:
-        raise ckpt.CheckpointError(
-            f"{path} does not fit this run's model/optimizer: {str(exc).splitlines()[0]}"
-        ) from None
-    loader.load_state_dict(
-        state["data"][info.rank] if len(state["data"]) == info.world_size else state["data"][0]
-    )
-    rng = state.get("rng", [])
-    if len(rng) == info.world_size:
-        set_rng_state(rng[info.rank])
-    log(f"resuming from step {state['step']} ({path})")
-    return int(state["step"])
-
-
-def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info) -> None:
-    """Every rank contributes its data position and RNG state; rank 0 writes the file."""
-    per_rank = {"data": loader.state_dict(), "rng": get_rng_state()}
-    gathered = [per_rank] * info.world_size
-    if info.world_size > 1:
-        torch.distributed.all_gather_object(gathered, per_rank)
-    if not info.is_main:
-        return
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "step": step,
-        "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
-        "ema": ema_state(model, optimizer),
-        "train_step": step_fn.state_dict(),
-        "data": [g["data"] for g in gathered],
-        "rng": [g["rng"] for g in gathered],
-        "config": dataclasses.asdict(cfg),
-        "world_size": info.world_size,
-    }
-    ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
-
-
-def ema_state(model: torch.nn.Module, optimizer) -> dict:
-    """The weight EMA by parameter name, as a state_dict-like mapping (empty when EMA is off)."""
-    if not optimizer.ema_decay:
-        return {}
-    names, params = zip(*model.named_parameters())
-    return dict(zip(names, optimizer.ema_parameters(list(params))))
 
 
 def batch_stream(loader, accum: int):

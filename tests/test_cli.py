@@ -87,6 +87,15 @@ def test_short_run_trains_checkpoints_and_resumes(tiny_data, tmp_path):
     assert again.returncode == 0, again.stderr
     assert "already holds a finished run at step 6" in again.stdout
 
+    # A resume under other settings: the model's are named in the refusal, the rest in a note.
+    common = ["--data_dir", str(tiny_data), "--train_dir", str(run_dir), "--max_steps=7", *SHORT]
+    wider = run_cli(*common, "--base_channels=8", cache=tmp_path)
+    assert wider.returncode == 1 and "Traceback" not in wider.stderr, wider.stderr[-2000:]
+    assert "ckpt-6.pt does not fit this run's model/optimizer (base_channels 16 -> 8)" in wider.stderr
+    smaller = run_cli(*common, "--batch_size=4", cache=tmp_path)
+    assert smaller.returncode == 0, smaller.stderr[-2000:]
+    assert "note: settings changed since that checkpoint: batch_size 8 -> 4" in smaller.stdout
+
 
 def test_default_demo_builds_its_data_once_in_the_cache(tmp_path):
     out = run_cli(

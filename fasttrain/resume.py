@@ -1,0 +1,140 @@
+"""What a run's checkpoint holds, and how a run restores from it (fasttrain.checkpoint writes the files).
+
+A checkpoint is rank 0's model, optimizer (flat buffers by parameter), BN-statistics EMA, weight EMA
+by name, the step's device state (step counter, loss scaler), every rank's data position and RNG
+states, and the resolved config. A resume compares that config with this run's: settings that
+change the model or optimizer make the load fail with the flags named; others (batch size, seed,
+schedule) are allowed and listed, since the run then no longer reproduces an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from fasttrain import checkpoint as ckpt
+from fasttrain.config import Config
+from fasttrain.models import classifier_names, reset_classifier
+from fasttrain.rng import get_rng_state, set_rng_state
+
+# Settings that only say where and how long to run, or how often to report: changing them between a
+# run and its resume changes nothing in the numbers.
+_BOOKKEEPING = {
+    "train_dir", "checkpoint_dir", "data_dir", "data_cache_dir", "max_steps", "train_epochs", "log_every",
+    "checkpoint_every", "keep_checkpoints", "eval_at_end", "max_eval_batches", "max_nonfinite_steps",
+    "num_workers", "profile_comm", "num_gpus", "device", "pretrained_model_checkpoint_path", "fine_tune",
+}  # fmt: skip
+
+
+def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
+    """'name saved -> now' for each setting of `cfg` that differs from the checkpoint's config."""
+    if not saved:
+        return []
+    now = dataclasses.asdict(cfg)
+    return [
+        f"{k} {saved[k]!r} -> {now[k]!r}"
+        for k in sorted(now)
+        if k not in _BOOKKEEPING and k in saved and saved[k] != now[k]
+    ]
+
+
+def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
+    return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
+
+
+def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
+    """Start from another run's weights; with --fine_tune, all but the re-initialised classifier."""
+    state = ckpt.load_checkpoint(Path(cfg.pretrained_model_checkpoint_path))["model"]
+    skip = tuple(classifier_names(model)) if cfg.fine_tune else ()
+    own = model.state_dict()
+    wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
+    missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
+    mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
+    if missing or mismatched or set(wanted) - set(own):
+        problem = (
+            f"shapes differ for {', '.join(mismatched[:3])}"
+            if mismatched
+            else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
+        )
+        hint = "" if cfg.fine_tune else " (pass --fine_tune to re-initialise the classifier)"
+        raise ckpt.CheckpointError(
+            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}"
+        )
+    model.load_state_dict(wanted, strict=False)
+    if cfg.fine_tune:
+        reset_classifier(model)
+    log(
+        f"restored weights from {cfg.pretrained_model_checkpoint_path}"
+        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}"
+    )
+
+
+def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, log) -> int:
+    """Resume from the newest usable checkpoint (train_dir, or --checkpoint_dir); returns the step."""
+    source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
+    if cfg.checkpoint_dir and not source.is_dir():
+        raise ckpt.CheckpointError(f"--checkpoint_dir {source} is not a directory")
+    # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
+    # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
+    found = ckpt.load_latest(source, log=log, map_location="cpu")
+    if found is None:
+        if cfg.checkpoint_dir:
+            raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
+        return 0
+    state, path = found
+    changes = changed_settings(state.get("config"), cfg)
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if bn_ema is not None and state.get("bn_ema"):
+            bn_ema.load_state_dict(state["bn_ema"])
+        step_fn.load_state_dict(state["train_step"])
+    except (KeyError, RuntimeError, ValueError) as exc:
+        reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
+        raise ckpt.CheckpointError(
+            f"{path} does not fit this run's model/optimizer ({reason}): run with the settings it was "
+            "written with, or pass a new --train_dir"
+        ) from None
+    loader.load_state_dict(
+        state["data"][info.rank] if len(state["data"]) == info.world_size else state["data"][0]
+    )
+    rng = state.get("rng", [])
+    if len(rng) == info.world_size:
+        set_rng_state(rng[info.rank])
+    log(f"resuming from step {state['step']} ({path})")
+    if changes:
+        log(f"note: settings changed since that checkpoint: {', '.join(changes)}")
+    return int(state["step"])
+
+
+def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info) -> None:
+    """Every rank contributes its data position and RNG state; rank 0 writes the file."""
+    per_rank = {"data": loader.state_dict(), "rng": get_rng_state()}
+    gathered = [per_rank] * info.world_size
+    if info.world_size > 1:
+        torch.distributed.all_gather_object(gathered, per_rank)
+    if not info.is_main:
+        return
+    state = {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "step": step,
+        "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
+        "ema": ema_state(model, optimizer),
+        "train_step": step_fn.state_dict(),
+        "data": [g["data"] for g in gathered],
+        "rng": [g["rng"] for g in gathered],
+        "config": dataclasses.asdict(cfg),
+        "world_size": info.world_size,
+    }
+    ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
+
+
+def ema_state(model: torch.nn.Module, optimizer) -> dict:
+    """The weight EMA by parameter name, as a state_dict-like mapping (empty when EMA is off)."""
+    if not optimizer.ema_decay:
+        return {}
+    names, params = zip(*model.named_parameters())
+    return dict(zip(names, optimizer.ema_parameters(list(params))))
