@@ -254,8 +254,14 @@ class Suite:
         # so that a run short of time loses the last pairs, not the last model.
         for row, backend in self.args.pipeline_rows:
             for config in largest.values():
+                spec = self.spec(row, config, input=backend, data_dir=data_dir)
                 if backend in backends:
-                    self.add_row(self.spec(row, config, input=backend, data_dir=data_dir), fed, deadline)
+                    self.add_row(spec, fed, deadline)
+                else:  # said in the report, not left out silently
+                    why = "NVIDIA DALI is not installed here"
+                    self.results["rows"].append(
+                        dict(spec=vars(spec), title=ROW_TITLES[row], status="not run", error=why)
+                    )
 
     def add_row(self, spec: RowSpec, opts: MeasureOptions, deadline: float) -> None:
         name = f"({spec.row}) {spec.model} batch {spec.batch} {spec.image_size}px {spec.input}"
