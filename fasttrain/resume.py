@@ -26,6 +26,11 @@ _BOOKKEEPING = {
     "checkpoint_every", "keep_checkpoints", "eval_at_end", "max_eval_batches", "max_nonfinite_steps",
     "num_workers", "profile_comm", "num_gpus", "device", "pretrained_model_checkpoint_path", "fine_tune",
 }  # fmt: skip
+# Settings that decide the shapes and names of what a checkpoint holds: a change makes the load fail.
+_STATE_SHAPING = {
+    "model", "resnet_size", "base_channels", "num_classes", "optimizer", "ema_decay", "no_decay_bn_bias",
+    "sync_bn",
+}  # fmt: skip
 
 
 def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
@@ -92,7 +97,8 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
             bn_ema.load_state_dict(state["bn_ema"])
         step_fn.load_state_dict(state["train_step"])
     except (KeyError, RuntimeError, ValueError) as exc:
-        reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
+        shaping = [c for c in changes if c.split()[0] in _STATE_SHAPING]
+        reason = "; ".join(shaping or changes) or str(exc).strip().splitlines()[0]
         raise ckpt.CheckpointError(
             f"{path} does not fit this run's model/optimizer ({reason}): run with the settings it was "
             "written with, or pass a new --train_dir"

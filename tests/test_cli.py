@@ -89,7 +89,7 @@ def test_short_run_trains_checkpoints_and_resumes(tiny_data, tmp_path):
 
     # A resume under other settings: the model's are named in the refusal, the rest in a note.
     common = ["--data_dir", str(tiny_data), "--train_dir", str(run_dir), "--max_steps=7", *SHORT]
-    wider = run_cli(*common, "--base_channels=8", cache=tmp_path)
+    wider = run_cli(*common, "--base_channels=8", "--seed=3", cache=tmp_path)
     assert wider.returncode == 1 and "Traceback" not in wider.stderr, wider.stderr[-2000:]
     assert "ckpt-6.pt does not fit this run's model/optimizer (base_channels 16 -> 8)" in wider.stderr
     smaller = run_cli(*common, "--batch_size=4", cache=tmp_path)
