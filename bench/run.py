@@ -6,7 +6,7 @@
 
 Parts, in this order, each under its share of --time_budget (time a part leaves unused passes on;
 whatever does not fit is recorded as skipped, never estimated):
-    gpu_tests  python -m pytest -m gpu tests -q           (CUDA only; output in gpu_tests.txt)
+    gpu_tests  python -m pytest -m gpu tests -v           (CUDA only; output in gpu_tests.txt)
     rows       rows (a), (b), (c), (e) of bench/throughput.py on synthetic device input, for every
                model x batch; the optimizer step alone at each model's first batch
     pipeline   the input pipelines alone (torch, DALI when it imports, and on CUDA nvJPEG decoding
