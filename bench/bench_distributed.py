@@ -7,7 +7,8 @@ module; each benchmark call tells both to run `STEPS` training steps on a fixed 
 waits for both, so a call is what a real step costs: forward, backward with the all-reduce overlapped,
 FusedMomentum update. Model: the demo recipe's ResNet-18 at base width 16 (703,386 parameters, 2.7 MiB
 of gradients), 10 classes, FASTTRAIN_BENCH_SIZE px (default 32), FASTTRAIN_BENCH_BATCH images per rank
-(default 16); buckets and DDP both with a 25 MiB cap (the first fasttrain bucket about 1 MiB).
+(default 16), FASTTRAIN_BENCH_ROUNDS timed rounds (default 5); buckets and DDP both with a 25 MiB cap
+(the first fasttrain bucket about 1 MiB).
 
 Reported in extra_info: ms per step; for the ratio test, median step time of each mode over
 interleaved rounds (so load from other processes hits both alike) and buckets/DDP (target <= 1.0),
@@ -30,7 +31,7 @@ import torch.nn.functional as F
 
 WORLD = 2
 STEPS = 3  # training steps per benchmark call
-ROUNDS = 5
+ROUNDS = int(os.environ.get("FASTTRAIN_BENCH_ROUNDS", "5"))  # more rounds: a steadier median
 SIZE = int(os.environ.get("FASTTRAIN_BENCH_SIZE", "32"))
 BATCH = int(os.environ.get("FASTTRAIN_BENCH_BATCH", "16"))
 
