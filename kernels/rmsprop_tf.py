@@ -28,6 +28,7 @@ from ._common import (
     check_args,
     check_triton_launch,
     f32,
+    interpreter_enabled,
     launches,
     lazy_jit,
     scalar_arg,
@@ -41,7 +42,7 @@ def _rmsprop_tf_kernel(
     lr_ptr, lr_value, scale_ptr, scale_value, found_inf_ptr, ema_weight_ptr,
     decay, momentum, eps, weight_decay, numel,
     LR_FROM_PTR: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
-    CHECK_INF: tl.constexpr, HAS_EMA: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    CHECK_INF: tl.constexpr, HAS_EMA: tl.constexpr, IEEE_PTX: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):  # fmt: skip
     # int64 offsets: a flat buffer may exceed 2^31 elements.
     offsets = tl.program_id(0).to(tl.int64) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
@@ -67,8 +68,20 @@ def _rmsprop_tf_kernel(
     g = g * scale + weight_decay * w
     ms = ms + (1.0 - decay) * (g * g - ms)
     # Round-to-nearest sqrt and division, as torch and TensorFlow compute them (the fast
-    # approximate forms would cost nothing here but break agreement with the reference).
-    mom = momentum * mom + tl.div_rn(g * lr, tl.sqrt_rn(ms + eps))
+    # approximate forms would cost nothing here but break agreement with the reference). Compiled
+    # for an NVIDIA GPU they are written as the PTX instructions themselves: Triton <= 3.5 lowers
+    # sqrt_rn and div_rn through libdevice with flush-to-zero (sqrt.rn.ftz.f32), which turns
+    # subnormal results to 0 where torch's CUDA kernels keep them. The interpreter runs the tl forms.
+    if IEEE_PTX:
+        root = tl.inline_asm_elementwise(
+            "sqrt.rn.f32 $0, $1;", "=r,r", [ms + eps], dtype=tl.float32, is_pure=True, pack=1
+        )
+        update = tl.inline_asm_elementwise(
+            "div.rn.f32 $0, $1, $2;", "=r,r,r", [g * lr, root], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        update = tl.div_rn(g * lr, tl.sqrt_rn(ms + eps))
+    mom = momentum * mom + update
     w = w - mom
 
     tl.store(w_ptr + offsets, w, mask=mask)
@@ -105,6 +118,7 @@ def rmsprop_tf_update(
     scale_ptr, scale_value, scale_from_ptr = scalar_arg(
         "grad_scale", 1.0 if grad_scale is None else grad_scale, w
     )
+    ieee_ptx = not interpreter_enabled() and torch.version.hip is None  # PTX: NVIDIA GPUs only
     for lo, hi, grid, options in launches(w.numel()):
         part = slice(lo, hi)
         _rmsprop_tf_kernel[grid](
@@ -114,7 +128,7 @@ def rmsprop_tf_update(
             decay, momentum, eps, weight_decay, hi - lo,
             LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr,
             CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
-            **options,
+            IEEE_PTX=ieee_ptx, **options,
         )  # fmt: skip
 
 
