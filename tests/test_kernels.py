@@ -156,6 +156,23 @@ def test_rmsprop_tf_triton_matches_reference(n, device):
         torch.testing.assert_close(kernel[key], reference[key], rtol=RTOL, atol=ATOL, msg=f"buffer {key}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("update", IMPLS)
+def test_rmsprop_tf_keeps_subnormal_updates(update, device):
+    # g * lr and the step it yields are subnormal (below 1.18e-38): a flush-to-zero build of the
+    # kernel (Triton <= 3.5's libdevice sqrt/div) leaves mom and w at 0 where TF and torch do not.
+    n = 64
+    g = torch.full((n,), 1e-36, device=device)
+    w, ms, mom = torch.zeros(n, device=device), torch.ones(n, device=device), torch.zeros(n, device=device)
+    update(w, g, ms, mom, None, lr=1e-4, decay=0.9, momentum=0.9, eps=1.0)
+    expected = np.float32(np.float32(1e-36) * np.float32(1e-4)) / np.sqrt(np.float32(0.9) + np.float32(1.0))
+    assert 0 < expected < np.finfo(np.float32).tiny
+    assert torch.all(mom > 0) and torch.all(w < 0), "a subnormal update was flushed to zero"
+    # rtol: a subnormal near 7e-41 has about 16 significant bits, so one unit in its last place is
+    # 2e-5 of it, and torch's CPU sqrt may differ from NumPy's by an ulp.
+    np.testing.assert_allclose(mom.cpu().numpy(), expected, rtol=1e-4)
+
+
 # --- Momentum
 
 
