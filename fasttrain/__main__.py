@@ -6,6 +6,7 @@ stderr and no traceback: exit code 2 for flags and configuration, 1 for data and
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -21,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     if cfg.num_gpus:
         print(
             f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "

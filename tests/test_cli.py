@@ -173,3 +173,18 @@ def test_demo_on_cuda_captures_the_step_learns_and_resumes(tmp_path):
     again = run_cli("--train_dir", str(run_dir), "--max_steps=330", cache=tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "resuming from step 300" in again.stdout and "done: step 330" in again.stdout, again.stdout[-2000:]
+
+
+def test_help_into_a_closed_pipe_is_quiet(tmp_path):
+    # `python -m fasttrain --help | head -3`: the reader is gone before the text is written.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fasttrain", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "FASTTRAIN_CACHE": str(tmp_path)},
+    )
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, stderr
+    assert stderr == ""
