@@ -161,14 +161,17 @@ def _attempt_store(rank: int, world_size: int, timeout_s: float | None) -> dist.
 def cleanup() -> None:
     """Leave the process group (a no-op for a single process)."""
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
         # gloo's worker threads drop their last references to a finished collective's tensors just
-        # after wait() returns, and that needs the GIL. If Python is already finalizing by then, the
-        # thread cannot take it and the process aborts ("terminate called without an active
-        # exception", pytorch/pytorch#190489; about one 4-rank CPU run in five with torch 2.13, whose
-        # destroy_process_group leaves the worker threads running). Sleeping hands them the GIL:
-        # no abort in 30 such runs. No barrier here: cleanup also runs on error paths, where the
-        # other ranks may be inside a different collective.
+        # after wait() returns, and that needs the GIL. Two ways this goes wrong, both fixed by
+        # sleeping (which hands them the GIL): (1) torch 2.7's destroy_process_group joins those
+        # threads while holding the GIL, and the process hangs for ever (5 of 30 two-rank runs of
+        # a flag all-reduce then cleanup; 0 of 30 with the sleep before it); (2) torch 2.13's leaves
+        # them running, and if Python is already finalizing the process aborts ("terminate called
+        # without an active exception", pytorch/pytorch#190489; about one 4-rank CPU run in five;
+        # none in 30 with the sleep after it). No barrier: cleanup also runs on error paths, where
+        # the other ranks may be inside a different collective.
+        time.sleep(0.05)
+        dist.destroy_process_group()
         time.sleep(0.05)
 
 
