@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,19 @@ def spawn(fn, world: int, *args) -> None:
     mp.spawn(_entry, args=(fn, world, free_port(), args), nprocs=world, join=True)
 
 
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (found before any of them is killed)."""
+    tree, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        tree.append(parent)
+        out = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True).stdout
+        todo += [int(child) for child in out.split()]
+    for victim in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
 def run_torchrun(
     target: list[str],
     nproc: int = 2,
@@ -110,16 +125,26 @@ def run_torchrun(
         ]
         procs.append(
             subprocess.Popen(
-                cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                cmd,
+                env=full_env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
         )
+    deadline = time.monotonic() + timeout
     results = []
     for p in procs:
         try:
-            out, _ = p.communicate(timeout=timeout)
+            out, _ = p.communicate(timeout=max(deadline - time.monotonic(), 1.0))
         except subprocess.TimeoutExpired:
-            p.kill()
+            # Killing only the agent would leave its workers (torchrun starts them in sessions of
+            # their own) holding the pipe open, and communicate() would then wait for ever: a hung
+            # job must fail the test, not hang it.
+            _kill_tree(p.pid)
             out, _ = p.communicate()
+            out += f"\n[test harness: killed after {timeout:.0f} s]"
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out))
     return results
 
