@@ -3,7 +3,10 @@
 #   docker run --gpus all --ipc=host --rm -v /data/imagenet-tfrecords:/data:ro -v $PWD/runs:/runs \
 #       fasttrain torchrun --nproc_per_node=4 -m fasttrain --recipe inception_v3 --data_dir /data \
 #       --train_dir /runs/incv3
-ARG BASE=nvcr.io/nvidia/pytorch:25.01-py3
+# 25.12: PyTorch 2.10.0a0, CUDA 13.1, Python 3.12 (NVIDIA's release notes). fasttrain's CPU test suite
+# passes on PyPI's torch 2.10.0 and 2.7.0 builds under Python 3.12; this image itself has not been built
+# here (no Docker engine). Another release: docker build --build-arg BASE=nvcr.io/nvidia/pytorch:YY.MM-py3 .
+ARG BASE=nvcr.io/nvidia/pytorch:25.12-py3
 FROM ${BASE}
 
 WORKDIR /opt/fasttrain
@@ -13,10 +16,13 @@ COPY kernels ./kernels
 COPY bench ./bench
 COPY tests ./tests
 # --no-deps: torch, triton, numpy and DALI come with the container and must not be replaced by
-# PyPI builds. The rest of the small dependencies are installed explicitly.
+# PyPI builds. The rest of the small dependencies are installed explicitly. A base without DALI gets
+# the PyPI build for its torch's CUDA major version (nvidia-dali-cuda120 or -cuda130).
 RUN pip install --no-cache-dir google-crc32c protobuf tqdm pytest-benchmark \
  && pip install --no-cache-dir --no-deps . \
- && python -c "import fasttrain, fasttrain.kernels, nvidia.dali; print('fasttrain ok')"
+ && (python -c "import nvidia.dali" 2>/dev/null \
+     || pip install --no-cache-dir "nvidia-dali-cuda$(python -c 'import torch; print(torch.version.cuda.split(".")[0])')0") \
+ && python -c "import fasttrain, fasttrain.kernels, fasttrain.train, nvidia.dali; print('fasttrain ok')"
 
 WORKDIR /workspace
 ENV PYTHONUNBUFFERED=1

@@ -13,13 +13,13 @@ setup(
     # `kernels` is a generic top-level name other packages use: install it as fasttrain.kernels.
     package_dir={"fasttrain.kernels": "kernels"},
     install_requires=[
-        "torch>=2.4",
+        "torch>=2.7",  # the oldest release the test suite has been run with (README, "Versions")
         "numpy>=1.24",
         "pillow>=10",
         "google-crc32c>=1.5",
         "protobuf>=4.21",
         "tqdm>=4.60",
-        "triton>=3.0; platform_system == 'Linux'",
+        "triton>=3.3; platform_system == 'Linux'",  # torch 2.7 ships with 3.3
     ],
     extras_require={
         "dali": ["nvidia-dali-cuda120>=1.40"],
