@@ -220,6 +220,9 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     return tensor
 
 
+_DDP_DEFAULT_CAP_MB = 25.0  # torch DDP's default bucket_cap_mb
+
+
 def wrap_ddp(
     model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0, stream: torch.cuda.Stream | None = None
 ) -> nn.Module:
@@ -241,10 +244,13 @@ def wrap_ddp(
         if "forward_sync_buffers" in inspect.signature(ddp).parameters
         else {"broadcast_buffers": False}
     )
+    # DDP makes its first bucket 1 MiB (as GradBuckets always does) only when bucket_cap_mb is left
+    # unset; an explicit 25 would give it one 25 MiB cap for every bucket and a different layout.
+    ddp_cap = None if bucket_cap_mb == _DDP_DEFAULT_CAP_MB else bucket_cap_mb
     build = lambda: ddp(
         model,
         device_ids=device_ids,
-        bucket_cap_mb=bucket_cap_mb,
+        bucket_cap_mb=ddp_cap,
         gradient_as_bucket_view=False,
         **no_buffer_sync,
     )
