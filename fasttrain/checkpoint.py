@@ -98,7 +98,9 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    for _, old in list_checkpoints(directory)[:-keep]:
+    # The oldest beyond `keep`, counting only checkpoints up to this step: newer ones (left by a run
+    # this one did not resume from, e.g. a corrupt newest it fell back past) are never deleted.
+    for _, old in [(s, p) for s, p in list_checkpoints(directory) if s <= step][:-keep]:
         old.unlink(missing_ok=True)
         old.with_name(old.name + ".sha256").unlink(missing_ok=True)
     return final

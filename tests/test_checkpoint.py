@@ -33,6 +33,19 @@ def test_keeps_newest_k_in_numeric_order(tmp_path):
     ]
 
 
+def test_pruning_never_deletes_a_newer_checkpoint(tmp_path):
+    # A run that fell back past a corrupt ckpt-5.pt to ckpt-3.pt saves 4: with keep=1 the old rule
+    # (newest by number) deleted ckpt-4.pt, the one good checkpoint, and kept the corrupt one.
+    ckpt.save_checkpoint(tmp_path, 3, _state(3), keep=1)
+    (tmp_path / "ckpt-5.pt").write_bytes(b"garbage")
+    ckpt.save_checkpoint(tmp_path, 4, _state(4), keep=1)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [4, 5]
+    assert (tmp_path / "ckpt-5.pt").read_bytes() == b"garbage"  # left for the user to look at
+    ckpt.save_checkpoint(tmp_path, 5, _state(5), keep=1)  # reaching step 5 replaces it
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [5]
+    assert ckpt.load_latest(tmp_path)[0]["step"] == 5
+
+
 def test_corrupt_newest_falls_back_to_previous(tmp_path):
     ckpt.save_checkpoint(tmp_path, 1, _state(1))
     newest = ckpt.save_checkpoint(tmp_path, 2, _state(2))
