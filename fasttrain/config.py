@@ -385,7 +385,10 @@ def default_cache_dir() -> Path:
 
 
 def save_config(cfg: Config, run_dir: Path) -> None:
-    (run_dir / "config.json").write_text(cfg.to_json() + "\n", encoding="utf-8")
+    """Write run_dir/config.json whole or not at all (a temporary file renamed over it)."""
+    tmp = run_dir / ".config.json.tmp"
+    tmp.write_text(cfg.to_json() + "\n", encoding="utf-8")
+    os.replace(tmp, run_dir / "config.json")
 
 
 if __name__ == "__main__":  # pragma: no cover - debugging aid

@@ -145,6 +145,15 @@ class _FlatOptimizer(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict: dict) -> None:
+        # Before anything changes: torch's loader replaces each group's settings with the saved ones,
+        # so a momentum optimizer fed an RMSProp checkpoint would lose "nesterov" and fail mid-step.
+        for i, (ours, saved) in enumerate(zip(self.param_groups, state_dict.get("param_groups", []))):
+            if missing := sorted(set(ours) - set(saved) - {"params"}):
+                raise ValueError(
+                    f"{type(self).__name__}.load_state_dict: parameter group {i} has no {missing}; the "
+                    "checkpoint was saved with other optimizer settings (optimizer kind): match them or "
+                    "start the optimizer afresh."
+                )
         old_lrs = [group["lr"] for group in self.param_groups]
         super().load_state_dict(state_dict)  # checks group sizes, moves tensors to the params' device
         for group, old_lr in zip(self.param_groups, old_lrs):

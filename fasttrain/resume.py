@@ -87,6 +87,12 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
     if found is None:
         if cfg.checkpoint_dir:
             raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
+        if unusable := [path.name for _, path in ckpt.list_checkpoints(source)]:
+            # Starting over would spend the compute again and, in time, overwrite those files.
+            raise ckpt.CheckpointError(
+                f"{source} holds checkpoints but none is usable ({', '.join(unusable)}; reasons above); "
+                "move them elsewhere, or pass another --train_dir, to start this run over"
+            )
         return 0
     state, path = found
     changes = changed_settings(state.get("config"), cfg)

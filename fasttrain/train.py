@@ -75,7 +75,9 @@ def train(cfg: Config) -> dict:
     if info.is_main:
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, run_dir)
+            probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint
+            probe.touch()
+            probe.unlink()
         except OSError as exc:
             raise ConfigError(
                 f"--train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory"
@@ -122,6 +124,8 @@ def train(cfg: Config) -> dict:
 
     # --- resume ------------------------------------------------------------------------------
     step = restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, train_loader, info, log)
+    if info.is_main:
+        save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"

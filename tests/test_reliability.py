@@ -224,6 +224,37 @@ def test_bad_inputs_give_one_line(data, tmp_path, setup, words):
     assert not (tmp_path / "pwned").exists()
 
 
+def test_no_usable_checkpoint_stops_instead_of_starting_over(data, tmp_path):
+    # The run directory holds only a checkpoint that cannot be loaded (here: not a checkpoint at all).
+    # Starting from step 0 would spend the compute again and later overwrite it: stop, name it, and
+    # leave the directory as it was.
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "ckpt-6.pt").write_bytes(b"not a checkpoint")
+    (run_dir / "config.json").write_text('{"note": "the earlier run"}\n')
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    out = subprocess.run(command(data, run_dir, "--max_steps=2"), env=ENV, capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "none is usable (ckpt-6.pt" in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "refusing to load" in out.stdout and "ckpt-6.pt" in out.stdout  # the reason, as a warning
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_refused_resume_keeps_the_runs_config(data, tmp_path):
+    run_dir = tmp_path / "run"
+    first = subprocess.run(command(data, run_dir, "--max_steps=2"), env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    config = (run_dir / "config.json").read_text()
+    refused = subprocess.run(
+        command(data, run_dir, "--max_steps=4", "--optimizer=momentum"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and "(optimizer 'rmsprop' -> 'momentum')" in refused.stderr, refused.stderr
+    assert (run_dir / "config.json").read_text() == config
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, ("touch pwned",))
