@@ -61,7 +61,8 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, write: Callable) -> None:
+def write_atomic(path: Path, write: Callable) -> None:
+    """Write path whole or not at all: write(f) fills a temporary file, fsynced, then renamed over it."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -90,7 +91,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
             f.flush()
             os.fsync(f.fileno())
         digest = _sha256(tmp)
-        _write_atomic(
+        write_atomic(
             final.with_name(final.name + ".sha256"), lambda f: f.write(f"{digest}  {final.name}\n".encode())
         )
         os.replace(tmp, final)

@@ -384,12 +384,5 @@ def default_cache_dir() -> Path:
     return Path(root)
 
 
-def save_config(cfg: Config, run_dir: Path) -> None:
-    """Write run_dir/config.json whole or not at all (a temporary file renamed over it)."""
-    tmp = run_dir / ".config.json.tmp"
-    tmp.write_text(cfg.to_json() + "\n", encoding="utf-8")
-    os.replace(tmp, run_dir / "config.json")
-
-
 if __name__ == "__main__":  # pragma: no cover - debugging aid
     print(parse_args(sys.argv[1:]).to_json())

@@ -33,6 +33,11 @@ _STATE_SHAPING = {
 }  # fmt: skip
 
 
+def save_config(cfg: Config, run_dir: Path) -> None:
+    """Write run_dir/config.json whole or not at all."""
+    ckpt.write_atomic(run_dir / "config.json", lambda f: f.write((cfg.to_json() + "\n").encode()))
+
+
 def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
     """'name saved -> now' for each setting of `cfg` that differs from the checkpoint's config."""
     if not saved:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, ConfigError, default_cache_dir, save_config
+from fasttrain.config import Config, ConfigError, default_cache_dir
 from fasttrain.data import build_loader
 from fasttrain.distributed import (
     GradBuckets,
@@ -30,7 +30,7 @@ from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import resolve_precision
-from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_run
+from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_config, save_run
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
 

@@ -123,7 +123,7 @@ def test_crash_at_each_phase_leaves_previous_checkpoint_intact(tmp_path, monkeyp
     elif phase == "fsync":
         monkeypatch.setattr(ckpt.os, "fsync", boom)
     elif phase == "sidecar":
-        monkeypatch.setattr(ckpt, "_write_atomic", boom)
+        monkeypatch.setattr(ckpt, "write_atomic", boom)
     elif phase == "replace":
         monkeypatch.setattr(
             ckpt.os, "replace", lambda a, b: boom() if str(b).endswith(".pt") else real_replace(a, b)
