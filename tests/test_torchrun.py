@@ -5,7 +5,6 @@ one rank that every rank agrees on."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,16 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_helpers import free_port
 
 from fasttrain.data.imagenet import make_synthetic
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}  # PYTHONPATH: conftest.py
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
