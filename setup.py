@@ -15,7 +15,9 @@ setup(
     install_requires=[
         "torch>=2.7",  # the oldest release the test suite has been run with (README, "Versions")
         "numpy>=1.24",
-        "pillow>=10",
+        "pillow>=10",  # writes the demo's synthetic JPEGs
+        "simplejpeg>=1.7",  # libjpeg-turbo with its fast IDCT: TensorFlow's decode_jpeg pixels
+        "numba>=0.59",  # TF1's resize and colour kernels, compiled (fasttrain/data/resize.py, color.py)
         "google-crc32c>=1.5",
         "protobuf>=4.21",
         "tqdm>=4.60",

@@ -18,6 +18,8 @@ from PIL import Image
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
 
+from nvidia.dali import fn, pipeline_def, types  # noqa: E402
+
 from fasttrain.config import ConfigError, make_config  # noqa: E402
 from fasttrain.data import DataError  # noqa: E402
 from fasttrain.data.dali_pipeline import DaliLoader  # noqa: E402
@@ -25,7 +27,7 @@ from fasttrain.data.example import encode_example  # noqa: E402
 from fasttrain.data.imagenet import decode_record, list_shards  # noqa: E402
 from fasttrain.data.normalize import normalize_images  # noqa: E402
 from fasttrain.data.tfrecord import iter_records, write_index_file, write_records  # noqa: E402
-from fasttrain.data.transforms import eval_transform  # noqa: E402
+from fasttrain.data.transforms import apply_eval  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = {"train": (23, 17, 29), "validation": (13, 10)}  # records per shard: uneven on purpose
@@ -104,8 +106,24 @@ def _labels(loader) -> list[int]:
     return [int(v) for _, labels in loader for v in labels]
 
 
+def _dali_decoded(jpegs: list[bytes]) -> list[np.ndarray]:
+    """DALI's own CPU decode of each JPEG (libjpeg-turbo's accurate IDCT: about 1 level from TF's)."""
+
+    @pipeline_def(batch_size=len(jpegs), num_threads=1, device_id=None)
+    def decode():
+        encoded = fn.external_source(source=lambda: [np.frombuffer(j, np.uint8) for j in jpegs], batch=True)
+        return fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
+
+    pipe = decode()
+    pipe.build()
+    (images,) = pipe.run()
+    return [np.array(images[i]) for i in range(len(jpegs))]
+
+
 @pytest.mark.parametrize("preprocess,size", [("inception", 40), ("resnet", 32)])
-def test_eval_batches_match_the_pillow_transform(data_dir, preprocess, size):
+def test_eval_batches_have_tensorflows_geometry(data_dir, preprocess, size):
+    # DALI's eval resize (a shifted ROI, no antialiasing) against TF1's eval transform
+    # (fasttrain.data.transforms.apply_eval) applied to DALI's own decode: only rounding may differ.
     cfg = _cfg(data_dir, preprocess=preprocess, image_size=size)
     loader = DaliLoader(cfg, "validation", training=False)
     batches = list(loader)
@@ -116,11 +134,15 @@ def test_eval_batches_match_the_pillow_transform(data_dir, preprocess, size):
     assert images.dtype == torch.float32 and images.shape == (23, size, size, 3) and images.is_contiguous()
     assert torch.cat([y for _, y in batches]).dtype == torch.int64
     assert _labels(batches) == [r.label for r in records]
-    reference = np.stack([eval_transform(r.jpeg, size, preprocess, draft=False) for r in records])
+    decoded = _dali_decoded([r.jpeg for r in records])
+    reference = np.stack([apply_eval(image, size, preprocess) for image in decoded])
     reference = normalize_images(torch.from_numpy(reference), preprocess).permute(0, 2, 3, 1)  # NHWC
     levels = (images - reference).abs() * (127.5 if preprocess == "inception" else 1.0)
-    # Both resize with an antialiased bilinear filter to uint8: they may round a pixel differently.
-    assert float(levels.max()) <= 1.0 + 1e-3 and float(levels.mean()) < 0.5
+    # Both round to uint8 (one level where they round a value near .5 differently); a few pixels per
+    # image differ by up to 6 levels (DALI's resampling near the clamped edges, measured: 23 images,
+    # mean 0.03 levels). A wrong geometry (no ROI shift, or rounding instead of TF's truncated size)
+    # gives several levels on average.
+    assert float(levels.mean()) < 0.15 and float(levels.flatten().quantile(0.99)) <= 1.0 + 1e-3
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

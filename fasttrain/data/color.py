@@ -1,75 +1,191 @@
-"""The Inception seed's colour distortion (image_processing.distort_color) in NumPy.
+"""The Inception seed's colour distortion (image_processing.distort_color), as TensorFlow computes it.
 
-On an RGB image x in [0, 1] (float32), with the seed's two orderings (thread_id % 2 there, a fair coin
-here):
+On the resized float32 image x (RGB, nominally [0, 1]), with parameters drawn from the seed's ranges:
 
-    ordering 0: brightness, saturation, hue, contrast
+    ordering 0: brightness, saturation, hue, contrast      (the seed: thread_id % 2 == 0)
     ordering 1: brightness, contrast, saturation, hue
-    brightness:  x += d,                      d ~ U[-32/255, 32/255]
-    saturation:  (h, s, v) = hsv(x);  s = clip(s * f, 0, 1),   f ~ U[0.5, 1.5]
-    hue:         (h, s, v) = hsv(x);  h = (h + d) mod 1,         d ~ U[-0.2, 0.2]
-    contrast:    x = (x - mean_c) * f + mean_c,  mean over the pixels of each channel, f ~ U[0.5, 1.5]
-    finally      x = clip(x, 0, 1)
+    brightness  x += d                                     d ~ U[-32/255, 32/255]   (adjust_brightness)
+    saturation  per pixel HSV, s = min(1, max(0, s * f))   f ~ U[0.5, 1.5]          (AdjustSaturation)
+    hue         per pixel (hue, min, max), h += 6 d mod 6  d ~ U[-0.2, 0.2]         (AdjustHue)
+    contrast    x = (x - m) * f + m, m the channel's mean  f ~ U[0.5, 1.5]          (AdjustContrastv2)
+    then        x = clip(x, 0, 1)
 
-Saturation and hue are adjacent in both orderings and commute in HSV space, so one RGB->HSV->RGB
-round trip does both. One deviation: x is clipped to [0, 1] before the HSV conversion (TensorFlow's HSV
-of out-of-range values after the brightness step is not meaningful colour either).
+No clipping between the steps (TensorFlow has none: brightness may push values past 1 before the HSV
+steps). The per-pixel conversions are float32 transcriptions of TensorFlow's CPU kernels
+(adjust_saturation_op.cc, adjust_hue_op.cc), including their double-precision constants; the channel
+means are accumulated in float64 (TF's float32 reduction order differs by about 1e-7 relative).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numba
 import numpy as np
 
-
-def rgb_to_hsv(rgb: np.ndarray) -> np.ndarray:
-    """(..., 3) RGB in [0, 1] -> (..., 3) HSV with hue in [0, 1)."""
-    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
-    v = np.maximum(np.maximum(r, g), b)
-    chroma = v - np.minimum(np.minimum(r, g), b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.where(v > 0, chroma / v, 0)
-        inv = np.where(chroma > 0, 1 / chroma, 0)  # grey: hue 0
-    # Sextant offsets 0 (red is max), 2 (green), 4 (blue); hue/6 lies in [-1/6, 5/6): wrap the negatives.
-    h = np.where(v == r, (g - b) * inv, np.where(v == g, (b - r) * inv + 2, (r - g) * inv + 4))
-    h *= 1 / 6
-    h += h < 0
-    return np.stack([h, s, v], axis=-1).astype(rgb.dtype, copy=False)
+_F32 = np.float32
+_JIT = dict(nogil=True, cache=True, error_model="numpy")
 
 
-def hsv_to_rgb(hsv: np.ndarray) -> np.ndarray:
-    """(..., 3) HSV (hue in [0, 1)) -> (..., 3) RGB: channel n in (5, 3, 1) for (r, g, b) is
-    v - v s clip(min(k, 4 - k), 0, 1) with k = (6 h + n) mod 6."""
-    h6, s, v = hsv[..., 0] * 6, hsv[..., 1], hsv[..., 2]
-    vs = v * s
-    out = np.empty_like(hsv)
-    for channel, n in enumerate((5.0, 3.0, 1.0)):
-        k = (h6 + n) % 6
-        out[..., channel] = v - vs * np.clip(np.minimum(k, 4 - k), 0, 1)
-    return out
+@dataclass(frozen=True)
+class ColorParams:
+    """One draw of the seed's distort_color parameters."""
+
+    ordering: int
+    brightness: float
+    saturation: float
+    hue: float
+    contrast: float
 
 
-def _saturation_hue(x: np.ndarray, saturation: float, hue_delta: float) -> np.ndarray:
-    hsv = rgb_to_hsv(np.clip(x, 0, 1))
-    hsv[..., 1] = np.clip(hsv[..., 1] * saturation, 0, 1)
-    hsv[..., 0] += hue_delta  # hsv_to_rgb takes the hue mod 1
-    return hsv_to_rgb(hsv)
-
-
-def _contrast(x: np.ndarray, factor: float) -> np.ndarray:
-    mean = x.mean(axis=(0, 1), keepdims=True)
-    return (x - mean) * np.float32(factor) + mean
-
-
-def distort_color(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """(H, W, 3) uint8 -> (H, W, 3) uint8 with the seed's random colour distortion."""
+def sample_color(rng: np.random.Generator) -> ColorParams:
+    """The seed's random_brightness / saturation / hue / contrast draws and its ordering coin."""
     ordering = int(rng.integers(0, 2))
-    brightness = np.float32(rng.uniform(-32 / 255, 32 / 255))
-    saturation = rng.uniform(0.5, 1.5)
-    hue = rng.uniform(-0.2, 0.2)
-    contrast = rng.uniform(0.5, 1.5)
-    x = image.astype(np.float32) * np.float32(1 / 255) + brightness
-    if ordering == 0:
-        x = _contrast(_saturation_hue(x, saturation, hue), contrast)
+    return ColorParams(
+        ordering,
+        float(_F32(rng.uniform(-32 / 255, 32 / 255))),
+        float(_F32(rng.uniform(0.5, 1.5))),
+        float(_F32(rng.uniform(-0.2, 0.2))),
+        float(_F32(rng.uniform(0.5, 1.5))),
+    )
+
+
+@numba.njit(**_JIT)
+def _saturate(r, g, b, factor):
+    """AdjustSaturation's per-pixel RGB -> HSV, s *= factor (clamped), HSV -> RGB."""
+    v = max(r, max(g, b))
+    spread = v - min(r, min(g, b))
+    s = spread / v if v > _F32(0) else _F32(0)
+    norm = _F32(1) / (_F32(6) * spread)
+    if r == v:
+        h = norm * (g - b)
+    elif g == v:
+        h = _F32(np.float64(norm * (b - r)) + 2.0 / 6.0)
     else:
-        x = _saturation_hue(_contrast(x, contrast), saturation, hue)
-    return np.rint(np.clip(x, 0, 1) * 255).astype(np.uint8)
+        h = _F32(np.float64(norm * (r - g)) + 4.0 / 6.0)
+    if spread <= _F32(0):
+        h = _F32(0)
+    if h < _F32(0):
+        h = h + _F32(1)
+    s = min(_F32(1), max(_F32(0), s * factor))
+    c = s * v
+    m = v - c
+    dh = h * _F32(6)
+    category = int(dh)
+    fmodu = dh
+    while fmodu <= _F32(0):
+        fmodu += _F32(2)
+    while fmodu >= _F32(2):
+        fmodu -= _F32(2)
+    x = c * (_F32(1) - abs(fmodu - _F32(1)))
+    zero = _F32(0)
+    if category == 0:
+        rr, gg, bb = c, x, zero
+    elif category == 1:
+        rr, gg, bb = x, c, zero
+    elif category == 2:
+        rr, gg, bb = zero, c, x
+    elif category == 3:
+        rr, gg, bb = zero, x, c
+    elif category == 4:
+        rr, gg, bb = x, zero, c
+    elif category == 5:
+        rr, gg, bb = c, zero, x
+    else:
+        rr, gg, bb = zero, zero, zero
+    return rr + m, gg + m, bb + m
+
+
+@numba.njit(**_JIT)
+def _shift_hue(r, g, b, delta):
+    """AdjustHue's per-pixel (hue in [0, 6), min, max) conversion, hue += 6 delta, and back."""
+    if r < g:
+        if b < r:
+            hi, mid, lo, category = g, r, b, 1
+        elif b > g:
+            hi, mid, lo, category = b, g, r, 3
+        else:
+            hi, mid, lo, category = g, b, r, 2
+    else:
+        if b < g:
+            hi, mid, lo, category = r, g, b, 0
+        elif b > r:
+            hi, mid, lo, category = b, r, g, 4
+        else:
+            hi, mid, lo, category = r, b, g, 5
+    if hi == lo:
+        h = _F32(0)
+    else:
+        ratio = (mid - lo) / (hi - lo)
+        h = _F32(category) + (ratio if category % 2 == 0 else _F32(1) - ratio)
+    h += delta * _F32(6)
+    while h < _F32(0):
+        h += _F32(6)
+    while h >= _F32(6):
+        h -= _F32(6)
+    category = int(h)
+    ratio = h - _F32(category)
+    if category % 2 != 0:
+        ratio = _F32(1) - ratio
+    mid = lo + ratio * (hi - lo)
+    if category == 0:
+        return hi, mid, lo
+    if category == 1:
+        return mid, hi, lo
+    if category == 2:
+        return lo, hi, mid
+    if category == 3:
+        return lo, mid, hi
+    if category == 4:
+        return mid, lo, hi
+    return hi, lo, mid
+
+
+@numba.njit(**_JIT)
+def _channel_means(x, brightness):
+    total = np.zeros(3)
+    for y in range(x.shape[0]):
+        for i in range(x.shape[1]):
+            for c in range(3):
+                total[c] += x[y, i, c] + brightness
+    count = x.shape[0] * x.shape[1]
+    return _F32(total[0] / count), _F32(total[1] / count), _F32(total[2] / count)
+
+
+@numba.njit(**_JIT)
+def _distort(x, ordering, brightness, saturation, hue, contrast):
+    """In place on (H, W, 3) float32: the seed's colour steps in `ordering`, then clip to [0, 1]."""
+    h, w = x.shape[0], x.shape[1]
+    if ordering == 1:  # contrast runs second: its means are those of the brightened image
+        m0, m1, m2 = _channel_means(x, brightness)
+    for y in range(h):
+        for i in range(w):
+            r, g, b = x[y, i, 0] + brightness, x[y, i, 1] + brightness, x[y, i, 2] + brightness
+            if ordering == 1:
+                r, g, b = (r - m0) * contrast + m0, (g - m1) * contrast + m1, (b - m2) * contrast + m2
+            r, g, b = _saturate(r, g, b, saturation)
+            x[y, i, 0], x[y, i, 1], x[y, i, 2] = _shift_hue(r, g, b, hue)
+    if ordering == 0:  # contrast runs last, on the saturated and hue-shifted image
+        m0, m1, m2 = _channel_means(x, _F32(0))
+        for y in range(h):
+            for i in range(w):
+                x[y, i, 0] = (x[y, i, 0] - m0) * contrast + m0
+                x[y, i, 1] = (x[y, i, 1] - m1) * contrast + m1
+                x[y, i, 2] = (x[y, i, 2] - m2) * contrast + m2
+    for y in range(h):
+        for i in range(w):
+            for c in range(3):
+                x[y, i, c] = min(_F32(1), max(_F32(0), x[y, i, c]))
+
+
+def distort_color(image: np.ndarray, params: ColorParams) -> np.ndarray:
+    """The seed's distort_color on (H, W, 3) float32 RGB in [0, 1], in place; returns it."""
+    _distort(
+        image,
+        params.ordering,
+        _F32(params.brightness),
+        _F32(params.saturation),
+        _F32(params.hue),
+        _F32(params.contrast),
+    )
+    return image

@@ -26,8 +26,11 @@ Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: a
             x = hsv(x, hue + U[-72, 72] degrees, saturation * U[0.5, 1.5]);
             x = (x - mean_c(x)) * U[0.5, 1.5] + mean_c(x);  x = clamp(x, 0, 255)
         y = crop_mirror_normalize(x, flip with p = 1/2, (x - mean) / std, HWC layout, float)
-    eval: the whole image decoded; the seed's eval box (fasttrain.data.transforms.eval_box, computed
-        here in DALI arithmetic) resized to S x S; y = crop_mirror_normalize(x) without flip.
+    eval: the whole image decoded; the seed's eval geometry (fasttrain.data.transforms: central_crop
+        0.875, or TF official's truncated aspect-preserving size and central crop) as a resize ROI,
+        shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear does, without
+        antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's own eval outputs
+        (tests/test_tf_images.py) the difference is DALI's decoder and rounding: see the README.
     mean/std as fasttrain.data.normalize: inception 127.5/127.5 (y = x / 127.5 - 1); resnet
     (123.68, 116.78, 103.94)/1. Labels: image/class/label + label_offset, int64, checked on the host.
 
@@ -345,7 +348,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
             roi_start=fn.stack(top, left),
             roi_end=fn.stack(bottom, right),
             interp_type=types.INTERP_LINEAR,
-            antialias=True,
+            antialias=False,  # TF1's resize_bilinear has none: 2 x 2 taps whatever the scale
         )
         mirror = 0
     mean, std = _MEAN_STD[cfg.preprocess]
@@ -371,16 +374,21 @@ def _distort_color(fn, dmath, types, images, gpu):
 
 
 def _eval_box(dmath, height, width, size: int, preprocess: str):
-    """(top, left, bottom, right) source box of fasttrain.data.transforms.eval_box, in DALI arithmetic."""
+    """(top, left, bottom, right) ROI whose DALI resize is TF's eval resize (module docstring).
+
+    TF1's resize samples source index y * scale (no half-pixel offset); DALI samples at pixel centres,
+    index roi_start + (y + 0.5) * scale - 0.5. Starting the ROI 0.5 * (1 - scale) later makes the two
+    the same.
+    """
     if preprocess == "inception":
         top = dmath.floor((height - height * 0.875) / 2)  # tf.image.central_crop(image, 0.875)
         left = dmath.floor((width - width * 0.875) / 2)
-        return top, left, height - top, width - left
-    short = round(size * 256 / 224)
-    portrait = height > width  # the short side is the width
-    # floor(x + 0.5) for Python's round(): they differ only at exact halves (round half to even).
-    new_h = dmath.floor(height * short / width + 0.5) * portrait + short * (1 - portrait)
-    new_w = short * portrait + dmath.floor(width * short / height + 0.5) * (1 - portrait)
-    top, left = dmath.floor((new_h - size) / 2), dmath.floor((new_w - size) / 2)
-    sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
-    return top * sy, left * sx, (top + size) * sy, (left + size) * sx
+        sy, sx = (height - 2 * top) / size, (width - 2 * left) / size
+    else:
+        # TF official's _smallest_size_at_least: float32 scale, the new size truncated.
+        ratio = float(round(size * 256 / 224)) / dmath.min(height, width)
+        new_h, new_w = dmath.floor(height * ratio), dmath.floor(width * ratio)
+        sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
+        top, left = dmath.floor((new_h - size) / 2) * sy, dmath.floor((new_w - size) / 2) * sx
+    top, left = top + 0.5 * (1 - sy), left + 0.5 * (1 - sx)
+    return top, left, top + size * sy, left + size * sx

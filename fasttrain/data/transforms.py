@@ -1,35 +1,46 @@
-"""The seeds' image preprocessing on the CPU (Pillow + NumPy): uint8 (S, S, 3) RGB out.
+"""The seeds' image preprocessing on the CPU, as TensorFlow computes it: uint8 (S, S, 3) RGB out.
 
-Train (both seeds): (top, left, h, w) = sample_distorted_bounding_box(image size, record boxes,
-min_object_covered 0.1, aspect [0.75, 1.33], area [0.05, 1.0], 100 attempts; whole image when there
-is no box or no attempt succeeds), resize the crop to S x S (Inception: one of bilinear, nearest,
-bicubic, area at random, as the seed's thread_id % 4; ResNet: bilinear), flip left-right with
-probability 1/2, then the Inception colour distortion when asked (fasttrain.data.color).
+Train, random parameters drawn by `sample_train_params` (crop, resize method, flip, colour), applied by
+`apply_train`:
 
-Eval: inception: TF's central_crop(0.875) (start = int((H - 0.875 H) / 2), size = H - 2 start, per
-axis) then bilinear resize to S x S; resnet: bilinear resize so the short side is R = round(S * 256 /
-224) (the long side round(long * R / short)), then the central S x S crop at ((H' - S) // 2,
-(W' - S) // 2). Each is done as one Pillow resize of the equivalent source box, which gives the same
-pixels as resize-then-crop (the filter still reads the neighbours outside the box).
+    crop     (top, left, h, w) = sample_distorted_bounding_box(image size, record boxes,
+             min_object_covered 0.1, aspect [0.75, 1.33], area [0.05, 1.0], 100 attempts; the whole
+             image when there is no box or no attempt succeeds)
+    resnet   (TF official imagenet_preprocessing) decode_and_crop_jpeg(crop) -> flip left-right with
+             probability 1/2 -> resize_images(S, S, bilinear)
+    inception (the seed's image_processing.distort_image) decode_jpeg -> x / 255 (convert_image_dtype)
+             -> slice(crop) -> resize_images(S, S, method) with method bilinear, nearest, bicubic or area
+             (the seed's thread_id % 4, here a uniform draw) -> flip with probability 1/2 ->
+             distort_color when asked (fasttrain.data.color) -> x * 255
 
-Speed: JPEG decoding uses libjpeg's DCT scaling (Pillow's draft mode, factor 2, 4 or 8) whenever the
-crop still has at least S pixels on each side at the reduced scale; the source box is scaled to match,
-so the geometry is unchanged and only detail the resize would discard anyway is lost.
+Eval (`eval_transform`):
+
+    inception  central_crop(0.875): start = int((H - 0.875 H) / 2) per axis, size = H - 2 start;
+               resize_bilinear(S, S) of x / 255
+    resnet     aspect-preserving resize so the short side is R = round(S * 256 / 224) (TF official's
+               _RESIZE_MIN = 256 at its S = 224), the new size in float32 and truncated
+               (_smallest_size_at_least: a 332 x 500 image becomes 255 x 385), bilinear, then the
+               central S x S at ((H' - S) // 2, (W' - S) // 2); only that window is computed
+
+Decoding and resizing are TensorFlow's (fasttrain.data.jpeg, fasttrain.data.resize), so the uint8
+outputs are TensorFlow's float results rounded to the nearest level (tests/test_tf_images.py). The
+ResNet seed flips the crop before resizing; TF1's resize is not mirror-symmetric (source = x * scale),
+so the order is kept. Inception's flip commutes with its per-pixel colour steps and is done last.
 """
 
 from __future__ import annotations
 
-import io
+from dataclasses import dataclass
 
+import numba
 import numpy as np
-from PIL import Image
 
-from fasttrain.data import DataError
-from fasttrain.data.color import distort_color
+from fasttrain.data.color import ColorParams, distort_color, sample_color
+from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.resize import METHODS, resize
+from fasttrain.data.resize import warm_up as resize_warm_up
 
 _F32 = np.float32
-# The Inception seed picks the resize method by preprocessing thread: bilinear, nearest, bicubic, area.
-_INCEPTION_RESAMPLE = (Image.BILINEAR, Image.NEAREST, Image.BICUBIC, Image.BOX)
 
 
 def _generate_random_crop(rng, width, height, min_area_frac, max_area_frac, aspect):
@@ -105,42 +116,65 @@ def sample_distorted_bounding_box(
     return 0, 0, height, width
 
 
-def open_image(jpeg: bytes, file="", offset=0) -> Image.Image:
-    """A lazily decoded Pillow image (the header is read, the pixels are not yet)."""
-    try:
-        return Image.open(io.BytesIO(jpeg))
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise _undecodable(file, offset, e) from None
+@dataclass(frozen=True)
+class TrainParams:
+    """The random choices of one training image (what TensorFlow's random ops would draw)."""
+
+    crop: tuple[int, int, int, int]  # top, left, height, width in the decoded image
+    flip: bool
+    method: str = "bilinear"  # resize method (the Inception seed varies it)
+    color: ColorParams | None = None
 
 
-def _undecodable(file, offset, error) -> DataError:
-    return DataError(
-        f"undecodable JPEG in record at offset {offset} in {file} ({error}); re-create the shard "
-        "or train with --skip_corrupt"
-    )
+def sample_train_params(
+    rng: np.random.Generator, height: int, width: int, boxes, preprocess: str, color_distort: bool
+) -> TrainParams:
+    """Draw crop, resize method, flip and colour for an image of height x width (in this order)."""
+    crop = sample_distorted_bounding_box(rng, height, width, boxes)
+    method = METHODS[int(rng.integers(0, 4))] if preprocess == "inception" else "bilinear"
+    flip = bool(rng.random() < 0.5)
+    color = sample_color(rng) if color_distort else None
+    return TrainParams(crop, flip, method, color)
 
 
-def _load_rgb(jpeg: bytes, box, min_side: int, draft: bool, file, offset):
-    """(RGB image, box in its coordinates) for the source `box` (left, top, right, bottom) of `jpeg`.
+@numba.njit(nogil=True, cache=True)
+def _store(x, out, multiplier, flip):
+    """out = x * multiplier rounded to the nearest uint8 level (clamped), mirrored left-right if flip."""
+    h, w = x.shape[0], x.shape[1]
+    for y in range(h):
+        for i in range(w):
+            j = w - 1 - i if flip else i
+            for c in range(x.shape[2]):
+                v = np.floor(x[y, j, c] * multiplier + np.float32(0.5))
+                out[y, i, c] = np.uint8(min(np.float32(255), max(np.float32(0), v)))
 
-    Decodes at 1/2, 1/4 or 1/8 scale when the box keeps at least min_side pixels per side there.
+
+def _scratch(image_size: int, scratch) -> np.ndarray:
+    if scratch is None or scratch.shape != (image_size, image_size, 3):
+        scratch = np.empty((image_size, image_size, 3), np.float32)
+    return scratch
+
+
+def apply_train(
+    image: np.ndarray, params: TrainParams, image_size: int, preprocess: str, out=None, scratch=None
+) -> np.ndarray:
+    """(S, S, 3) uint8 of the decoded (H, W, 3) uint8 `image` under `params`, written into `out`.
+
+    scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker).
     """
-    img = open_image(jpeg, file, offset)
-    scale = 1.0
-    try:
-        if draft and img.format == "JPEG":
-            short = min(box[2] - box[0], box[3] - box[1])
-            factor = next((f for f in (8, 4, 2) if short / f >= min_side), 1)
-            if factor > 1:
-                full_width = img.size[0]
-                result = img.draft("RGB", (img.size[0] // factor, img.size[1] // factor))
-                if result is not None:  # (mode, (0, 0, W / s, H / s)) for the scale s chosen
-                    scale = result[1][2] / full_width
-        img.load()
-        rgb = img if img.mode == "RGB" else img.convert("RGB")  # grayscale, CMYK -> 3 channels
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        raise _undecodable(file, offset, e) from None
-    return rgb, tuple(v * scale for v in box)
+    out = np.empty((image_size, image_size, 3), np.uint8) if out is None else out
+    work = _scratch(image_size, scratch)
+    top, left, h, w = params.crop
+    crop = image[top : top + h, left : left + w]
+    if preprocess == "resnet":
+        resize(crop[:, ::-1] if params.flip else crop, work, "bilinear")
+        _store(work, out, _F32(1), False)
+        return out
+    resize(crop, work, params.method, in_scale=1 / 255)
+    if params.color is not None:
+        distort_color(work, params.color)
+    _store(work, out, _F32(255), params.flip)
+    return out
 
 
 def train_transform(
@@ -152,45 +186,62 @@ def train_transform(
     color_distort: bool = False,
     file="",
     offset: int = 0,
-    draft: bool = True,
+    out=None,
+    scratch=None,
 ) -> np.ndarray:
-    """(image_size, image_size, 3) uint8: distorted-box crop, resize, random flip, optional colour."""
-    width, height = open_image(jpeg, file, offset).size
-    top, left, h, w = sample_distorted_bounding_box(rng, height, width, boxes)
-    resample = _INCEPTION_RESAMPLE[int(rng.integers(0, 4))] if preprocess == "inception" else Image.BILINEAR
-    flip = rng.random() < 0.5
-    img, box = _load_rgb(jpeg, (left, top, left + w, top + h), image_size, draft, file, offset)
-    img = img.resize((image_size, image_size), resample, box=box)
-    if flip:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    out = np.asarray(img)
-    if color_distort:
-        out = distort_color(out, rng)
+    """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour."""
+    image = decode_jpeg(jpeg, file, offset)
+    params = sample_train_params(rng, image.shape[0], image.shape[1], boxes, preprocess, color_distort)
+    return apply_train(image, params, image_size, preprocess, out, scratch)
+
+
+def inception_central_crop(height: int, width: int) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of tf.image.central_crop(image, 0.875) (float64 arithmetic, as TF)."""
+    top = int((height - height * 0.875) / 2)
+    left = int((width - width * 0.875) / 2)
+    return top, left, height - 2 * top, width - 2 * left
+
+
+def resnet_resize_size(height: int, width: int, image_size: int) -> tuple[int, int]:
+    """TF official's _smallest_size_at_least: float32 scale, sizes truncated to int."""
+    resize_min = _F32(round(image_size * 256 / 224))
+    h, w = _F32(height), _F32(width)
+    ratio = resize_min / min(h, w)
+    return int(h * ratio), int(w * ratio)
+
+
+def apply_eval(image: np.ndarray, image_size: int, preprocess: str, out=None, scratch=None) -> np.ndarray:
+    """(S, S, 3) uint8: the seed's central-crop evaluation transform of a decoded (H, W, 3) image."""
+    out = np.empty((image_size, image_size, 3), np.uint8) if out is None else out
+    work = _scratch(image_size, scratch)
+    height, width = image.shape[:2]
+    if preprocess == "inception":
+        top, left, h, w = inception_central_crop(height, width)
+        resize(image[top : top + h, left : left + w], work, "bilinear", in_scale=1 / 255)
+        _store(work, out, _F32(255), False)
+        return out
+    new_h, new_w = resnet_resize_size(height, width, image_size)
+    window = ((new_h - image_size) // 2, (new_w - image_size) // 2)
+    resize(image, work, "bilinear", full_size=(new_h, new_w), offset=window)
+    _store(work, out, _F32(1), False)
     return out
 
 
-def eval_box(height: int, width: int, image_size: int, preprocess: str) -> tuple[float, float, float, float]:
-    """The source box (left, top, right, bottom) whose resize to S x S is the seed's eval transform."""
-    if preprocess == "inception":
-        top = int((height - height * 0.875) / 2)  # tf.image.central_crop(image, 0.875)
-        left = int((width - width * 0.875) / 2)
-        return left, top, width - left, height - top
-    short = round(image_size * 256 / 224)
-    if height <= width:
-        new_h, new_w = short, round(width * short / height)
-    else:
-        new_h, new_w = round(height * short / width), short
-    top, left = (new_h - image_size) // 2, (new_w - image_size) // 2
-    sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
-    return left * sx, top * sy, (left + image_size) * sx, (top + image_size) * sy
-
-
 def eval_transform(
-    jpeg: bytes, image_size: int, preprocess: str = "resnet", file="", offset: int = 0, draft: bool = True
+    jpeg: bytes, image_size: int, preprocess: str = "resnet", file="", offset: int = 0, out=None, scratch=None
 ) -> np.ndarray:
-    """(image_size, image_size, 3) uint8: the seed's central-crop evaluation transform."""
-    width, height = open_image(jpeg, file, offset).size
-    img, box = _load_rgb(
-        jpeg, eval_box(height, width, image_size, preprocess), image_size, draft, file, offset
-    )
-    return np.asarray(img.resize((image_size, image_size), Image.BILINEAR, box=box))
+    """(image_size, image_size, 3) uint8: decode, then the seed's central-crop evaluation transform."""
+    return apply_eval(decode_jpeg(jpeg, file, offset), image_size, preprocess, out, scratch)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) every kernel the transforms use, in this process.
+
+    A loader calls it before starting its workers, which then inherit the compiled code (about 10 s
+    of compilation the first time on 2 cores, about 1 s from the cache after that).
+    """
+    resize_warm_up()
+    work = np.zeros((2, 2, 3), np.float32)
+    for ordering in (0, 1):
+        distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0))
+    _store(work, np.empty((2, 2, 3), np.uint8), _F32(255), True)
