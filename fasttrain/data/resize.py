@@ -13,10 +13,10 @@ axis (float32, as TF: `scale = float(H) / float(S_h)`):
     area      out = sum over input cells of value * overlap(cell, [y * scale, (y + 1) * scale)) per
               axis, times 1 / (scale_h * scale_w); cells past the edge are clamped to it
 
-Every kernel reads uint8 or float32 (H, W, C) arrays of any strides (a crop is a view, a left-right flip
+Every kernel reads uint8 or float32 (H, W, 3) arrays of any strides (a crop is a view, a left-right flip
 a view with a negative stride), multiplies each input value by `in_scale` (1/255 reproduces
 `convert_image_dtype`, which the Inception seed applies before resizing) and writes float32 into `out`
-(S_h, S_w, C). The arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to
+(S_h, S_w, 3). The arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to
 the compiler's choices (tests/test_tf_images.py compares them with TensorFlow's own).
 
 The kernels are compiled by numba on first use (about 1 s each, then cached on disk).
@@ -40,9 +40,24 @@ def _scale(in_size, out_size):
 
 
 @numba.njit(**_JIT)
-def _bilinear(src, in_scale, out, full_h, full_w, oy, ox):
-    """Rows oy.. and columns ox.. of the (full_h, full_w) resize (ResNet eval keeps only a window)."""
-    in_h, in_w, channels = src.shape
+def _lerp_row(row, in_scale, x0, x1, tx, dst):
+    """dst[x] = TF's horizontal lerp of source row `row` (W, 3) at the columns of output x."""
+    for x in range(x0.shape[0]):
+        a, b, t = x0[x], x1[x], tx[x]
+        for c in range(3):
+            left = _F32(row[a, c]) * in_scale
+            right = _F32(row[b, c]) * in_scale
+            dst[x, c] = left + (right - left) * t
+
+
+@numba.njit(**_JIT)
+def _bilinear(src, in_scale, out, flip, full_h, full_w, oy, ox):
+    """Rows oy.. and columns ox.. of the (full_h, full_w) resize (ResNet eval keeps only a window).
+
+    Each source row's horizontal lerp is computed once and kept while the next output row needs it
+    (TF computes it per output pixel: the same float operations, about half of them here).
+    """
+    in_h, in_w = src.shape[0], src.shape[1]
     out_h, out_w = out.shape[0], out.shape[1]
     sy, sx = _scale(in_h, full_h), _scale(in_w, full_w)
     x0 = np.empty(out_w, np.int64)
@@ -54,33 +69,46 @@ def _bilinear(src, in_scale, out, full_h, full_w, oy, ox):
         x0[x] = max(int(f), 0)
         x1[x] = min(int(math.ceil(s)), in_w - 1)
         tx[x] = s - _F32(f)
+    if flip:
+        x0, x1, tx = x0[::-1].copy(), x1[::-1].copy(), tx[::-1].copy()
+    top = np.empty((out_w, 3), np.float32)
+    bottom = np.empty((out_w, 3), np.float32)
+    top_row, bottom_row = -1, -1
     for y in range(out_h):
         s = _F32(y + oy) * sy
         f = math.floor(s)
         y0, y1 = max(int(f), 0), min(int(math.ceil(s)), in_h - 1)
         ty = s - _F32(f)
+        if y0 == bottom_row and y0 != top_row:  # the previous bottom row is this row's top
+            top, bottom = bottom, top
+            top_row, bottom_row = bottom_row, top_row
+        if y0 != top_row:
+            _lerp_row(src[y0], in_scale, x0, x1, tx, top)
+            top_row = y0
+        if y1 != bottom_row:
+            _lerp_row(src[y1], in_scale, x0, x1, tx, bottom)
+            bottom_row = y1
+        row = out[y]
         for x in range(out_w):
-            for c in range(channels):
-                tl = _F32(src[y0, x0[x], c]) * in_scale
-                tr = _F32(src[y0, x1[x], c]) * in_scale
-                bl = _F32(src[y1, x0[x], c]) * in_scale
-                br = _F32(src[y1, x1[x], c]) * in_scale
-                top = tl + (tr - tl) * tx[x]
-                bottom = bl + (br - bl) * tx[x]
-                out[y, x, c] = top + (bottom - top) * ty
+            for c in range(3):
+                row[x, c] = top[x, c] + (bottom[x, c] - top[x, c]) * ty
 
 
 @numba.njit(**_JIT)
-def _nearest(src, in_scale, out):
-    in_h, in_w, channels = src.shape
+def _nearest(src, in_scale, out, flip):
+    in_h, in_w = src.shape[0], src.shape[1]
     out_h, out_w = out.shape[0], out.shape[1]
     sy, sx = _scale(in_h, out_h), _scale(in_w, out_w)
+    columns = np.empty(out_w, np.int64)
+    for x in range(out_w):
+        columns[x] = min(int(math.floor(_F32(x) * sx)), in_w - 1)
+    if flip:
+        columns = columns[::-1].copy()
     for y in range(out_h):
-        iy = min(int(math.floor(_F32(y) * sy)), in_h - 1)
+        row = src[min(int(math.floor(_F32(y) * sy)), in_h - 1)]
         for x in range(out_w):
-            ix = min(int(math.floor(_F32(x) * sx)), in_w - 1)
-            for c in range(channels):
-                out[y, x, c] = _F32(src[iy, ix, c]) * in_scale
+            for c in range(3):
+                out[y, x, c] = _F32(row[columns[x], c]) * in_scale
 
 
 _TABLE_SIZE = 1024
@@ -118,27 +146,39 @@ def _cubic_taps(out_size, in_size, scale, table):
 
 
 @numba.njit(**_JIT)
-def _bicubic(src, in_scale, out):
-    in_h, in_w, channels = src.shape
+def _bicubic(src, in_scale, out, flip):
+    """Per output row: the vertical 4-tap sums of every source column any output reads, then the
+    horizontal 4-tap sums of those (TF's order: column values first, then across them)."""
+    in_h, in_w = src.shape[0], src.shape[1]
     out_h, out_w = out.shape[0], out.shape[1]
     table = _cubic_table()
     xi, xw = _cubic_taps(out_w, in_w, _scale(in_w, out_w), table)
     yi, yw = _cubic_taps(out_h, in_h, _scale(in_h, out_h), table)
-    column = np.empty(4, np.float32)
+    if flip:
+        xi, xw = xi[::-1].copy(), xw[::-1].copy()
+    needed = np.zeros(in_w, np.bool_)
+    for x in range(out_w):
+        for k in range(4):
+            needed[xi[x, k]] = True
+    column = np.empty((in_w, 3), np.float32)
     for y in range(out_h):
-        for x in range(out_w):
-            for c in range(channels):
-                for k in range(4):
-                    ix = xi[x, k]
-                    column[k] = (
-                        (_F32(src[yi[y, 0], ix, c]) * in_scale) * yw[y, 0]
-                        + (_F32(src[yi[y, 1], ix, c]) * in_scale) * yw[y, 1]
-                        + (_F32(src[yi[y, 2], ix, c]) * in_scale) * yw[y, 2]
-                        + (_F32(src[yi[y, 3], ix, c]) * in_scale) * yw[y, 3]
+        r0, r1, r2, r3 = src[yi[y, 0]], src[yi[y, 1]], src[yi[y, 2]], src[yi[y, 3]]
+        w0, w1, w2, w3 = yw[y, 0], yw[y, 1], yw[y, 2], yw[y, 3]
+        for j in range(in_w):
+            if needed[j]:
+                for c in range(3):
+                    column[j, c] = (
+                        (_F32(r0[j, c]) * in_scale) * w0
+                        + (_F32(r1[j, c]) * in_scale) * w1
+                        + (_F32(r2[j, c]) * in_scale) * w2
+                        + (_F32(r3[j, c]) * in_scale) * w3
                     )
-                out[y, x, c] = (
-                    column[0] * xw[x, 0] + column[1] * xw[x, 1] + column[2] * xw[x, 2] + column[3] * xw[x, 3]
-                )
+        row = out[y]
+        for x in range(out_w):
+            a, b, d, e = xi[x, 0], xi[x, 1], xi[x, 2], xi[x, 3]
+            v0, v1, v2, v3 = xw[x, 0], xw[x, 1], xw[x, 2], xw[x, 3]
+            for c in range(3):
+                row[x, c] = column[a, c] * v0 + column[b, c] * v1 + column[d, c] * v2 + column[e, c] * v3
 
 
 @numba.njit(**_JIT)
@@ -151,8 +191,10 @@ def _area_cell_scale(i, lo, hi, scale):
 
 
 @numba.njit(**_JIT)
-def _area(src, in_scale, out):
-    in_h, in_w, channels = src.shape
+def _area(src, in_scale, out, flip):
+    """Per output row: for each source row it overlaps (in order), the weighted sums along x of every
+    output column, accumulated with the row's weight (TF's order of additions per output pixel)."""
+    in_h, in_w = src.shape[0], src.shape[1]
     out_h, out_w = out.shape[0], out.shape[1]
     sy, sx = _scale(in_h, out_h), _scale(in_w, out_w)
     norm = _F32(1.0 / (sy * sx))
@@ -165,23 +207,29 @@ def _area(src, in_scale, out):
         x_start[x], x_end[x] = int(math.floor(lo)), int(math.ceil(hi))
         x_first[x] = _area_cell_scale(x_start[x], lo, hi, sx)
         x_last[x] = _area_cell_scale(x_end[x] - 1, lo, hi, sx)
+    if flip:
+        x_start, x_end = x_start[::-1].copy(), x_end[::-1].copy()
+        x_first, x_last = x_first[::-1].copy(), x_last[::-1].copy()
+    total = np.empty((out_w, 3), np.float32)
     for y in range(out_h):
         lo, hi = _F32(y) * sy, _F32(y + 1) * sy
-        y_start, y_end = int(math.floor(lo)), int(math.ceil(hi))
+        total[:] = 0
+        for i in range(int(math.floor(lo)), int(math.ceil(hi))):
+            row = src[min(in_h - 1, max(0, i))]
+            row_weight = _area_cell_scale(i, lo, hi, sy)
+            for x in range(out_w):
+                start, end = x_start[x], x_end[x]
+                first, last = min(in_w - 1, max(0, start)), min(in_w - 1, max(0, end - 1))
+                for c in range(3):
+                    line = (_F32(row[first, c]) * in_scale) * x_first[x]
+                    if start + 1 != end:
+                        for j in range(start + 1, end - 1):
+                            line += _F32(row[min(in_w - 1, max(0, j)), c]) * in_scale
+                        line += (_F32(row[last, c]) * in_scale) * x_last[x]
+                    total[x, c] += line * row_weight
         for x in range(out_w):
-            for c in range(channels):
-                total = _F32(0)
-                for i in range(y_start, y_end):
-                    row = min(in_h - 1, max(0, i))
-                    ix = min(in_w - 1, max(0, x_start[x]))
-                    line = (_F32(src[row, ix, c]) * in_scale) * x_first[x]
-                    if x_start[x] + 1 != x_end[x]:
-                        for j in range(x_start[x] + 1, x_end[x] - 1):
-                            line += _F32(src[row, min(in_w - 1, max(0, j)), c]) * in_scale
-                        ix = min(in_w - 1, max(0, x_end[x] - 1))
-                        line += (_F32(src[row, ix, c]) * in_scale) * x_last[x]
-                    total += line * _area_cell_scale(i, lo, hi, sy)
-                out[y, x, c] = total * norm
+            for c in range(3):
+                out[y, x, c] = total[x, c] * norm
 
 
 _KERNELS = {"nearest": _nearest, "bicubic": _bicubic, "area": _area}
@@ -192,24 +240,26 @@ def resize(
     out: np.ndarray,
     method: str = "bilinear",
     in_scale: float = 1.0,
+    flip: bool = False,
     full_size: tuple[int, int] | None = None,
     offset: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
     """TF1 resize_images(image * in_scale, out.shape[:2], method, align_corners=False) into `out`.
 
-    image: (H, W, C) uint8 or float32, any strides; out: (S_h, S_w, C) float32, written and returned.
+    flip: write the result mirrored left-right (flip_left_right after the resize, at no cost).
+    image: (H, W, 3) uint8 or float32, any strides; out: (S_h, S_w, 3) float32, written and returned.
     full_size / offset (bilinear only): compute just the out-sized window at `offset` (top, left) of
     the resize to full_size, the same pixels as resizing to full_size and slicing.
     """
-    if image.shape[0] < 1 or image.shape[1] < 1:
-        raise ValueError(f"cannot resize an empty image of shape {image.shape}")
+    if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1:
+        raise ValueError(f"resize takes a non-empty (H, W, 3) image, got shape {image.shape}")
     if method == "bilinear":
         full_h, full_w = full_size or out.shape[:2]
-        _bilinear(image, _F32(in_scale), out, full_h, full_w, offset[0], offset[1])
+        _bilinear(image, _F32(in_scale), out, flip, full_h, full_w, offset[0], offset[1])
     elif full_size is not None:
         raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
     else:
-        _KERNELS[method](image, _F32(in_scale), out)
+        _KERNELS[method](image, _F32(in_scale), out, flip)
     return out
 
 
@@ -219,5 +269,6 @@ def warm_up() -> None:
     for dtype in (np.uint8, np.float32):
         image = np.zeros((3, 4, 3), dtype)
         for method in METHODS:
-            resize(image, out, method)
-            resize(image[:, ::-1], out, method)
+            for flip in (False, True):
+                resize(image, out, method, flip=flip)
+                resize(image[:, ::-1], out, method, flip=flip)

@@ -25,7 +25,8 @@ Eval (`eval_transform`):
 Decoding and resizing are TensorFlow's (fasttrain.data.jpeg, fasttrain.data.resize), so the uint8
 outputs are TensorFlow's float results rounded to the nearest level (tests/test_tf_images.py). The
 ResNet seed flips the crop before resizing; TF1's resize is not mirror-symmetric (source = x * scale),
-so the order is kept. Inception's flip commutes with its per-pixel colour steps and is done last.
+so the order is kept. Inception flips after the resize: the resize writes its columns mirrored, and
+the colour steps (per pixel, and channel means) do not care.
 """
 
 from __future__ import annotations
@@ -138,21 +139,27 @@ def sample_train_params(
 
 
 @numba.njit(nogil=True, cache=True)
-def _store(x, out, multiplier, flip):
-    """out = x * multiplier rounded to the nearest uint8 level (clamped), mirrored left-right if flip."""
-    h, w = x.shape[0], x.shape[1]
-    for y in range(h):
-        for i in range(w):
-            j = w - 1 - i if flip else i
-            for c in range(x.shape[2]):
-                v = np.floor(x[y, j, c] * multiplier + np.float32(0.5))
-                out[y, i, c] = np.uint8(min(np.float32(255), max(np.float32(0), v)))
+def _store(x, out, multiplier):
+    """out = x * multiplier rounded to the nearest uint8 level, clamped to [0, 255]."""
+    src, dst = x.ravel(), out.ravel()
+    half, top = np.float32(0.5), np.float32(255.5)
+    for k in range(src.size):
+        v = min(max(src[k] * multiplier + half, np.float32(0)), top)
+        dst[k] = np.uint8(min(np.int32(v), 255))  # the conversion truncates: floor for v >= 0
 
 
 def _scratch(image_size: int, scratch) -> np.ndarray:
     if scratch is None or scratch.shape != (image_size, image_size, 3):
         scratch = np.empty((image_size, image_size, 3), np.float32)
     return scratch
+
+
+def _output(image_size: int, out) -> np.ndarray:
+    if out is None:
+        return np.empty((image_size, image_size, 3), np.uint8)
+    if out.shape != (image_size, image_size, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous ({image_size}, {image_size}, 3) uint8 array")
+    return out
 
 
 def apply_train(
@@ -162,18 +169,18 @@ def apply_train(
 
     scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker).
     """
-    out = np.empty((image_size, image_size, 3), np.uint8) if out is None else out
+    out = _output(image_size, out)
     work = _scratch(image_size, scratch)
     top, left, h, w = params.crop
     crop = image[top : top + h, left : left + w]
     if preprocess == "resnet":
         resize(crop[:, ::-1] if params.flip else crop, work, "bilinear")
-        _store(work, out, _F32(1), False)
+        _store(work, out, _F32(1))
         return out
-    resize(crop, work, params.method, in_scale=1 / 255)
+    resize(crop, work, params.method, in_scale=1 / 255, flip=params.flip)
     if params.color is not None:
         distort_color(work, params.color)
-    _store(work, out, _F32(255), params.flip)
+    _store(work, out, _F32(255))
     return out
 
 
@@ -212,18 +219,18 @@ def resnet_resize_size(height: int, width: int, image_size: int) -> tuple[int, i
 
 def apply_eval(image: np.ndarray, image_size: int, preprocess: str, out=None, scratch=None) -> np.ndarray:
     """(S, S, 3) uint8: the seed's central-crop evaluation transform of a decoded (H, W, 3) image."""
-    out = np.empty((image_size, image_size, 3), np.uint8) if out is None else out
+    out = _output(image_size, out)
     work = _scratch(image_size, scratch)
     height, width = image.shape[:2]
     if preprocess == "inception":
         top, left, h, w = inception_central_crop(height, width)
         resize(image[top : top + h, left : left + w], work, "bilinear", in_scale=1 / 255)
-        _store(work, out, _F32(255), False)
+        _store(work, out, _F32(255))
         return out
     new_h, new_w = resnet_resize_size(height, width, image_size)
     window = ((new_h - image_size) // 2, (new_w - image_size) // 2)
     resize(image, work, "bilinear", full_size=(new_h, new_w), offset=window)
-    _store(work, out, _F32(1), False)
+    _store(work, out, _F32(1))
     return out
 
 
@@ -244,4 +251,4 @@ def warm_up() -> None:
     work = np.zeros((2, 2, 3), np.float32)
     for ordering in (0, 1):
         distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0))
-    _store(work, np.empty((2, 2, 3), np.uint8), _F32(255), True)
+    _store(work, np.empty((2, 2, 3), np.uint8), _F32(255))
