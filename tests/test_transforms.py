@@ -2,13 +2,22 @@
 
 import io
 
+import numba
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 from fasttrain.data import DataError
-from fasttrain.data.color import ColorParams, distort_color, sample_color
+from fasttrain.data.color import (
+    ColorParams,
+    _saturate,
+    _saturate_select,
+    _shift_hue,
+    _shift_hue_select,
+    distort_color,
+    sample_color,
+)
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import normalize_images
 from fasttrain.data.resize import resize
@@ -240,3 +249,32 @@ def test_normalize_on_cuda_keeps_channels_last():
     out = normalize_images(images, "resnet", torch.bfloat16)
     assert out.device.type == "cuda" and out.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(out.cpu(), normalize_images(images.cpu(), "resnet", torch.bfloat16))
+
+
+def test_vectorised_colour_steps_equal_the_tf_transcriptions_bit_for_bit():
+    # _distort runs branch-free forms of TF's AdjustSaturation / AdjustHue pixel code; the readable
+    # transcriptions (_saturate, _shift_hue) are the specification. Ties (r == g, grey, black) take
+    # TF's particular branches, and values outside [0, 1] occur after brightness and contrast.
+    rng = np.random.default_rng(9)
+    pixels = np.concatenate(
+        [
+            rng.uniform(-0.2, 1.2, (200_000, 3)),
+            rng.integers(0, 8, (100_000, 3)) / 7,  # many exact ties
+            [[0, 0, 0], [1, 1, 1], [0.5, 0.5, 0.2], [0.2, 0.5, 0.5], [0.5, 0.2, 0.5], [-1e-9, 0, 1e-9]],
+        ]
+    ).astype(np.float32)
+    for factor, delta in [(0.5, -0.2), (1.37, 0.13), (1.5, 0.2), (1.0, -1e-4)]:
+        mismatches = _count_mismatches(pixels, np.float32(factor), np.float32(delta))
+        assert mismatches == (0, 0)
+
+
+@numba.njit
+def _count_mismatches(pixels, factor, delta):
+    saturation = hue = 0
+    for i in range(pixels.shape[0]):
+        r, g, b = pixels[i, 0], pixels[i, 1], pixels[i, 2]
+        if _saturate(r, g, b, factor) != _saturate_select(r, g, b, factor):
+            saturation += 1
+        if _shift_hue(r, g, b, delta) != _shift_hue_select(r, g, b, delta * np.float32(6)):
+            hue += 1
+    return saturation, hue
