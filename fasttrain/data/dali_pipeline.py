@@ -48,13 +48,12 @@ skip them). The random crops, flips and colours after a resume differ: DALI's ra
 restored, so the pipeline is re-seeded from (seed, epoch, rank, batch).
 
 Errors: DALI reports an undecodable image without naming it; the loader then decodes the failed
-batch's records with Pillow to name the shard and record, and points to
+batch's records on the host (fasttrain.data.jpeg) to name the shard and record, and points to
 `python -m fasttrain.data verify DIR --decode`.
 """
 
 from __future__ import annotations
 
-import io
 import math
 import re
 import shutil
@@ -64,11 +63,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
 from fasttrain.config import Config, ConfigError
 from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record
+from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
@@ -223,7 +222,7 @@ class DaliLoader(EpochPosition):
         return values
 
     def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
-        """Name the record DALI failed on by reading this batch and the two prefetched with Pillow."""
+        """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
         hint = (
             f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad "
             "record, then re-create those shards or train with --data_backend=torch --skip_corrupt"
@@ -249,16 +248,15 @@ class DaliLoader(EpochPosition):
 
 
 def _record_problem(shard: str, offset: int, size: int) -> str | None:
-    """Why the record's image cannot be decoded (CRC, Example, JPEG), read with Pillow; None if it can."""
+    """Why the record's image cannot be decoded (CRC, Example, JPEG), read with the torch pipeline's
+    decoder; None if it can."""
     try:
         with open(shard, "rb") as f:
             payload = read_record(f, offset, size, shard)
         # Any label passes here: labels are checked separately, on DALI's output.
-        Image.open(io.BytesIO(decode_record(payload, shard, offset, 0, 2**62).jpeg)).convert("RGB")
+        decode_jpeg(decode_record(payload, shard, offset, 0, 2**62).jpeg, shard, offset)
     except DataError as e:
         return str(e).split(";")[0]  # the reason, without the torch reader's advice
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
-        return f"{type(e).__name__}: {e}"
     return None
 
 
