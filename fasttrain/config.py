@@ -34,7 +34,7 @@ class Config:
     train_epochs: float = 0.0
     """Epochs to train for when max_steps is 0 (the ResNet seed's 90)."""
     seed: int = 0
-    """Seed for model initialisation, data order and augmentation."""
+    """Seed for model initialisation, data order and augmentation (0 <= seed < 2**32)."""
     deterministic: bool = False
     """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU (on CUDA
     also a fixed cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set)."""
