@@ -34,7 +34,7 @@ class Config:
     train_epochs: float = 0.0
     """Epochs to train for when max_steps is 0 (the ResNet seed's 90)."""
     seed: int = 0
-    """Seed for model initialisation, data order and augmentation."""
+    """Seed for model initialisation, data order and augmentation (0 <= seed < 2**32)."""
     deterministic: bool = False
     """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU (on CUDA
     also a fixed cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set)."""
@@ -196,6 +196,7 @@ _POSITIVE = (
     "bucket_cap_mb",
 )
 _NON_NEGATIVE = (
+    "seed",
     "max_steps",
     "train_epochs",
     "num_workers",
@@ -240,6 +241,15 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
     if cfg.max_steps == 0 and cfg.train_epochs == 0:
         raise ConfigError("set --max_steps or --train_epochs: both are 0")
+    if cfg.seed >= _SEED_LIMIT:
+        raise ConfigError(f"--seed must be below 2**32, got {cfg.seed}")
+    if cfg.model_name == "inception_v3" and cfg.image_size < INCEPTION_MIN_IMAGE_SIZE:
+        raise ConfigError(
+            f"inception_v3 trains at --image_size of at least {INCEPTION_MIN_IMAGE_SIZE}, got "
+            f"{cfg.image_size} (its aux head's 5x5 VALID convolution needs the 17x17 map of a 299 px input)"
+        )
+    if cfg.optimizer_impl == "triton":
+        _check_triton(cfg.device)
     if cfg.model_name == "inception_v3" and cfg.batch_size < 2:
         raise ConfigError("inception_v3 needs --batch_size of at least 2 (the aux head's BN sees 1x1 maps)")
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
@@ -251,6 +261,34 @@ def _validate(cfg: Config) -> None:
             f"--lr_boundary_epochs={cfg.lr_boundary_epochs!r} is not a comma-separated "
             "list of increasing numbers"
         ) from None
+
+
+# The aux head pools Mixed_6e's map 5x5/3 and then applies a 5x5 convolution without padding, so it
+# needs a map of 17x17 (5x5 after pooling): 299 px and up; at 298 px the map is 16x16 and training
+# stopped in avg_pool2d ("Output size is too small"). Eval mode alone would run down to 75 px.
+INCEPTION_MIN_IMAGE_SIZE = 299
+# The seed goes into NumPy SeedSequences and torch generators (as seed * 1000 + rank for synthetic
+# batches, which overflows torch's 64-bit seed above about 1.8e16): 32 bits is plenty and safe.
+_SEED_LIMIT = 2**32
+
+
+def _check_triton(device: str) -> None:
+    """--optimizer_impl=triton needs Triton and a CUDA device (or Triton's CPU interpreter, for tests)."""
+    from fasttrain.kernels._common import HAVE_TRITON, interpreter_enabled
+
+    if not HAVE_TRITON:
+        raise ConfigError(
+            "--optimizer_impl=triton needs the triton package; use --optimizer_impl=auto or torch"
+        )
+    if interpreter_enabled():
+        return
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        raise ConfigError(
+            "--optimizer_impl=triton needs a CUDA device and this run is on the CPU; use "
+            "--optimizer_impl=auto or torch (TRITON_INTERPRET=1 runs the kernels on the CPU, for tests)"
+        )
 
 
 def lr_boundaries(cfg: Config) -> list[float]:
@@ -301,8 +339,13 @@ def _canonical(flag: str) -> tuple[str, bool]:
 
 
 def parse_args(argv: list[str]) -> Config:
-    """Build the Config for a command line: the recipe's defaults, then the flags in order."""
+    """Build the Config for a command line: the recipe's defaults, then the flags in order.
+
+    A flag given twice keeps its last value (scripts append overrides), but a seed alias and its field
+    (--train_batch_size and --batch_size) with different values are refused: which one was meant?
+    """
     values: dict[str, object] = {}
+    spelled: dict[str, str] = {}  # field -> the flag that set it
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -319,18 +362,26 @@ def parse_args(argv: list[str]) -> Config:
         if negated:
             if eq or not is_bool:
                 raise ConfigError(f"{flag} takes no value")
-            values[name] = False
+            value = False
         elif eq:
-            values[name] = _convert(name, text)
+            value = _convert(name, text)
         elif is_bool and (i + 1 >= len(argv) or argv[i + 1].lower() not in _TRUE + _FALSE):
-            values[name] = True
+            value = True
         else:
             if i + 1 >= len(argv):
                 raise ConfigError(f"{flag} needs a value")
             i += 1
-            values[name] = _convert(name, argv[i])
+            value = _convert(name, argv[i])
+        before = spelled.get(name)
+        if before is not None and _is_alias(before) != _is_alias(flag) and values[name] != value:
+            raise ConfigError(f"{before}={values[name]} and {flag}={value} conflict; give one of them")
+        values[name], spelled[name] = value, flag
         i += 1
     return make_config(**values)
+
+
+def _is_alias(flag: str) -> bool:
+    return flag[2:].replace("-", "_") in ALIASES
 
 
 def make_config(**overrides) -> Config:
@@ -338,6 +389,10 @@ def make_config(**overrides) -> Config:
     recipe = overrides.get("recipe", "demo")
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
+    size = overrides.get("resnet_size")
+    if size and "model" in overrides and overrides["model"] != f"resnet{size}":
+        # Both given: the seed's flag would silently win, training a model the user did not name.
+        raise ConfigError(f"--resnet_size={size} and --model={overrides['model']} conflict; give one of them")
     values = {**RECIPES[recipe](), **overrides, "recipe": recipe}
     unknown = set(values) - set(_FIELDS)
     if unknown:

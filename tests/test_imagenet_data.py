@@ -130,7 +130,7 @@ def test_list_shards(tmp_path):
         "train-0-of-2",
         "README",
     ):
-        (tmp_path / name).write_bytes(b"")
+        (tmp_path / name).write_bytes(b"x")  # not empty: a 0-byte shard is an error
     assert [p.name for p in list_shards(tmp_path, "train")] == [
         "train-00000-of-00002",
         "train-00001-of-00002",

@@ -26,6 +26,15 @@ class DataError(RuntimeError):
     """Bad input data (missing directory, no shards, corrupt record): printed in one line."""
 
 
+class LabelRangeError(DataError, ConfigError):
+    """A stored label outside [0, num_classes) after label_offset: the flags do not fit the data.
+
+    A DataError, so every place that turns data errors into one line handles it, and a ConfigError,
+    so the CLI exits 2 for it; never skipped by --skip_corrupt (a wrong --num_classes or
+    --label_offset would otherwise drop whole classes from training and evaluation without a word).
+    """
+
+
 def dali_available() -> bool:
     try:
         import nvidia.dali  # noqa: F401

@@ -4,7 +4,8 @@
                [--cache-dir D] [--no-index]
         check every record's CRCs and Example fields (and JPEG with --decode), write or validate the
         index files, print per-split record counts, label ranges and records/s; exit 1 with a per-file
-        report when any record is bad
+        report when any record is bad, a shard is empty or unreadable, or a shard set is incomplete
+        (a number of its -of-NNNNN count missing) or mixes counts
     ls DIR [--split train|validation] [--limit N]
         one JSON object per record: file, offset, size, label (as stored), filename, height, width,
         boxes ([ymin, xmin, ymax, xmax] each), synset, text, jpeg_bytes
@@ -46,10 +47,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", action="store_true", help="also decode every JPEG")
     p.add_argument("--split", choices=SPLITS, help="only this split (default: both)")
     p.add_argument("--workers", type=_count(1), default=None, help="processes (default: all cores)")
+    # Both spellings: the label error names the trainer's --label_offset / --num_classes.
     p.add_argument(
-        "--label-offset", type=int, default=0, choices=(0, -1), help="as the trainer's --label_offset"
+        "--label-offset",
+        "--label_offset",
+        type=int,
+        default=0,
+        choices=(0, -1),
+        help="as the trainer's --label_offset",
     )
-    p.add_argument("--num-classes", type=_count(1), default=1001, help="labels + offset must be in [0, this)")
+    p.add_argument(
+        "--num-classes",
+        "--num_classes",
+        type=_count(1),
+        default=1001,
+        help="labels + offset must be in [0, this)",
+    )
     p.add_argument("--cache-dir", default=None, help="where index files go if DIR is read-only")
     p.add_argument("--no-index", action="store_true", help="do not write index files")
 
@@ -93,12 +106,15 @@ def _verify(args) -> int:
     )
     if report.ok:
         return 0
+    for problem in report.problems:
+        print(problem)
     for shard in report.bad:
         print(f"{shard.file}: {len(shard.bad)} bad record(s)")
         for message in shard.bad:
             print(f"  {message}")
     n_bad = sum(len(s.bad) for s in report.bad)
-    print(f"FAILED: {n_bad} bad record(s) in {len(report.bad)} file(s)", file=sys.stderr)
+    sets = f"{len(report.problems)} shard-set problem(s), " if report.problems else ""
+    print(f"FAILED: {sets}{n_bad} bad record(s) in {len(report.bad)} file(s)", file=sys.stderr)
     return 1
 
 
@@ -106,7 +122,7 @@ def _ls(args) -> int:
     count = 0
     for split in [args.split] if args.split else SPLITS:
         try:
-            shards = list_shards(args.data_dir, split)
+            shards = list_shards(args.data_dir, split, check=False)  # ls shows what there is
         except DataError:
             if args.split:
                 raise
@@ -164,6 +180,9 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as e:  # a shard that cannot be read (ls reads whatever is there)
+        print(f"error: cannot read {e.filename} ({e.strerror})", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,14 +19,16 @@ in [0, num_classes).
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fasttrain.data import DataError
+from fasttrain.data import DataError, LabelRangeError
 from fasttrain.data.example import parse_example
 
 SPLITS = ("train", "validation")
@@ -39,23 +41,101 @@ _BOX_KEYS = (
 )
 
 
-def list_shards(data_dir, split: str) -> list[Path]:
-    """The split's shard files in data_dir, sorted; DataError if the directory or the shards are missing."""
+def list_shards(data_dir, split: str, check: bool = True) -> list[Path]:
+    """The split's shard files in data_dir, sorted; DataError if the directory or the shards are missing.
+
+    check=True also refuses an incomplete set (see shard_set_problems) and a shard that is empty,
+    unreadable or a broken link (shard_file_problem): training on it would quietly see less data.
+    """
+    names = find_shards(data_dir, split)
+    if not names:
+        raise DataError(
+            f"no {split}-NNNNN-of-NNNNN shards in {data_dir}; give the directory of the converter's output"
+        )
+    if check:
+        problems = shard_set_problems(names) + [p for p in map(shard_file_problem, names) if p]
+        if problems:
+            raise DataError(_summary(problems))
+    return names
+
+
+def find_shards(data_dir, split: str) -> list[Path]:
+    """The split's shard names in data_dir, sorted, maybe none; DataError if the directory is unusable."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use train or validation")
     if not str(data_dir or ""):  # Path("") would silently mean the current directory
         raise DataError("no data directory given; set --data_dir to the directory of the TFRecord shards")
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
+        what = "is not a directory" if data_dir.exists() else "does not exist"
+        raise DataError(f"data directory {str(data_dir)!r} {what}; give the directory of the TFRecord shards")
+    try:
+        entries = os.listdir(data_dir)
+    except OSError as e:
         raise DataError(
-            f"data directory {str(data_dir)!r} does not exist; give the directory of the TFRecord shards"
+            f"cannot list the data directory {data_dir} ({e.strerror}); check its permissions"
+        ) from None
+    return sorted(data_dir / n for n in entries if (m := _SHARD.fullmatch(n)) and m.group(1) == split)
+
+
+def shard_set_problems(shards: list[Path]) -> list[str]:
+    """What is wrong with a split's set of names: counts that differ, or numbers missing or too large.
+
+    The names carry the set's size (`-of-01024`), so a shard that was never copied is visible.
+    """
+    if not shards:
+        return []
+    split, folder = _SHARD.fullmatch(shards[0].name).group(1), shards[0].parent
+    numbers = [(int(m.group(2)), int(m.group(3))) for m in (_SHARD.fullmatch(p.name) for p in shards)]
+    counts = sorted({count for _, count in numbers})
+    if len(counts) > 1:
+        return [
+            f"the {split} shards in {folder} mix set sizes ({', '.join(f'-of-{c:05d}' for c in counts)}): "
+            "two conversions share the directory; keep one set"
+        ]
+    (count,) = counts
+    present = {index for index, _ in numbers}
+    problems = []
+    beyond = sorted(i for i in present if i >= count)
+    if beyond:
+        names = [f"{split}-{i:05d}-of-{count:05d}" for i in beyond]
+        problems.append(f"{_names(names)} in {folder} numbered beyond the set's size {count}")
+    missing = [f"{split}-{i:05d}-of-{count:05d}" for i in range(count) if i not in present]
+    if missing:
+        problems.append(
+            f"{len(missing)} of {count} {split} shards missing from {folder}: {_names(missing)}; "
+            "copy them (a partial set would train on less data without a word)"
         )
-    names = [p for p in data_dir.iterdir() if (m := _SHARD.fullmatch(p.name)) and m.group(1) == split]
-    if not names:
-        raise DataError(
-            f"no {split}-NNNNN-of-NNNNN shards in {data_dir}; give the directory of the converter's output"
-        )
-    return sorted(names)
+    return problems
+
+
+def shard_file_problem(path: Path) -> str | None:
+    """Why the shard file cannot be read as data (broken link, unreadable, empty), or None."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        target = os.readlink(path) if path.is_symlink() else "?"
+        return f"shard {path} is a broken symbolic link (to {target}); re-create the link or copy the shard"
+    except OSError as e:
+        return f"cannot read shard {path} ({e.strerror})"
+    if not stat.S_ISREG(info.st_mode):
+        return f"shard {path} is not a regular file"
+    if info.st_size == 0:
+        return f"shard {path} is empty (0 bytes); re-copy it"
+    if not os.access(path, os.R_OK):
+        return f"cannot read shard {path} (permission denied)"
+    return None
+
+
+def _names(names: list[str], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _summary(problems: list[str], shown: int = 2) -> str:
+    """One line for several problems: the first ones in full, then how many more."""
+    more = f" (and {len(problems) - shown} more problems: python -m fasttrain.data verify lists them)"
+    return "; ".join(problems[:shown]) + (more if len(problems) > shown else "")
 
 
 @dataclass
@@ -116,12 +196,7 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
     stored = _single(feature_map, "image/class/label", "int64_list", file, offset, True, None)
     label = stored + label_offset
     if not 0 <= label < num_classes:
-        raise _bad(
-            file,
-            offset,
-            f"label {stored} + label_offset {label_offset} is outside [0, {num_classes}): "
-            "check --label_offset and --num_classes",
-        )
+        raise label_range_error(file, offset, stored, label_offset, num_classes)
     coords = [_values(feature_map, k, "float_list", file, offset, False) for k in _BOX_KEYS]
     coords = [[] if c is None else c for c in coords]
     if len({len(c) for c in coords}) != 1:
@@ -142,6 +217,15 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
         stored_label=stored,
         synset=_text(feature_map, "image/class/synset", file, offset),
         text=_text(feature_map, "image/class/text", file, offset),
+    )
+
+
+def label_range_error(file, offset: int, stored: int, label_offset: int, num_classes: int) -> LabelRangeError:
+    """The error for a stored label that --label_offset and --num_classes put outside the classifier."""
+    return LabelRangeError(
+        f"record at offset {offset} in {file}: label {stored} + label_offset {label_offset} is outside "
+        f"[0, {num_classes}): --label_offset={label_offset} and --num_classes={num_classes} do not fit "
+        "this data set (the converter's labels run 1..1000: use -1 and 1000, or 0 and 1001 with background)"
     )
 
 

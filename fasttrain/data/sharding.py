@@ -24,9 +24,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fasttrain.data import DataError
-from fasttrain.data.imagenet import list_shards
-from fasttrain.data.tfrecord import load_index
+from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.tfrecord import load_index, read_record
+
+# Labels read before training starts: the first records of the first shards (64 random reads, about
+# 7 MB of ImageNet). The converter shuffles classes across shards, so a --label_offset or
+# --num_classes that misfits a large part of the labels shows here; a misfit of one class in 1000
+# may not (each record has a 1/1000 chance), and then the pipelines raise the same error mid-run.
+_LABEL_CHECK_SHARDS = 8
+_LABEL_CHECK_RECORDS = 8
 
 
 @dataclass
@@ -47,7 +54,10 @@ def load_split(data_dir, split: str, cache_dir=None) -> RecordTable:
     """The split's record table, from (validated, built on demand) index files."""
     files, entries = [], []
     for shard in list_shards(data_dir, split):
-        _, index = load_index(shard, cache_dir)
+        try:
+            _, index = load_index(shard, cache_dir)
+        except OSError as e:  # a shard that went away or became unreadable after it was listed
+            raise DataError(f"cannot read shard {shard} ({e.strerror})") from None
         files.append(str(shard))
         entries.append(index)
     counts = np.array([len(e) for e in entries], dtype=np.int64)
@@ -59,6 +69,29 @@ def load_split(data_dir, split: str, cache_dir=None) -> RecordTable:
         sizes=table[:, 1].copy(),
         shard_starts=np.concatenate([[0], np.cumsum(counts)]),
     )
+
+
+def check_labels(table: RecordTable, label_offset: int, num_classes: int) -> None:
+    """LabelRangeError if a label among the first records of the first shards misfits the flags.
+
+    Corrupt records are left to the pipeline (and its --skip_corrupt); only labels are judged here.
+    """
+    for s in range(min(_LABEL_CHECK_SHARDS, len(table.files))):
+        path = table.files[s]
+        first, end = int(table.shard_starts[s]), int(table.shard_starts[s + 1])
+        try:
+            with open(path, "rb") as f:
+                for position in range(first, min(end, first + _LABEL_CHECK_RECORDS)):
+                    offset = int(table.offsets[position])
+                    try:
+                        payload = read_record(f, offset, int(table.sizes[position]), path)
+                        decode_record(payload, path, offset, label_offset, num_classes)
+                    except LabelRangeError:
+                        raise
+                    except DataError:
+                        continue
+        except OSError as e:
+            raise DataError(f"cannot read shard {path} ({e.strerror})") from None
 
 
 def shuffle_buffer_order(n: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
@@ -119,8 +152,10 @@ def num_batches(n: int, training: bool, rank: int, world_size: int, batch_size: 
 
 
 def open_split(cfg, split: str, training: bool, rank: int, world_size: int) -> tuple[RecordTable, int]:
-    """The split's record table and this rank's batches per epoch; DataError when training gets none."""
+    """The split's record table and this rank's batches per epoch; DataError when training gets none,
+    LabelRangeError when the first labels misfit --label_offset / --num_classes (check_labels)."""
     table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+    check_labels(table, cfg.label_offset, cfg.num_classes)
     batches = num_batches(len(table), training, rank, world_size, cfg.batch_size)
     if training and batches == 0:
         raise DataError(

@@ -7,13 +7,19 @@ train crop keeps as little as 5% of the area), flips and a resize to 64 px: a sm
 colour alone within a few hundred steps. Images are 48..160 px on each side independently (aspect
 ratios 0.3..3.3), encoded as RGB JPEG (quality 90); each carries 0..3 random boxes. Shards are written
 under a temporary name and renamed when complete, with their DALI index files beside them.
+
+`ensure_synthetic` builds a set once per directory even when several processes ask at once (two first
+demo runs sharing a cache): one builds under a file lock, the others wait for it and use its set.
 """
 
 from __future__ import annotations
 
 import colorsys
+import fcntl
 import io
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +146,36 @@ def make_synthetic(
             index = write_records(tmp, records)
             write_index_file(path.with_name(path.name + ".idx"), index)
             os.replace(tmp, path)  # the shard appears complete or not at all
+
+
+def ensure_synthetic(
+    target, train_shards: int, val_shards: int, per_shard: int, classes: int, seed: int
+) -> bool:
+    """Make `target` a complete synthetic set (marked by target/DONE); True if this call built it.
+
+    Safe for concurrent callers: they serialise on an exclusive flock of `<target>.lock`, the first
+    builds into a private temporary directory and renames it to `target` only when complete, the
+    others find DONE once they hold the lock. (Before, two runs started in the same second shared one
+    temporary name and the second stopped with FileNotFoundError; a later one deleted the set the
+    first was reading as "a half-built leftover".)
+    """
+    target = Path(target)
+    if (target / "DONE").exists():  # the common case: no lock needed to read a finished set
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        if (target / "DONE").exists():
+            return False  # another process built it while this one waited
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the set from the cache's other readers
+            make_synthetic(tmp, train_shards, val_shards, per_shard, classes, seed)
+            (tmp / "DONE").write_text("ok\n")
+            if target.exists():  # left by a build that died before DONE: under the lock nobody reads it
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return True

@@ -14,8 +14,12 @@ byte offset of the record's length field and `size` is the whole framed record, 
 what DALI's tools/tfrecord2idx writes: `f.tell() - current` after reading all four fields), so DALI's
 fn.readers.tfrecord can use the same files. An index is cached beside its shard as `<shard>.idx`, or
 under a cache directory when the data directory is not writable, and is checked against the shard
-before use: offsets must tile the file exactly and the length fields of the first, middle and last
-records must agree with it. A stale or short index is rebuilt.
+before use: it must not be older than the shard (mtime), its offsets must tile the file exactly and the
+length fields of the first, middle and last records must agree with it. A stale or short index is
+rebuilt. The mtime rule is what catches a shard rewritten with the same size and different record
+boundaries in its middle (the converter re-run with another order): the sampled headers agree, and
+reading would blame "length CRC mismatch" on the good shard. Its cost: a copy that leaves an index
+older than its shard (cp without -p, the .idx copied first) rebuilds that index once, a header scan.
 """
 
 from __future__ import annotations
@@ -217,6 +221,11 @@ def check_index(path, entries: np.ndarray) -> str | None:
     return None
 
 
+def index_is_older(path, index_path) -> bool:
+    """True if the shard was modified after its index file was written (the index may be stale)."""
+    return os.stat(path).st_mtime_ns > os.stat(index_path).st_mtime_ns
+
+
 def write_index_file(index_path, entries) -> None:
     """Write an index atomically (other ranks may be reading or writing the same file)."""
     index_path = Path(index_path)
@@ -237,7 +246,7 @@ def load_index(path, cache_dir=None) -> tuple[Path, np.ndarray]:
     """(index path, (R, 2) entries) for shard `path`, validated; built and cached when needed."""
     candidates = index_candidates(path, cache_dir)
     for candidate in candidates:
-        if candidate.is_file():
+        if candidate.is_file() and not index_is_older(path, candidate):
             try:
                 entries = read_index_file(candidate)
             except DataError:

@@ -23,9 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from fasttrain.data import DataError
-from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
+from fasttrain.data.imagenet import SPLITS, decode_record, find_shards, list_shards, shard_set_problems
 from fasttrain.data.jpeg import decode_jpeg
-from fasttrain.data.tfrecord import index_candidates, read_index_file, save_index, scan_records_tolerant
+from fasttrain.data.tfrecord import (
+    index_candidates,
+    index_is_older,
+    read_index_file,
+    save_index,
+    scan_records_tolerant,
+)
 
 
 @dataclass
@@ -44,6 +50,7 @@ class ShardReport:
 class VerifyReport:
     shards: list[ShardReport]
     seconds: float
+    problems: list[str] = field(default_factory=list)  # shard sets: missing numbers, mixed set sizes
 
     @property
     def records(self) -> int:
@@ -55,7 +62,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not self.bad
+        return not self.bad and not self.problems
 
     def records_per_second(self) -> float:
         return self.records / max(self.seconds, 1e-9)
@@ -87,7 +94,8 @@ def _update_index(path: Path, entries: np.ndarray, cache_dir) -> str:
     existing = [c for c in candidates if c.is_file()]
     for candidate in existing:
         try:
-            if np.array_equal(read_index_file(candidate), entries):
+            # An equal but older index is rewritten: training would take it for stale and rebuild it.
+            if np.array_equal(read_index_file(candidate), entries) and not index_is_older(path, candidate):
                 return "ok"
         except DataError:
             pass
@@ -106,7 +114,24 @@ def verify_shard(
     write_index: bool = True,
 ) -> ShardReport:
     """Check one shard; never raises for bad data (it is listed in the report)."""
-    report = ShardReport(file=str(path), split=split, bytes=os.path.getsize(path))
+    report = ShardReport(file=str(path), split=split)
+    try:
+        report.bytes = os.path.getsize(path)
+        return _scan_shard(report, Path(path), decode, label_offset, num_classes, cache_dir, write_index)
+    except OSError as e:  # a broken link, an unreadable file: a finding, not a traceback from a worker
+        broken = (
+            " (a broken symbolic link)"
+            if isinstance(e, FileNotFoundError) and Path(path).is_symlink()
+            else ""
+        )
+        report.bad.append(f"cannot read shard {path}{broken} ({e.strerror})")
+        report.index = "not written (unreadable)"
+        return report
+
+
+def _scan_shard(
+    report: ShardReport, path: Path, decode: bool, label_offset: int, num_classes: int, cache_dir, write_index
+) -> ShardReport:
     entries, framing_ok = [], True
     for offset, size, payload, error in scan_records_tolerant(path, verify=True):
         if size == 0:  # truncation or a bad length field: the rest of the file cannot be framed
@@ -133,7 +158,7 @@ def verify_shard(
     if not framing_ok:
         report.index = "not written (broken framing)"
     elif write_index:
-        report.index = _update_index(Path(path), np.array(entries, dtype=np.int64).reshape(-1, 2), cache_dir)
+        report.index = _update_index(path, np.array(entries, dtype=np.int64).reshape(-1, 2), cache_dir)
     return report
 
 
@@ -158,19 +183,15 @@ def verify_dataset(
     progress(text) is called every progress_every seconds with a one-line status.
     """
     if splits is None:
-        found = {}
-        for split in SPLITS:
-            try:
-                found[split] = list_shards(data_dir, split)
-            except DataError:
-                if not Path(data_dir).is_dir():
-                    raise
+        found = {split: names for split in SPLITS if (names := find_shards(data_dir, split))}
         if not found:
             raise DataError(
                 f"no train-* or validation-* shards in {data_dir}; point it at the converter's output"
             )
     else:
-        found = {split: list_shards(data_dir, split) for split in splits}
+        found = {split: list_shards(data_dir, split, check=False) for split in splits}
+    # Each shard's own problems (empty, unreadable) are found by reading it; the set's here.
+    problems = [p for split in found for p in shard_set_problems(found[split])]
     jobs = [
         (p, split, decode, label_offset, num_classes, cache_dir, write_index)
         for split in found
@@ -197,4 +218,4 @@ def verify_dataset(
             pool.terminate()
     order = {str(job[0]): i for i, job in enumerate(jobs)}
     reports.sort(key=lambda r: order[r.file])
-    return VerifyReport(reports, time.perf_counter() - start)
+    return VerifyReport(reports, time.perf_counter() - start, problems)

@@ -1,0 +1,88 @@
+"""Flag mistakes that used to train the wrong thing silently or end in a traceback: refused in one line.
+
+Each case here was reproduced before its check existed: --resnet_size 50 --model resnet101 trained a
+ResNet-50, --seed -1 stopped in NumPy's SeedSequence, --optimizer_impl triton on the CPU in a
+RuntimeError from the optimizer, Inception v3 below 299 px in avg_pool2d inside the aux head.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fasttrain.config import INCEPTION_MIN_IMAGE_SIZE, ConfigError, parse_args
+from fasttrain.models import create_model
+
+
+def _refused(argv, words):
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        parse_args(argv)
+
+
+def test_resnet_size_and_a_different_model_conflict():
+    _refused(["--resnet_size", "50", "--model", "resnet101"], "--resnet_size=50 and --model=resnet101")
+    _refused(["--model=inception_v3", "--resnet_size=18"], "conflict")
+    # Agreeing, or one of them from the recipe, is fine: the flag overrides the recipe.
+    assert parse_args(["--resnet_size=50", "--model=resnet50"]).model_name == "resnet50"
+    assert parse_args(["--recipe=resnet101", "--resnet_size=50"]).model_name == "resnet50"
+    assert parse_args(["--recipe=resnet101", "--model=resnet152"]).model_name == "resnet152"
+
+
+def test_a_seed_alias_and_its_field_with_different_values_conflict():
+    _refused(["--train_batch_size=64", "--batch_size=32"], "--train_batch_size=64 and --batch_size=32")
+    _refused(["--train_dir=a", "--output_dir=b"], "--train_dir=a and --output_dir=b")
+    assert parse_args(["--train-batch-size=64", "--batch_size=64"]).batch_size == 64
+    assert parse_args(["--batch_size=8", "--batch_size=16"]).batch_size == 16  # a repeat: the last wins
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_seed_must_be_a_32_bit_non_negative_integer(seed):
+    _refused([f"--seed={seed}"], "--seed must")
+    assert parse_args([f"--seed={2**32 - 1}"]).seed == 2**32 - 1
+
+
+def test_triton_optimizer_on_the_cpu_needs_the_interpreter(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _refused(["--optimizer_impl=triton", "--device=cpu"], "--optimizer_impl=triton needs a CUDA device")
+    if not torch.cuda.is_available():
+        _refused(["--optimizer_impl=triton"], "this run is on the CPU")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # how the tests run the kernels on the CPU
+    assert parse_args(["--optimizer_impl=triton", "--device=cpu"]).optimizer_impl == "triton"
+
+
+@pytest.mark.parametrize("size", [64, 75, INCEPTION_MIN_IMAGE_SIZE - 1])
+def test_inception_below_its_minimum_image_size_is_refused(size):
+    _refused(["--recipe=inception_v3", f"--image_size={size}"], "at least 299")
+    _refused(["--model=inception_v3", f"--image_size={size}"], f"got {size}")
+
+
+def test_the_inception_minimum_is_where_the_model_stops_working():
+    # The bound checked against the model itself (train mode, aux head on, as the trainer builds it),
+    # on the meta device: shapes and their checks without the arithmetic (1 s instead of 40 s).
+    with torch.device("meta"):
+        model = create_model("inception_v3", 5).train()
+    small, enough = INCEPTION_MIN_IMAGE_SIZE - 1, INCEPTION_MIN_IMAGE_SIZE
+    with pytest.raises(RuntimeError):
+        model(torch.zeros(2, 3, small, small, device="meta"))
+    logits, aux = model(torch.zeros(2, 3, enough, enough, device="meta"))
+    assert logits.shape == aux.shape == (2, 5)
+    assert parse_args(["--recipe=inception_v3", f"--image_size={INCEPTION_MIN_IMAGE_SIZE}"])
+
+
+def test_the_cli_prints_one_line_and_exits_2(tmp_path):
+    out = subprocess.run(
+        # Synthetic batches and one step: without the check this trains (briefly) instead of refusing.
+        [sys.executable, "-m", "fasttrain", "--resnet_size", "50", "--model", "resnet101"]
+        + ["--data_backend=synthetic", "--max_steps=1", "--eval_at_end=false", "--image_size=32"],
+        env={**os.environ, "FASTTRAIN_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "conflict" in out.stderr and "Traceback" not in out.stderr
