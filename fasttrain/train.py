@@ -17,6 +17,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, ConfigError, default_cache_dir
 from fasttrain.data import build_loader
+from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
     GradBuckets,
     broadcast_module,
@@ -65,6 +66,8 @@ def train(cfg: Config) -> dict:
     data_dir = prepare_data_dir(cfg, info, log)
     cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
     train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
+    if cfg.eval_at_end and cfg.data_dir:  # a missing validation shard or label misfit: now, not at the end
+        open_split(cfg, "validation", False, info.rank, info.world_size)
     global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
     epoch_size = cfg.epoch_size or train_loader.num_records
     steps_per_epoch = max(1, epoch_size // global_batch)
@@ -242,20 +245,19 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
         return path
     if cfg.recipe != "demo":
         raise ConfigError(f"--data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)")
-    from fasttrain.data.imagenet import make_synthetic
+    from fasttrain.data.synthetic import ensure_synthetic
 
     cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
     target = cache / "demo-imagenet-v1"
     if info.is_main and not (target / "DONE").exists():
         log(f"building the demo data set (synthetic ImageNet-layout TFRecords) in {target} ...")
-        tmp = cache / f".demo-imagenet-v1.tmp{int(time.time())}"
-        make_synthetic(tmp, **DEMO_DATA)
-        (tmp / "DONE").write_text("ok\n")
-        if target.exists():  # a half-built leftover of a crashed earlier build
-            import shutil
-
-            shutil.rmtree(target)
-        tmp.rename(target)
+        try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
+            ensure_synthetic(target, **DEMO_DATA)
+        except OSError as e:
+            raise ConfigError(
+                f"cannot build the demo data set in {cache} ({e.strerror}); set --data_cache_dir "
+                "to a writable directory"
+            ) from None
     if info.world_size > 1:
         torch.distributed.barrier()
     return target

@@ -204,11 +204,6 @@ def test_the_cli_exits_2_for_a_label_range_error_with_skip_corrupt(tmp_path):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs torch_pipeline._BatchDataset._batch to re-raise LabelRangeError under --skip_corrupt "
-    "(the lead's file): remove this mark when it does",
-)
 def test_a_bad_label_past_the_first_records_is_not_skipped(tmp_path):
     # The pre-training check reads 8 records per shard; a misfit label further in is found mid-epoch.
     data = _write_set(tmp_path / "data", "train", [[1] * 12 + [5] + [1] * 3])

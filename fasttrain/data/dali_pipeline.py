@@ -66,7 +66,7 @@ import torch
 
 from fasttrain.config import Config, ConfigError
 from fasttrain.data import DataError, EpochPosition
-from fasttrain.data.imagenet import decode_record
+from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
@@ -214,11 +214,8 @@ class DaliLoader(EpochPosition):
         if len(bad):
             i = int(bad[0, 0])
             shard, offset = self._where(positions[i])
-            raise DataError(
-                f"record at offset {offset} in {shard}: label {int(values[i]) - self.cfg.label_offset} + "
-                f"label_offset {self.cfg.label_offset} is outside [0, {self.cfg.num_classes}): check "
-                "--label_offset and --num_classes"
-            )
+            stored = int(values[i]) - self.cfg.label_offset
+            raise label_range_error(shard, offset, stored, self.cfg.label_offset, self.cfg.num_classes)
         return values
 
     def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:

@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, EpochPosition
+from fasttrain.data import DataError, EpochPosition, LabelRangeError
 from fasttrain.data.imagenet import decode_record
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import read_record
@@ -70,7 +70,7 @@ class _BatchDataset(IterableDataset):
                 except DataError as e:
                     # Sent as data, not raised: the DataLoader would wrap it in a multi-line
                     # "Caught DataError in DataLoader worker" message and the workers would linger.
-                    yield None, None, 0, str(e)
+                    yield None, None, 0, e
                     return
                 yield batch
         finally:
@@ -124,7 +124,7 @@ class _BatchDataset(IterableDataset):
             try:
                 labels.append(self._sample(int(position), images[len(labels)]))
             except DataError as e:
-                if not self.skip_corrupt:
+                if not self.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
                     raise
                 print(f"skipping: {e}", file=sys.stderr, flush=True)
                 skipped += 1
@@ -140,7 +140,7 @@ class _BatchDataset(IterableDataset):
                 labels.append(labels[k % good])
         elif skipped:
             batch = batch[:good]
-        return batch, torch.tensor(labels, dtype=torch.int64), skipped, ""
+        return batch, torch.tensor(labels, dtype=torch.int64), skipped, None
 
 
 def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
@@ -191,7 +191,7 @@ class TorchLoader(EpochPosition):
             num_workers=min(self.num_workers, self._len - start),
             pin_memory=torch.cuda.is_available(),
         )
-        error = ""
+        error = None
         for images, labels, skipped, error in loader:
             if error:
                 break
@@ -201,4 +201,4 @@ class TorchLoader(EpochPosition):
                 yield images, labels
         if error:
             del loader  # stop the workers now rather than whenever the traceback is freed
-            raise DataError(error)
+            raise error
