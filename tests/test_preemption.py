@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
+import time
 
 import pytest
 import torch
@@ -84,3 +86,56 @@ def test_sigterm_to_the_torchrun_agent_saves_once_on_both_ranks(data, tmp_path):
     assert sorted(p.name for p in run_dir.glob("ckpt-*.pt")) == [f"ckpt-{step}.pt"]
     state = torch.load(run_dir / f"ckpt-{step}.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["data"]) == 2  # both ranks took part in the save
+
+
+_WORKERS = textwrap.dedent(
+    """
+    import signal, sys, time, torch
+    from torch.utils.data import DataLoader, IterableDataset
+    from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
+
+    class Endless(IterableDataset):
+        def __iter__(self):
+            while True:
+                yield torch.zeros(1)
+
+    got = []
+    signal.signal(signal.SIGTERM, lambda *a: got.append(1))
+    loader = DataLoader(Endless(), batch_size=None, num_workers=2, worker_init_fn=ignore_stop_signals)
+    with stop_signals_blocked():
+        batches = iter(loader)
+    next(batches)
+    print("ready", flush=True)
+    while not got:
+        next(batches)
+    for _ in range(50):
+        next(batches)
+    print("50 batches after the signal", flush=True)
+    raise RuntimeError("an error no one catches, with the workers still running")
+    """
+)
+
+
+def test_workers_outlive_a_group_sigterm_and_still_end_with_their_process(tmp_path):
+    # The workers must ignore a SIGTERM sent to the whole group, yet still end when their own
+    # process stops them: multiprocessing SIGTERMs live daemon workers at interpreter exit and then
+    # waits for them with no time limit (with SIG_IGN in the workers this exit hung for ever).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WORKERS],
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert proc.stdout.readline() == "ready\n"
+    os.killpg(proc.pid, signal.SIGTERM)
+    start = time.monotonic()
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError("the process hung at exit waiting for its DataLoader workers") from None
+    assert "50 batches after the signal" in stdout, stderr[-3000:]
+    assert "an error no one catches" in stderr and "DataLoader worker" not in stderr, stderr[-3000:]
+    assert time.monotonic() - start < 30
