@@ -67,7 +67,10 @@ class RunLock:
         trainer still works there, only two of them on one directory are not caught.
         """
         path = Path(run_dir) / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
+        except OSError as exc:
+            raise ConfigError(f"cannot open {path} ({exc.strerror}); pass another --train_dir") from None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -84,14 +87,13 @@ class RunLock:
                 f"--train_dir {run_dir} is in use by another trainer ({_describe(holder)}, per "
                 f"{path}); wait for it to end or stop it, or pass another --train_dir"
             ) from None
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "torchelastic_run_id": os.environ.get("TORCHELASTIC_RUN_ID", ""),
-        }
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError:  # a full disk: the lock holds all the same, a refused trainer names no pid
+            pass
         return cls(fd, path)
 
     def release(self) -> None:

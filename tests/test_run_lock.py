@@ -3,6 +3,7 @@
 second stops at once naming the first's pid and host. The lock dies with its process (fcntl), so
 a crashed run never blocks the next, and only rank 0 takes it, so a torchrun job never blocks itself."""
 
+import errno
 import json
 import os
 import signal
@@ -147,3 +148,17 @@ def test_every_rank_of_a_job_stops_with_one_line_when_the_directory_is_in_use(da
     # Each rank ends with its line and exit 2 (torchrun's own summary follows: the job failed).
     assert "SIGABRT" not in agent.stdout and "terminate called" not in agent.stdout, agent.stdout[-3000:]
     assert "exitcode  : 2" in agent.stdout, agent.stdout[-3000:]
+
+
+def test_a_file_system_without_locks_gets_a_note_not_a_refusal(tmp_path, monkeypatch):
+    # NFSv3 without lockd answers ENOLCK: training there must still work.
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr("fasttrain.lock.fcntl.lockf", no_locks)
+    notes = []
+    RunLock.acquire(tmp_path, log=notes.append).release()
+    assert notes == [
+        f"note: cannot lock {tmp_path / LOCK_NAME} ({os.strerror(errno.ENOLCK)}); nothing stops a second "
+        "trainer from using this --train_dir at the same time"
+    ]
