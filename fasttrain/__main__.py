@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
             "does not set the device count; launch with torchrun --nproc_per_node=N",
             file=sys.stderr,
         )
+    from fasttrain.distributed import cleanup
     from fasttrain.train import TrainingStopped, train
 
     try:
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, CheckpointError, TrainingStopped) as err:
         print(f"fasttrain: error: {err}", file=sys.stderr)
         return 1
+    finally:
+        # Leave the process group on the error paths too: a gloo group still alive while Python
+        # exits aborted a rank ("terminate called without an active exception", SIGABRT) after its
+        # one-line error, and torchrun then reported that instead of the error.
+        cleanup()
     return 0
 
 

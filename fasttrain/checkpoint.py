@@ -9,11 +9,18 @@ named ckpt-N.pt that is not complete:
   2. the checksum sidecar, written the same way and renamed into place;
   3. rename the data file to `ckpt-<step>.pt` (atomic on POSIX), fsync the directory;
   4. delete checkpoints beyond the newest K (numeric order, not lexical).
-Loading only ever uses weights_only=True: a pickle that would run code is refused, not run.
+A write that fails (disk full ENOSPC, a file size limit EFBIG, EIO, a read-only file system EROFS)
+removes what it started and raises CheckpointError in one line naming the newest checkpoint left; a
+temporary file that cannot be removed (read-only) is never picked by a resume and is removed by the
+next run (`remove_temporaries`).
+Loading only ever uses weights_only=True: a pickle that would run code is refused, not run, and no
+message repeats torch's advice to retry with weights_only=False.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -24,10 +31,16 @@ from pathlib import Path
 import torch
 
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
+_TEMPORARY = re.compile(r"^\.ckpt-\d+\.pt(\.sha256)?\.tmp$")
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: printed in one line."""
+    """A checkpoint that cannot be used or written: printed in one line."""
+
+
+class CheckpointUnreadable(CheckpointError):
+    """A checkpoint the file system will not read (permissions, I/O error): maybe a good file, so a
+    resume stops instead of falling back to an older one and redoing the steps in between."""
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -39,10 +52,26 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [
-        (int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := _NAME.match(name))
-    ]
-    return sorted(found)
+    try:
+        names = os.listdir(directory)
+    except OSError as exc:
+        raise CheckpointError(f"cannot list the checkpoints in {directory} ({exc.strerror})") from None
+    return sorted((int(m.group(1)), directory / name) for name in names if (m := _NAME.match(name)))
+
+
+def remove_temporaries(directory: Path) -> list[str]:
+    """Delete the temporary files of saves that never finished; returns their names.
+
+    Call only while holding the run directory's lock (fasttrain.lock): another trainer's save in
+    progress would otherwise lose its file.
+    """
+    removed = []
+    for name in os.listdir(directory) if Path(directory).is_dir() else []:
+        if _TEMPORARY.match(name):
+            with contextlib.suppress(FileNotFoundError):
+                (Path(directory) / name).unlink()
+                removed.append(name)
+    return removed
 
 
 def _sha256(path: Path) -> str:
@@ -75,29 +104,59 @@ def write_atomic(path: Path, write: Callable) -> None:
         raise
 
 
+class _Sink:
+    """The file torch.save writes to, keeping the first OSError: torch's zip writer replaces it with
+    "unexpected pos 704 vs 598" (a disk-full save said nothing about the disk)."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> Path:
     """Write state as ckpt-<step>.pt atomically (see the module docstring); returns its path.
 
     On any failure (disk full, a signal, a crash of this process) the checkpoints already in the
-    directory stay as they were; the partial temporary file is removed when Python still can.
+    directory stay as they were and the partial files are removed when the file system allows; an
+    OSError becomes a CheckpointError naming the newest checkpoint left.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(directory, step)
     tmp = final.with_name(f".{final.name}.tmp")
+    sidecar = final.with_name(final.name + ".sha256")
+    placed = []  # files put in place by this save, taken back if it fails before the data file lands
     try:
         with open(tmp, "wb") as f:
-            torch.save(state, f)
+            sink = _Sink(f)
+            try:
+                torch.save(state, sink)
+            except RuntimeError:
+                if sink.error is None:
+                    raise
+                raise sink.error from None
             f.flush()
             os.fsync(f.fileno())
         digest = _sha256(tmp)
-        write_atomic(
-            final.with_name(final.name + ".sha256"), lambda f: f.write(f"{digest}  {final.name}\n".encode())
-        )
+        write_atomic(sidecar, lambda f: f.write(f"{digest}  {final.name}\n".encode()))
+        placed.append(sidecar)
         os.replace(tmp, final)
+        placed.clear()
         _fsync_dir(directory)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as exc:
+        left = [p for p in (tmp, *placed) if not _remove(p)]
+        if isinstance(exc, OSError):
+            landed = not tmp.exists() and final.exists()  # only the directory's fsync failed
+            raise CheckpointError(_write_failure(final, step, exc, left, landed)) from None
         raise
     # The oldest beyond `keep`, counting only checkpoints up to this step: newer ones (left by a run
     # this one did not resume from, e.g. a corrupt newest it fell back past) are never deleted.
@@ -107,13 +166,55 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
     return final
 
 
+def _remove(path: Path) -> bool:
+    """Delete path if it exists; False if it is still there (a read-only file system, EIO)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        return False
+    return True
+
+
+def _write_failure(final: Path, step: int, exc: OSError, left: list[Path], landed: bool) -> str:
+    """One line: what failed and why, which checkpoint a rerun resumes from, what is left over."""
+    code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
+    why = f"{code}{exc.strerror or exc}"
+    if landed:
+        return (
+            f"checkpoint {final} was written but its directory could not be synced to disk ({why}); "
+            "a crash now may lose it: check the file system"
+        )
+    try:
+        # Up to this step only: a newer file is one this run fell back past (corrupt), not a resume point.
+        kept = [p for s, p in list_checkpoints(final.parent) if s <= step]
+    except CheckpointError:
+        kept = []
+    if kept:
+        where = f"the newest checkpoint is {kept[-1]}, which a rerun of the same command resumes from"
+    else:
+        where = "no earlier checkpoint is there, so a rerun starts from step 0"
+    stale = (
+        f"; {', '.join(p.name for p in left)} could not be removed (a resume ignores it, the next run "
+        "deletes it)"
+        if left
+        else ""
+    )
+    return f"cannot write checkpoint {final} ({why}); {where}{stale}; free space or fix the file system first"
+
+
 def verify_checkpoint(path: Path) -> None:
     """Raise CheckpointError if the file does not match its recorded checksum."""
     sidecar = path.with_name(path.name + ".sha256")
-    if not sidecar.exists():
-        return  # A checkpoint copied without its sidecar: loading still checks its structure.
-    expected = sidecar.read_text(encoding="utf-8").split()[0]
-    if _sha256(path) != expected:
+    try:
+        if not sidecar.exists():
+            return  # A checkpoint copied without its sidecar: loading still checks its structure.
+        recorded = sidecar.read_text(encoding="utf-8", errors="replace").split()
+        actual = _sha256(path)
+    except OSError as exc:
+        raise CheckpointUnreadable(_unreadable(path, exc)) from None
+    if not recorded or not re.fullmatch(r"[0-9a-f]{64}", recorded[0]):
+        raise CheckpointError(f"checksum file {sidecar} is empty or malformed, so {path} cannot be verified")
+    if actual != recorded[0]:
         raise CheckpointError(f"checkpoint {path} does not match its checksum (truncated or corrupt)")
 
 
@@ -130,33 +231,57 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
             # torch warns about a pickle protocol it may not parse; the refusal below says it better.
             warnings.simplefilter("ignore", UserWarning)
             state = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError as exc:
+        raise CheckpointUnreadable(_unreadable(path, exc)) from None
     except Exception as exc:  # noqa: BLE001 - every failure mode means the same to the user
-        text = str(exc)
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        if "Unsupported global" in text:  # a pickled object naming code (a class or function)
-            raise CheckpointError(
-                f"refusing to load {path}: it holds Python objects that would run "
-                f"code when unpickled (only tensors and plain data are accepted)"
-            ) from None
-        if "WeightsUnpickler error:" in text:  # torch's own first line is advice about weights_only
-            detail = text.split("WeightsUnpickler error:")[1].strip().splitlines()[0]
-            raise CheckpointError(
-                f"refusing to load {path}: it is not a checkpoint of tensors and plain data, or it is "
-                f"corrupt (torch's safe loader stopped at: {detail})"
-            ) from None
-        raise CheckpointError(f"cannot read checkpoint {path}: {first}") from None
+        raise CheckpointError(_load_failure(path, str(exc))) from None
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"{path} is not a fasttrain checkpoint (no 'model' and 'step' entries)")
     return state
 
 
+def _unreadable(path: Path, exc: OSError) -> str:
+    return (
+        f"cannot read {exc.filename or path} ({exc.strerror}); fix its permissions or the file system, "
+        "or move the checkpoint away"
+    )
+
+
+def _load_failure(path: Path, text: str) -> str:
+    """torch.load's failure as one line. torch's own message opens with advice to retry with
+    weights_only=False, which would run whatever code the file names: none of its advice is passed on,
+    only the reason, and only from the lines that carry one."""
+    lowered = text.lower()
+    if "unsupported global" in lowered:  # torch <= 2.5 "Unsupported global", 2.6+ "unsupported GLOBAL"
+        return (
+            f"refusing to load {path}: it holds Python objects that would run code when unpickled "
+            "(only tensors and plain data are accepted)"
+        )
+    if "weights only load failed" in lowered or "weightsunpickler error" in lowered:
+        detail = text.split("WeightsUnpickler error:")[1] if "WeightsUnpickler error:" in text else ""
+        reason = next((ln.strip() for ln in detail.splitlines() if ln.strip()), "")
+        stopped = f" (torch's safe loader stopped at: {reason})" if reason else ""
+        return (
+            f"refusing to load {path}: it is not a checkpoint of tensors and plain data, or it is "
+            f"corrupt{stopped}"
+        )
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "weights_only" not in ln]
+    return f"cannot read checkpoint {path}: {lines[0] if lines else 'not a readable torch file'}"
+
+
 def load_latest(
     directory: Path, log: Callable[[str], None] = print, map_location="cpu"
 ) -> tuple[dict, Path] | None:
-    """The newest usable checkpoint in directory, falling back past corrupt ones (each reported)."""
+    """The newest usable checkpoint in directory, falling back past corrupt ones (each reported).
+
+    An unreadable one (CheckpointUnreadable) stops the search: it may be fine once readable, and
+    falling back would silently redo the steps since the older checkpoint.
+    """
     for _, path in reversed(list_checkpoints(directory)):
         try:
             return load_checkpoint(path, map_location), path
+        except CheckpointUnreadable:
+            raise
         except CheckpointError as err:
             log(f"warning: {err}; trying the previous checkpoint")
     return None

@@ -35,6 +35,7 @@ __all__ = [
     "broadcast_module",
     "all_reduce_flag",
     "all_reduce_sum",
+    "rank0_error",
     "per_rank_batch",
     "wrap_ddp",
     "maybe_sync_bn",
@@ -211,6 +212,17 @@ def all_reduce_flag(flag: bool, info: DistInfo) -> bool:
     t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=info.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())  # note: a host sync; call it at the trainer's check points only
+
+
+def rank0_error(message: str, info: DistInfo) -> str:
+    """Rank 0's error message ('' for none) on every rank: when only rank 0 does something that can
+    fail (claiming the run directory, writing a checkpoint), every rank stops with one line instead
+    of the others failing later with gloo/NCCL "connection closed" tracebacks."""
+    if not info.distributed:
+        return message
+    box = [message]
+    dist.broadcast_object_list(box, src=0)  # note: a host sync; once per checkpoint and at start-up
+    return box[0]
 
 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:

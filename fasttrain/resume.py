@@ -4,7 +4,8 @@ A checkpoint is rank 0's model, optimizer (flat buffers by parameter), BN-statis
 by name, the step's device state (step counter, loss scaler), every rank's data position and RNG
 states, and the resolved config. A resume compares that config with this run's: settings that
 change the model or optimizer make the load fail with the flags named; others (batch size, seed,
-schedule) are allowed and listed, since the run then no longer reproduces an uninterrupted one.
+schedule, the number of ranks) are allowed and listed, since the run then no longer reproduces an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
+from fasttrain.distributed import rank0_error
 from fasttrain.models import classifier_names, reset_classifier
 from fasttrain.rng import get_rng_state, set_rng_state
 
@@ -101,6 +103,13 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
         return 0
     state, path = found
     changes = changed_settings(state.get("config"), cfg)
+    if (saved_world := state.get("world_size", info.world_size)) != info.world_size:
+        # Not a flag, so not in the config: the global batch, the steps per epoch and what each rank
+        # reads all change with it.
+        saved = {**dataclasses.asdict(cfg), **(state.get("config") or {})}
+        was = saved["batch_size"] * saved["grad_accum_steps"] * saved_world
+        now = cfg.batch_size * cfg.grad_accum_steps * info.world_size
+        changes.append(f"world size {saved_world} -> {info.world_size} (global batch {was} -> {now})")
     try:
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -132,8 +141,17 @@ def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info
     gathered = [per_rank] * info.world_size
     if info.world_size > 1:
         torch.distributed.all_gather_object(gathered, per_rank)
-    if not info.is_main:
-        return
+    error = ""
+    if info.is_main:
+        try:
+            _write_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, gathered, info)
+        except ckpt.CheckpointError as exc:  # disk full, EIO, read-only: the message names what is left
+            error = str(exc)
+    if error := rank0_error(error, info):
+        raise ckpt.CheckpointError(error if info.is_main else "stopping with rank 0, which could not save")
+
+
+def _write_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, gathered, info) -> None:
     state = {
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),

@@ -24,9 +24,11 @@ from fasttrain.distributed import (
     cleanup,
     init_distributed,
     maybe_sync_bn,
+    rank0_error,
     wrap_ddp,
 )
 from fasttrain.evaluate import ema_weights, evaluate
+from fasttrain.lock import claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
@@ -75,16 +77,14 @@ def train(cfg: Config) -> dict:
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
-    if info.is_main:
+    lock, problem = None, ""
+    if info.is_main:  # only rank 0 writes there, so only rank 0 locks it (see fasttrain/lock.py)
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint
-            probe.touch()
-            probe.unlink()
-        except OSError as exc:
-            raise ConfigError(
-                f"--train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory"
-            ) from None
+            lock = claim_run_dir(run_dir, log)
+        except ConfigError as exc:
+            problem = str(exc)
+    if problem := rank0_error(problem, info):
+        raise ConfigError(problem if info.is_main else "stopping with rank 0, which cannot use --train_dir")
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step --------------------------------------------------------------
@@ -185,7 +185,8 @@ def train(cfg: Config) -> dict:
             save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
             last_saved = step
         if stop.requested(info, step):
-            save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+            if last_saved != step:  # a checkpoint step has just saved it
+                save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
             step_fn.release_graph()
             progress.close()
             log(
@@ -193,6 +194,8 @@ def train(cfg: Config) -> dict:
                 f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume"
             )
             cleanup()
+            if lock is not None:
+                lock.release()
             return {"step": step, "stopped": True}
     progress.close()
     stop.restore()
@@ -227,6 +230,8 @@ def train(cfg: Config) -> dict:
             f"on {result['count']} images; chance is {chance:.3f}, so top-1 is {verdict} chance"
         )
     cleanup()
+    if lock is not None:
+        lock.release()  # on an error path the process's exit releases it
     return result
 
 

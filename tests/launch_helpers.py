@@ -4,6 +4,7 @@ all on loopback, each with a time limit that fails a hung job instead of hanging
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -121,3 +122,49 @@ def run_torchrun(
             out += f"\n[test harness: killed after {timeout:.0f} s]"
         results.append(subprocess.CompletedProcess(p.args, p.returncode, out))
     return results
+
+
+# --- one tiny CPU trainer as a user starts it (the preemption, lock and save-failure tests) -------
+
+
+def trainer_args(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    """Flags for a ResNet-18 demo run at 32 px, batch 4: about 0.03 s a step on one core."""
+    return [
+        f"--data_dir={data_dir}",
+        f"--train_dir={run_dir}",
+        "--num_classes=4",
+        "--batch_size=4",
+        "--image_size=32",
+        "--log_every=1",
+        "--no-eval_at_end",
+        *extra,
+    ]
+
+
+def trainer(data_dir: Path, run_dir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "fasttrain", *trainer_args(data_dir, run_dir, *extra)]
+
+
+def trainer_env() -> dict[str, str]:
+    return {**os.environ, **loopback_env()}  # PYTHONPATH: conftest.py
+
+
+def reached_step(run_dir: Path) -> int:
+    """The last step metrics.jsonl records (0 before the first log line)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
+    return max(steps, default=0)
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, limit: float = 120) -> None:
+    """Return once the run has logged `step`; fail (killing proc's tree) if it ends or hangs first."""
+    deadline = time.monotonic() + limit
+    while reached_step(run_dir) < step and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if reached_step(run_dir) < step:
+        kill_tree(proc.pid)
+        _, err = proc.communicate()
+        tail = (err or "")[-3000:]
+        raise AssertionError(f"the run never reached step {step} (exit {proc.returncode}): {tail}")

@@ -130,11 +130,84 @@ def test_crash_at_each_phase_leaves_previous_checkpoint_intact(tmp_path, monkeyp
         )
     else:
         monkeypatch.setattr(ckpt, "_fsync_dir", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(ckpt.CheckpointError) as raised:
         ckpt.save_checkpoint(tmp_path, 2, _state(2))
     monkeypatch.undo()
+    assert "ENOSPC: No space left on device" in str(raised.value)
+    if phase != "dir-fsync":
+        assert f"the newest checkpoint is {tmp_path / 'ckpt-1.pt'}," in str(raised.value)
     # The old checkpoint is byte-identical and still loads; no temporary file is left behind.
     assert ckpt.load_latest(tmp_path)[0]["step"] == (2 if phase == "dir-fsync" else 1)
     for name, data in before.items():
         assert (tmp_path / name).read_bytes() == data
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_torch_saved_object_that_runs_code_is_refused_without_torchs_advice(tmp_path):
+    # torch.save's zip format: torch 2.6+ says "unsupported GLOBAL" after advising to retry with
+    # weights_only=False, which would run the file's code; the check for the older wording
+    # ("Unsupported global") missed it and passed that advice on.
+    _RunsCode.marker = tmp_path / "pwned"
+    path = tmp_path / "ckpt-5.pt"
+    torch.save({"model": _RunsCode(), "step": 5}, path)
+    with pytest.raises(ckpt.CheckpointError) as raised:
+        ckpt.load_checkpoint(path)
+    assert "it holds Python objects that would run code when unpickled" in str(raised.value)
+    assert "weights_only" not in str(raised.value) and "\n" not in str(raised.value)
+    assert not _RunsCode.marker.exists()
+
+
+@pytest.mark.parametrize(
+    "torch_says",
+    [
+        "Weights only load failed. Re-running `torch.load` with `weights_only` set to `False` will likely "
+        "succeed, but it can result in arbitrary code execution.\n\nUnsupported global: GLOBAL posix.system",
+        "Weights only load failed. In PyTorch 2.6 ... `weights_only` set to `False` ...\n\n\n"
+        "Trying to load unsupported GLOBAL posix.system whose module posix is blocked.",
+        "Weights only load failed. ... weights_only=False ...\nSomething new in a later torch\n",
+    ],
+    ids=["torch<2.6", "torch2.6+", "unknown"],
+)
+def test_no_wording_of_torchs_refusal_passes_on_its_advice(tmp_path, torch_says):
+    message = ckpt._load_failure(tmp_path / "x.pt", torch_says)
+    assert message.startswith(f"refusing to load {tmp_path / 'x.pt'}: ") and "weights_only" not in message
+
+
+def test_an_empty_checksum_file_is_a_reason_not_a_traceback(tmp_path):
+    ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    (tmp_path / "ckpt-2.pt.sha256").write_text("")  # was an IndexError from split()[0]
+    messages = []
+    state, _ = ckpt.load_latest(tmp_path, log=messages.append)
+    assert state["step"] == 1
+    assert f"checksum file {tmp_path / 'ckpt-2.pt.sha256'} is empty or malformed" in messages[0]
+
+
+def test_an_unreadable_newest_checkpoint_stops_the_resume_naming_it(tmp_path, monkeypatch):
+    # A permission problem (a copy made by another user) says nothing about the file's content:
+    # falling back to an older checkpoint would silently redo the steps in between. Was a
+    # PermissionError traceback. Root reads any file, so the refusal is injected where the file is opened.
+    ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    newest = ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    real_open = open
+
+    def guarded_open(path, *args, **kwargs):
+        if str(path) == str(newest):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "open", guarded_open, raising=False)
+    with pytest.raises(ckpt.CheckpointError) as raised:
+        ckpt.load_latest(tmp_path, log=lambda line: None)
+    assert str(raised.value) == (
+        f"cannot read {newest} (Permission denied); fix its permissions or the file system, or move "
+        "the checkpoint away"
+    )
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_an_unreadable_checkpoint_file_is_one_line(tmp_path):
+    path = ckpt.save_checkpoint(tmp_path, 1, _state(1))
+    path.chmod(0)
+    with pytest.raises(ckpt.CheckpointError, match="Permission denied"):
+        ckpt.load_checkpoint(path)

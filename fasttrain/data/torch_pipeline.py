@@ -34,6 +34,7 @@ from fasttrain.data.imagenet import decode_record
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import read_record
 from fasttrain.data.transforms import eval_transform, train_transform, warm_up
+from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
 
 _MAX_OPEN_FILES = 16
 
@@ -190,9 +191,12 @@ class TorchLoader(EpochPosition):
             batch_size=None,
             num_workers=min(self.num_workers, self._len - start),
             pin_memory=torch.cuda.is_available(),
+            worker_init_fn=ignore_stop_signals,  # a preempted job's trainer saves; see stop_signals
         )
+        with stop_signals_blocked():  # the workers start here
+            batches = iter(loader)
         error = None
-        for images, labels, skipped, error in loader:
+        for images, labels, skipped, error in batches:
             if error:
                 break
             self.skipped += int(skipped)
@@ -200,5 +204,5 @@ class TorchLoader(EpochPosition):
             if len(labels):  # an evaluation batch whose records were all skipped
                 yield images, labels
         if error:
-            del loader  # stop the workers now rather than whenever the traceback is freed
+            del batches  # stop the workers now rather than whenever the traceback is freed
             raise error

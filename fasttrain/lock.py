@@ -1,0 +1,118 @@
+"""One trainer per run directory: rank 0 holds a POSIX record lock on `<train_dir>/run.lock`.
+
+Two trainers on one --train_dir interleave their checkpoints (one run's ckpt-N beside the other's,
+each pruning the other's files: one died with FileNotFoundError). The second one now stops at once,
+naming the holder's pid and host, which the holder writes into the file.
+
+Why an fcntl (POSIX) lock and not a pid file or flock:
+- the kernel drops it when the holding process dies, however it dies (SIGKILL, OOM), so a crashed
+  run leaves no stale lock to clear by hand; the file that stays behind is only a record;
+- it is owned by the process, not inherited by forked children: after a SIGKILL of the trainer, its
+  DataLoader workers live on for up to 5 s (torch's parent watchdog), and an inherited flock would
+  stop a torchrun restart of the same job during that time;
+- it works across the nodes of a shared file system where the NFS client supports locking (NFSv4,
+  or NFSv3 with lockd); flock there is either node-local or emulated with fcntl locks anyway.
+Only rank 0 takes it, so the other ranks of the same job are never stopped by it; a torchrun restart
+starts after the agent has reaped the old workers, whose locks died with them.
+
+A POSIX lock is released when its process closes ANY descriptor of the file: nothing else in the
+trainer opens run.lock, and the holder reads and writes it only through the locking descriptor.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from fasttrain import checkpoint as ckpt
+from fasttrain.config import ConfigError
+
+LOCK_NAME = "run.lock"
+
+
+def claim_run_dir(run_dir: Path, log=print) -> RunLock:
+    """Create and lock run_dir, check it can be written, and delete temporary files of saves that a
+    dead trainer never finished; ConfigError (one line) if it cannot be written or is in use."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(
+            f"--train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory"
+        ) from None
+    lock = RunLock.acquire(run_dir, log)
+    if removed := ckpt.remove_temporaries(run_dir):  # only now: a live trainer's save would lose them
+        log(f"removed {', '.join(removed)}: partial files of a save that did not finish")
+    return lock
+
+
+class RunLock:
+    """The lock on a run directory, held from acquire() until release() or the process's end."""
+
+    def __init__(self, fd: int | None, path: Path):
+        self._fd, self.path = fd, path
+
+    @classmethod
+    def acquire(cls, run_dir: Path, log=print) -> RunLock:
+        """Lock run_dir, or raise ConfigError naming the trainer that holds it.
+
+        A file system without lock support gets a note and an unlocked run, not a refusal: the
+        trainer still works there, only two of them on one directory are not caught.
+        """
+        path = Path(run_dir) / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
+        except OSError as exc:
+            raise ConfigError(f"cannot open {path} ({exc.strerror}); pass another --train_dir") from None
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):  # e.g. ENOLCK: no lock daemon on NFS
+                os.close(fd)
+                log(
+                    f"note: cannot lock {path} ({exc.strerror}); nothing stops a second trainer "
+                    "from using this --train_dir at the same time"
+                )
+                return cls(None, path)
+            holder = _read_record(fd)
+            os.close(fd)
+            raise ConfigError(
+                f"--train_dir {run_dir} is in use by another trainer ({_describe(holder)}, per "
+                f"{path}); wait for it to end or stop it, or pass another --train_dir"
+            ) from None
+        started = time.strftime("%Y-%m-%d %H:%M:%S")
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        except OSError:  # a full disk: the lock holds all the same, a refused trainer names no pid
+            pass
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _read_record(fd: int) -> dict:
+    text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _describe(holder: dict) -> str:
+    if "pid" not in holder:  # the holder has locked the file but not yet written its record
+        return "pid and host not yet recorded"
+    since = f", since {holder['started']}" if holder.get("started") else ""
+    return f"pid {holder['pid']} on host {holder.get('host', '?')}{since}"
