@@ -16,10 +16,12 @@ Method: all rows of a setting are started and warmed up (`--warmup` batches: wor
 tracing, shuffle-buffer fill), then each row gets a short calibration window that sizes its timed
 windows to about --seconds. Then --rounds rounds; in each, every row in turn (the order rotated per
 round, so drift and neighbours' noise hit all rows alike) takes `--drain` untimed batches (emptying
-the prefetch buffers it filled while idle; bench/input_serve.py) and one timed window. Reported per
-row: the median images/s over rounds, min and max, and median / the tf-data row's median in the same
-run. Conditions recorded: CPU, cores, load average before and after each setting, versions, the data
-set's statistics, git commit. Writes results.json and results.md to --out.
+the prefetch buffers it filled while idle; bench/input_serve.py) and one timed window. An idle row
+uses no CPU once its buffers are full (measured: 0.0 CPU-seconds per row over 20 s idle, all four
+rows, process trees included), so the row being timed has the cores to itself. Reported per row:
+the median images/s over rounds, min and max, and median / the tf-data row's median in the same run
+(and that ratio round by round). Conditions recorded: CPU, cores, load average before and after each
+setting, versions, the data set's statistics, git commit. Writes results.json and results.md to --out.
 
     python bench/bench_input.py --out DIR [--tf-python /tmp/tfenv/bin/python] [--seconds 20] [--rounds 3]
     python bench/bench_input.py --smoke --out DIR      (tiny: well under a minute)
@@ -182,6 +184,9 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
     for r in out:
         if r["status"] == "ok":
             r["vs_tf_data"] = r["median"] / ref["median"] if ref else None
+            # round by round: both windows of a round saw about the same machine (other load, clock)
+            pairs = zip(r["images_per_s"], ref["images_per_s"], strict=True) if ref else ()
+            r["vs_tf_data_per_round"] = [round(a / b, 3) for a, b in pairs]
             r["per_core"] = r["median"] / (os.cpu_count() or 1)
     return dict(setting=setting, rows=out)
 
