@@ -273,7 +273,9 @@ def parse_args(argv):
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"of {','.join(SETTINGS)}")
     p.add_argument("--rows", default=",".join(ROWS), help=f"of {','.join(ROWS)}")
     p.add_argument("--images", type=int, default=2048, help="distinct photos in the generated set")
-    p.add_argument("--records", type=int, default=8192, help="records in the generated set")
+    # 1024 batches per epoch: fasttrain's loaders and the plain DataLoader start new workers (DALI a new
+    # pipeline) every epoch, TF's repeat() does not; ImageNet's epochs are 40,036 batches of 32.
+    p.add_argument("--records", type=int, default=32768, help="records in the generated set")
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--smoke", action="store_true", help="tiny data and windows (CI-size)")
     args = p.parse_args(argv)
