@@ -25,6 +25,8 @@ setup(
     ],
     extras_require={
         "dali": ["nvidia-dali-cuda120>=1.40"],
+        # bench/bench_input.py: the real-photo shard set (skimage.data) and the plain PyTorch row.
+        "bench": ["scikit-image>=0.21", "tfrecord>=1.14"],
         "test": [
             "pytest>=7",
             "pytest-benchmark>=4",
