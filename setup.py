@@ -33,6 +33,8 @@ setup(
             "nvidia-dali-cuda120>=1.40; platform_system == 'Linux' and platform_machine == 'x86_64'",
             "matplotlib>=3.5",
             "ruff>=0.5",
+            "scikit-image>=0.21",  # tests/test_bench_input.py: the photo shard writer
+            "tfrecord>=1.14",  # ... read back by an independent TFRecord reader
         ],
     },
     entry_points={"console_scripts": ["fasttrain=fasttrain.__main__:main"]},
