@@ -24,7 +24,7 @@ the median images/s over rounds, min and max, and median / the tf-data row's med
 setting, versions, the data set's statistics, git commit. Writes results.json and results.md to --out.
 
     python bench/bench_input.py --out DIR [--tf-python /tmp/tfenv/bin/python] [--seconds 20] [--rounds 3]
-    python bench/bench_input.py --smoke --out DIR      (tiny: well under a minute)
+    python bench/bench_input.py --smoke --out DIR   (batch 8, one-batch windows: a check, not a measurement)
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def parse_args(argv):
     p.add_argument("--smoke", action="store_true", help="tiny data and windows (CI-size)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.images, args.records, args.shards, args.rounds = 64, 256, 2, 1
+        args.images, args.records, args.shards, args.rounds, args.batch = 64, 256, 2, 1, 8
         args.warmup, args.drain, args.calibrate, args.min_batches, args.seconds = 1, 1, 1, 1, 0.0
     args.settings, args.rows = args.settings.split(","), args.rows.split(",")
     bad = [s for s in args.settings if s not in SETTINGS] + [r for r in args.rows if r not in ROWS]
