@@ -1,0 +1,161 @@
+"""The fast torch path of both updates, for devices without Triton (the CPU; CUDA below compute
+capability 7.0, such as the P40): in-place torch ops over cache-sized chunks of the flat buffers.
+
+Same arguments and semantics as rmsprop_tf.rmsprop_tf_update_reference and
+momentum.momentum_update_reference (the specifications; the equations are in those modules'
+docstrings), plus `scratch`, from `new_scratch`. Results agree with the references to rounding: a
+few ops here round once where the reference rounds twice (torch's CPU `add(alpha=)` and `lerp` use a
+fused multiply-add), and `lerp` evaluates the EMA as `w - (w - ema) * d` once its weight `1 - d` is
+>= 0.5 (the first 8 warm-up steps).
+
+Why chunks: the reference runs each of its ~10 ops over the whole buffer and allocates a temporary
+per op, so on the CPU a full ResNet-50 (25.6M parameters, 100 MB per buffer) streams every buffer
+through DRAM about ten times and faults in fresh pages each step. Here each op runs over one chunk
+of CPU_CHUNK elements while the chunk's w, g, states and two scratch rows (7 x 512 KiB) stay in the
+cores' L2 (2 MiB each on the machine measured), so DRAM sees roughly the one-pass floor (36 B/param
+for RMSProp + EMA, 28 for momentum + EMA). The scratch is allocated once by the caller: no
+allocation per step. Measured numbers: bench/bench_optim.py and the README.
+
+Skip on found_inf (nonzero or NaN: skip, as the kernels do):
+- CPU: the host reads found_inf (free there) and returns before touching anything.
+- CUDA: no host read, so a CUDA graph can capture the update. Each chunk's new values go to scratch
+  rows and `torch.where(found_inf == 0, new, old, out=old)` commits them, which keeps every old bit
+  when the step is skipped (multiplying by a 0/1 factor could not: 0 * inf is NaN).
+On CUDA the chunk is larger (CUDA_CHUNK): there the aim is a bounded scratch and few launches, not
+cache residency. Not measured on a GPU (this project has none).
+"""
+
+import torch
+
+from ._common import check_args, f32
+
+# 128 Ki elements: measured on the 2-core CPU (full ResNet-50, RMSProp + EMA, one run): 64 Ki chunks
+# took 61 ms, 128 Ki 53-55 ms, 256 Ki 53-55 ms, 1 Mi 61 ms (per-op overhead below, L2 misses above).
+# At >= 32 Ki elements torch splits each op over both cores (its grain size).
+CPU_CHUNK = 1 << 17
+# 1 Mi elements: 4 MiB per scratch row, 25 chunks per ResNet-50 update (about 350 launches).
+CUDA_CHUNK = 1 << 20
+# Scratch rows: 2 for the in-place update (scaled gradient, denominator); 4 more for the new values
+# of w, states and ema when found_inf is committed with torch.where on a device without host reads.
+_ROWS = 6
+
+
+def new_scratch(device: torch.device) -> torch.Tensor:
+    """The scratch both updates need on `device`: (rows, chunk) fp32, allocated once per optimizer."""
+    device = torch.device(device)
+    chunk = CPU_CHUNK if device.type == "cpu" else CUDA_CHUNK
+    return torch.empty((_ROWS, chunk), dtype=torch.float32, device=device)
+
+
+def rmsprop_tf_update_chunked(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    ms: torch.Tensor,
+    mom: torch.Tensor,
+    ema: torch.Tensor | None,
+    *,
+    lr,
+    decay: float,
+    momentum: float,
+    eps: float,
+    weight_decay: float = 0.0,
+    grad_scale=None,
+    found_inf: torch.Tensor | None = None,
+    ema_weight: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+) -> None:
+    """TF's RMSProp + L2 + EMA in place, chunk by chunk (see rmsprop_tf for the equations)."""
+    check_args("rmsprop_tf", w, found_inf, ema_weight, g=g, ms=ms, mom=mom, ema=ema)
+    decay, momentum, eps, weight_decay = f32(decay), f32(momentum), f32(eps), f32(weight_decay)
+
+    def update(lo, hi, s, t, new_w, new_ms, new_mom, new_ema):
+        _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
+        torch.mul(s, s, out=t)
+        torch.lerp(ms[lo:hi], t, 1.0 - decay, out=new_ms)  # ms + (1 - decay) * (g * g - ms)
+        torch.add(new_ms, eps, out=t).sqrt_()
+        s.mul_(lr).div_(t)  # (g * lr) / sqrt(ms + eps), rounded as the reference rounds it
+        torch.add(s, mom[lo:hi], alpha=momentum, out=new_mom)
+        torch.sub(w[lo:hi], new_mom, out=new_w)
+        if ema is not None:
+            torch.lerp(ema[lo:hi], new_w, ema_weight, out=new_ema)
+
+    _run_chunks(update, [w, ms, mom, ema], found_inf, scratch)
+
+
+def momentum_update_chunked(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    acc: torch.Tensor,
+    ema: torch.Tensor | None,
+    *,
+    lr,
+    momentum: float,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+    grad_scale=None,
+    found_inf: torch.Tensor | None = None,
+    ema_weight: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
+) -> None:
+    """TF's Momentum + L2 + EMA in place, chunk by chunk (see momentum for the equations)."""
+    check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
+    momentum, weight_decay = f32(momentum), f32(weight_decay)
+
+    def update(lo, hi, s, t, new_w, new_acc, new_ema):
+        _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
+        torch.add(s, acc[lo:hi], alpha=momentum, out=new_acc)  # momentum * acc + g
+        if nesterov:
+            torch.add(s, new_acc, alpha=momentum, out=t)  # g + momentum * acc
+            torch.mul(t, lr, out=s)
+        else:
+            torch.mul(new_acc, lr, out=s)
+        torch.sub(w[lo:hi], s, out=new_w)
+        if ema is not None:
+            torch.lerp(ema[lo:hi], new_w, ema_weight, out=new_ema)
+
+    _run_chunks(update, [w, acc, ema], found_inf, scratch)
+
+
+def _host_reads_free(device: torch.device) -> bool:
+    """True on the CPU, where reading found_inf costs nothing; elsewhere a read would sync with the
+    device and break CUDA graph capture. (Tests patch this to run the device path on CPU tensors.)"""
+    return device.type == "cpu"
+
+
+def _scaled_gradient(g, w, grad_scale, weight_decay: float, out: torch.Tensor) -> None:
+    """out = g * grad_scale + weight_decay * w, computed in fp32 whatever g's dtype."""
+    if grad_scale is not None and g.dtype == torch.float32:
+        torch.mul(g, grad_scale, out=out)
+    else:
+        out.copy_(g)  # fp16/bf16 gradients: widen first, as the reference does
+        if grad_scale is not None:
+            out.mul_(grad_scale)
+    if weight_decay != 0.0:  # (the reference adds 0 * w: the same unless w holds an inf or NaN)
+        out.add_(w, alpha=weight_decay)
+
+
+def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
+    """Call `update(lo, hi, s, t, *destinations)` over every chunk of `buffers` (w first, then the
+    states, then ema or None). Destinations are the buffers' chunks themselves, or scratch rows
+    committed with torch.where when found_inf must be applied without a host read."""
+    w = buffers[0]
+    if scratch is None:
+        scratch = new_scratch(w.device)
+    if found_inf is not None and _host_reads_free(w.device):
+        if bool(found_inf != 0):  # note: a host read (NaN counts as overflow, as in the kernels)
+            return
+        found_inf = None
+    ok = None if found_inf is None else found_inf == 0
+    chunk = scratch.shape[1]
+    for lo in range(0, w.numel(), chunk):
+        hi = min(lo + chunk, w.numel())
+        rows = [row[: hi - lo] for row in scratch]
+        s, t = rows[0], rows[1]
+        if ok is None:
+            update(lo, hi, s, t, *(None if b is None else b[lo:hi] for b in buffers))
+            continue
+        new = [None if b is None else row for b, row in zip(buffers, rows[2:])]
+        update(lo, hi, s, t, *new)
+        for b, n in zip(buffers, new):
+            if b is not None:
+                torch.where(ok, n, b[lo:hi], out=b[lo:hi])
