@@ -11,28 +11,37 @@ fused multiply-add), and `lerp` evaluates the EMA as `w - (w - ema) * d` once it
 Why chunks: the reference runs each of its ~10 ops over the whole buffer and allocates a temporary
 per op, so on the CPU a full ResNet-50 (25.6M parameters, 100 MB per buffer) streams every buffer
 through DRAM about ten times and faults in fresh pages each step. Here each op runs over one chunk
-of CPU_CHUNK elements while the chunk's w, g, states and two scratch rows (7 x 512 KiB) stay in the
-cores' L2 (2 MiB each on the machine measured), so DRAM sees roughly the one-pass floor (36 B/param
-for RMSProp + EMA, 28 for momentum + EMA). The scratch is allocated once by the caller: no
-allocation per step. Measured numbers: bench/bench_optim.py and the README.
+while the chunk's w, g, states and scratch rows (under 1 MiB) stay in the core's L2, so DRAM sees
+roughly the one-pass floor (36 B/param for RMSProp + EMA, 28 for momentum + EMA). The scratch is
+allocated once by the caller: no allocation per step.
+
+Why threads on the CPU: a chunk of CPU_CHUNK elements is below torch's intra-op grain size, so each
+op runs on the calling thread, and the chunks are split between one Python thread per torch thread
+(torch ops release the GIL). Letting torch split every op over its OpenMP threads instead costs one
+barrier per op (about 2,000 per ResNet-50 update); on a 2-core machine shared with other processes
+(the trainer's own data workers, for one) a barrier waits whenever a core is taken, and momentum +
+EMA took 0.6-3 s instead of 0.15 s (bench/results/2026-11-23-cpu-optimizer/).
 
 Skip on found_inf (nonzero or NaN: skip, as the kernels do):
 - CPU: the host reads found_inf (free there) and returns before touching anything.
 - CUDA: no host read, so a CUDA graph can capture the update. Each chunk's new values go to scratch
   rows and `torch.where(found_inf == 0, new, old, out=old)` commits them, which keeps every old bit
   when the step is skipped (multiplying by a 0/1 factor could not: 0 * inf is NaN).
-On CUDA the chunk is larger (CUDA_CHUNK): there the aim is a bounded scratch and few launches, not
-cache residency. Not measured on a GPU (this project has none).
+On CUDA one thread launches everything and the chunk is larger (CUDA_CHUNK): there the aim is a
+bounded scratch and few launches, not cache residency. Not measured on a GPU (this project has none).
 """
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from ._common import check_args, f32
 
-# 128 Ki elements: measured on the 2-core CPU (full ResNet-50, RMSProp + EMA, one run): 64 Ki chunks
-# took 61 ms, 128 Ki 53-55 ms, 256 Ki 53-55 ms, 1 Mi 61 ms (per-op overhead below, L2 misses above).
-# At >= 32 Ki elements torch splits each op over both cores (its grain size).
-CPU_CHUNK = 1 << 17
+# 32,000 elements (125 KiB per buffer): just below torch's intra-op grain size (32,768), so each op
+# runs serially on the thread that calls it; 7 buffers of a chunk (w, g, states, ema, 2 scratch
+# rows) take under 1 MiB of a core's 2 MiB L2.
+CPU_CHUNK = 32_000
 # 1 Mi elements: 4 MiB per scratch row, 25 chunks per ResNet-50 update (about 350 launches).
 CUDA_CHUNK = 1 << 20
 # Scratch rows: 2 for the in-place update (scaled gradient, denominator); 4 more for the new values
@@ -41,10 +50,12 @@ _ROWS = 6
 
 
 def new_scratch(device: torch.device) -> torch.Tensor:
-    """The scratch both updates need on `device`: (rows, chunk) fp32, allocated once per optimizer."""
+    """The scratch both updates need on `device`, allocated once per optimizer: (workers, rows,
+    chunk) fp32, with one worker per torch thread on the CPU and one elsewhere."""
     device = torch.device(device)
-    chunk = CPU_CHUNK if device.type == "cpu" else CUDA_CHUNK
-    return torch.empty((_ROWS, chunk), dtype=torch.float32, device=device)
+    if device.type == "cpu":
+        return torch.empty((torch.get_num_threads(), _ROWS, CPU_CHUNK), dtype=torch.float32)
+    return torch.empty((1, _ROWS, CUDA_CHUNK), dtype=torch.float32, device=device)
 
 
 def rmsprop_tf_update_chunked(
@@ -136,8 +147,9 @@ def _scaled_gradient(g, w, grad_scale, weight_decay: float, out: torch.Tensor) -
 
 def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
     """Call `update(lo, hi, s, t, *destinations)` over every chunk of `buffers` (w first, then the
-    states, then ema or None). Destinations are the buffers' chunks themselves, or scratch rows
-    committed with torch.where when found_inf must be applied without a host read."""
+    states, then ema or None), the chunks split into one contiguous run per scratch worker.
+    Destinations are the buffers' chunks themselves, or scratch rows committed with torch.where when
+    found_inf must be applied without a host read."""
     w = buffers[0]
     if scratch is None:
         scratch = new_scratch(w.device)
@@ -146,9 +158,30 @@ def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
             return
         found_inf = None
     ok = None if found_inf is None else found_inf == 0
-    chunk = scratch.shape[1]
-    for lo in range(0, w.numel(), chunk):
-        hi = min(lo + chunk, w.numel())
+    workers, chunk = scratch.shape[0], scratch.shape[2]
+    starts = range(0, w.numel(), chunk)
+    per_worker = -(-len(starts) // workers)
+    runs = [starts[i : i + per_worker] for i in range(0, len(starts), per_worker)]
+    # The first run on this thread, the others on the pool; result() re-raises a worker's error.
+    pending = [
+        _pool(workers).submit(_run, update, buffers, run, scratch[i], ok) for i, run in enumerate(runs) if i
+    ]
+    if runs:
+        _run(update, buffers, runs[0], scratch[0], ok)
+    for future in pending:
+        future.result()
+
+
+@functools.cache
+def _pool(workers: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(workers, thread_name_prefix="fasttrain-chunked")
+
+
+@torch.no_grad()  # grad mode is per thread: the pool's threads start with it on
+def _run(update, buffers: list, starts: range, scratch: torch.Tensor, ok) -> None:
+    numel = buffers[0].numel()
+    for lo in starts:
+        hi = min(lo + starts.step, numel)
         rows = [row[: hi - lo] for row in scratch]
         s, t = rows[0], rows[1]
         if ok is None:
