@@ -79,14 +79,18 @@ def rmsprop_tf_update_chunked(
     """TF's RMSProp + L2 + EMA in place, chunk by chunk (see rmsprop_tf for the equations)."""
     check_args("rmsprop_tf", w, found_inf, ema_weight, g=g, ms=ms, mom=mom, ema=ema)
     decay, momentum, eps, weight_decay = f32(decay), f32(momentum), f32(eps), f32(weight_decay)
+    lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
 
     def update(lo, hi, s, t, new_w, new_ms, new_mom, new_ema):
         _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
         torch.mul(s, s, out=t)
         torch.lerp(ms[lo:hi], t, 1.0 - decay, out=new_ms)  # ms + (1 - decay) * (g * g - ms)
         torch.add(new_ms, eps, out=t).sqrt_()
-        s.mul_(lr).div_(t)  # (g * lr) / sqrt(ms + eps), rounded as the reference rounds it
-        torch.add(s, mom[lo:hi], alpha=momentum, out=new_mom)
+        lr_value = lr  # a float lr is folded into addcdiv; a tensor one multiplies g first
+        if isinstance(lr, torch.Tensor):
+            s.mul_(lr)
+            lr_value = 1.0
+        torch.mul(mom[lo:hi], momentum, out=new_mom).addcdiv_(s, t, value=lr_value)  # mom + g*lr/root
         torch.sub(w[lo:hi], new_mom, out=new_w)
         if ema is not None:
             torch.lerp(ema[lo:hi], new_w, ema_weight, out=new_ema)
@@ -112,16 +116,18 @@ def momentum_update_chunked(
     """TF's Momentum + L2 + EMA in place, chunk by chunk (see momentum for the equations)."""
     check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
     momentum, weight_decay = f32(momentum), f32(weight_decay)
+    lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
 
     def update(lo, hi, s, t, new_w, new_acc, new_ema):
         _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
         torch.add(s, acc[lo:hi], alpha=momentum, out=new_acc)  # momentum * acc + g
+        step = new_acc
         if nesterov:
-            torch.add(s, new_acc, alpha=momentum, out=t)  # g + momentum * acc
-            torch.mul(t, lr, out=s)
+            step = torch.add(s, new_acc, alpha=momentum, out=t)  # g + momentum * acc
+        if isinstance(lr, torch.Tensor):
+            torch.sub(w[lo:hi], torch.mul(step, lr, out=s), out=new_w)
         else:
-            torch.mul(new_acc, lr, out=s)
-        torch.sub(w[lo:hi], s, out=new_w)
+            torch.sub(w[lo:hi], step, alpha=lr, out=new_w)  # one op with a float lr
         if ema is not None:
             torch.lerp(ema[lo:hi], new_w, ema_weight, out=new_ema)
 
@@ -134,16 +140,26 @@ def _host_reads_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def _on_host_if_free(device: torch.device, *scalars):
+    """On the CPU, 0-d tensors among `scalars` as Python floats (a free host read there), so that
+    ops can take them as alpha= or value= and a chunk needs fewer passes; elsewhere unchanged."""
+    if not _host_reads_free(device):
+        return scalars
+    return tuple(float(x) if isinstance(x, torch.Tensor) else x for x in scalars)  # note: host reads
+
+
 def _scaled_gradient(g, w, grad_scale, weight_decay: float, out: torch.Tensor) -> None:
     """out = g * grad_scale + weight_decay * w, computed in fp32 whatever g's dtype."""
-    if grad_scale is not None and g.dtype == torch.float32:
-        torch.mul(g, grad_scale, out=out)
-    else:
-        out.copy_(g)  # fp16/bf16 gradients: widen first, as the reference does
-        if grad_scale is not None:
-            out.mul_(grad_scale)
+    if isinstance(grad_scale, float) and grad_scale == 1.0:
+        grad_scale = None  # g * 1.0 is g exactly (one process without loss scaling)
+    if g.dtype != torch.float32:
+        g = out.copy_(g)  # fp16/bf16 gradients: widen first, as the reference does
+    if grad_scale is not None:
+        g = torch.mul(g, grad_scale, out=out)
     if weight_decay != 0.0:  # (the reference adds 0 * w: the same unless w holds an inf or NaN)
-        out.add_(w, alpha=weight_decay)
+        torch.add(g, w, alpha=weight_decay, out=out)
+    elif g is not out:
+        out.copy_(g)
 
 
 def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
