@@ -24,10 +24,11 @@ Contenders:
 fasttrain's optimizers get grad_scale and found_inf as device tensors, as the trainer passes them.
 
 `test_*_ema[contender-model]` time one contender each. `test_interleaved_*[model]` builds every
-contender available on the device and times them in turn, round after round, so load from other
-processes hits all alike; its extra_info holds each contender's median and its speed-up over
-torch-foreach (`interleaved`), and its top-level keys describe the device's fastest fasttrain path
-(contender "<name> (interleaved)"), so bench/report.py lists it as one more row.
+contender available on the device and times them in turn, round after round, with a copy to time
+the bandwidth in the same round, so load from other processes hits all alike; its extra_info holds
+each contender's median and its speed-up over torch-foreach (`interleaved`), and its top-level keys
+describe the device's fastest fasttrain path (contender "<name> (interleaved)"), so
+bench/report.py lists it as one more row.
 
 Reported in extra_info: ms per update; `bytes_per_param`, the minimum traffic of a one-pass update
 (RMSProp+EMA 36 B: w, g, ms, mom, ema read, w, ms, mom, ema written; Momentum+EMA 28 B); effective
@@ -249,16 +250,22 @@ def _interleaved(benchmark, env_info, kind: str, model: str, copy_gb_per_s: floa
             skipped[name] = str(why)
     num_params = sum(shape.numel() for shape, _ in parameter_shapes(model))
     times = {name: [] for name in steps}
+    # The copy bandwidth is timed in every round too, under the same load as the contenders.
+    src = torch.ones(COPY_BYTES // 4, device=DEVICE)
+    dst = torch.empty_like(src)
+    copy_seconds = []
 
     def one_round():
         for name, step in steps.items():
             times[name].append(_seconds(step, CALLS) / CALLS)
+        copy_seconds.append(_seconds(lambda: dst.copy_(src), 3) / 3)
 
     benchmark.pedantic(one_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     if benchmark.disabled:
         return
     # The warm-up rounds also appended: keep the timed ones.
     median = {name: statistics.median(t[WARMUP_ROUNDS:]) for name, t in times.items()}
+    copy_gb_per_s = 2 * COPY_BYTES / statistics.median(copy_seconds[WARMUP_ROUNDS:]) / 1e9
     base = median.get("torch-foreach")
     interleaved = {
         name: dict(

@@ -3,10 +3,11 @@ capability 7.0, such as the P40): in-place torch ops over cache-sized chunks of 
 
 Same arguments and semantics as rmsprop_tf.rmsprop_tf_update_reference and
 momentum.momentum_update_reference (the specifications; the equations are in those modules'
-docstrings), plus `scratch`, from `new_scratch`. Results agree with the references to rounding: a
-few ops here round once where the reference rounds twice (torch's CPU `add(alpha=)` and `lerp` use a
-fused multiply-add), and `lerp` evaluates the EMA as `w - (w - ema) * d` once its weight `1 - d` is
->= 0.5 (the first 8 warm-up steps).
+docstrings), plus `scratch`, from `new_scratch`. Results agree with the references to rounding (an
+ulp or two; tests/test_kernels.py): `add(alpha=)`, `addcdiv` and `lerp` may round a product and a sum
+once where the reference rounds twice, a float lr multiplies g / sqrt(ms + eps) rather than g, and
+`lerp` evaluates the EMA as `w - (w - ema) * d` once its weight `1 - d` is >= 0.5 (the first 8
+warm-up steps).
 
 Why chunks: the reference runs each of its ~10 ops over the whole buffer and allocates a temporary
 per op, so on the CPU a full ResNet-50 (25.6M parameters, 100 MB per buffer) streams every buffer
@@ -24,7 +25,8 @@ momentum + EMA took a median 6.2 s with 128 Ki chunks split by torch and 0.11 s 
 (medians of 9 interleaved rounds, load average ~6).
 
 Skip on found_inf (nonzero or NaN: skip, as the kernels do):
-- CPU: the host reads found_inf (free there) and returns before touching anything.
+- CPU: the host reads found_inf (free there) and returns before touching anything. It reads lr and
+  grad_scale too, so they fold into the ops as Python floats (fewer passes per chunk).
 - CUDA: no host read, so a CUDA graph can capture the update. Each chunk's new values go to scratch
   rows and `torch.where(found_inf == 0, new, old, out=old)` commits them, which keeps every old bit
   when the step is skipped (multiplying by a 0/1 factor could not: 0 * inf is NaN).
