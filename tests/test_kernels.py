@@ -1,15 +1,14 @@
 """Fused optimizer kernels: Triton (interpreter on the CPU, compiled on CUDA), the chunked torch fast
 path (with its CPU skip by host read and its device skip by torch.where) and the torch reference vs
-an independent float64 NumPy transcription of TensorFlow's update equations, and the fast paths vs
-the reference.
+an independent float64 NumPy transcription of TensorFlow's update equations; Triton vs the
+reference (the chunked path vs the reference: test_chunked.py).
 
 Tolerances (atol 2e-6 + rtol 1e-6): the kernels compute in fp32. Against float64, 10 steps leave at
 most 1.2e-6 absolute error on weights of magnitude ~5 (2.5 ulp; ms and mom: < 2.3e-7), measured on
 the CPU. Triton vs the reference differ only by rounding too: torch's CPU sqrt is not correctly
 rounded (1 ulp; NumPy's, used by the interpreter, is) and CUDA may contract a*b+c into an FMA, so
-the same tolerances apply rather than bit equality; the chunked path rounds a few products once
-(fused multiply-add in torch's CPU add(alpha=) and lerp) where the reference rounds twice (measured
-against the reference: <= 1.2e-6 on weights ~4 after 10 steps, 1 ulp). Semantic slips (ms from
+the same tolerances apply rather than bit equality; so does the chunked path, which rounds a few
+products and sums once where the reference rounds twice (see test_chunked.py). Semantic slips (ms from
 zeros, eps outside the sqrt, lr outside the momentum) move values by >= 1e-3.
 """
 
@@ -232,89 +231,6 @@ def test_momentum_matches_tensorflow_equations(update, n, nesterov, device):
 def test_momentum_half_precision_gradients(update, grad_dtype):
     state, expected = _run_momentum(update, 4099, "cpu", grad_dtype, nesterov=False)
     _compare(state, expected)
-
-
-# --- the chunked fast path vs the reference, every buffer, every option
-
-
-def _chunked_vs_reference(kind, case, n, scratch, update_kwargs):
-    """STEPS updates of the same start with the reference and with the chunked path (`scratch`: its
-    scratch, None for the default); returns the starting buffers and both results."""
-    gen = torch.Generator().manual_seed(7)
-    w = torch.randn(n, generator=gen)
-    start = [w, torch.ones(n), torch.zeros(n)] if kind == "rmsprop" else [w, torch.zeros(n)]
-    if case["ema"]:
-        start.append(w.clone())
-    runs = {"reference": [b.clone() for b in start], "chunked": [b.clone() for b in start]}
-    fns = {
-        "rmsprop": (rmsprop_tf.rmsprop_tf_update_reference, chunked.rmsprop_tf_update_chunked),
-        "momentum": (momentum_kernel.momentum_update_reference, chunked.momentum_update_chunked),
-    }[kind]
-    step = torch.zeros((), dtype=torch.int64)
-    lr = torch.zeros(())
-    # Gradients of order 1 once scaled (the magnitudes the tolerances were measured at).
-    loss_scale = 1.0 if case["grad_scale"] is None else 1.0 / float(case["grad_scale"])
-    for step_lr in LRS:
-        g = (torch.randn(n, generator=gen) * loss_scale).to(case["grad_dtype"])
-        lr.fill_(step_lr)
-        kwargs = dict(
-            lr=lr if case["lr_tensor"] else step_lr, weight_decay=case["weight_decay"],
-            grad_scale=case["grad_scale"], found_inf=case["found_inf"],
-            ema_weight=ema_one_minus_decay(step, 0.999, True) if case["ema"] else None, **update_kwargs,
-        )  # fmt: skip
-        for (name, buffers), fn in zip(runs.items(), fns):
-            extra = {"scratch": scratch} if name == "chunked" else {}
-            ema = buffers[-1] if case["ema"] else None
-            states = buffers[1:-1] if case["ema"] else buffers[1:]
-            fn(buffers[0], g, *states, ema, **kwargs, **extra)
-        step += 1
-    return start, runs["reference"], runs["chunked"]
-
-
-CASES = {
-    "plain": dict(weight_decay=0.0, grad_scale=None, found_inf=None, lr_tensor=False, ema=False),
-    "decay-scale-tensor-ema": dict(
-        weight_decay=4e-5,
-        grad_scale=torch.tensor(1 / 64),
-        found_inf=torch.zeros(()),
-        lr_tensor=True,
-        ema=True,
-    ),
-    "decay-scale-float-ema": dict(
-        weight_decay=1e-4, grad_scale=0.015625, found_inf=None, lr_tensor=False, ema=True
-    ),
-}
-
-
-KINDS = {
-    "rmsprop": ("rmsprop", dict(decay=0.9, momentum=0.9, eps=1.0)),
-    "momentum": ("momentum", dict(momentum=0.9, nesterov=False)),
-    "nesterov": ("momentum", dict(momentum=0.9, nesterov=True)),
-}
-# Every combination at small sizes (chunk 96: 1000 is ten full chunks and a 40-element tail, split
-# 6 + 5 between two workers); the default chunks at 1000003 (two workers of 16 chunks of 32,000) in
-# the trainer's setting only, for time.
-CHUNKED_CASES = [
-    pytest.param(*KINDS[kind], n, chunk, case, dtype, path, id=f"{kind}-{n}-{case}-{dtype}-{path}")
-    for kind in KINDS
-    for n, chunk in [(1, None), (127, None), (1000, 96), (1000003, None)]
-    for case in CASES
-    for dtype in (torch.float32, torch.bfloat16)
-    for path in ("host", "device")
-    if n < 10**6 or (case == "decay-scale-tensor-ema" and dtype == torch.float32)
-]
-
-
-@pytest.mark.parametrize("kind, update_kwargs, n, chunk, case, grad_dtype, skip_path", CHUNKED_CASES)
-def test_chunked_matches_reference_every_buffer(kind, update_kwargs, n, chunk, case, grad_dtype, skip_path):
-    scratch = None if chunk is None else torch.empty((2, 6, chunk))  # 2 workers
-    with mock.patch.object(chunked, "_host_reads_free", lambda device: skip_path == "host"):
-        start, reference, fast = _chunked_vs_reference(
-            kind, {**CASES[case], "grad_dtype": grad_dtype}, n, scratch, update_kwargs
-        )
-    for i, (a, b, before) in enumerate(zip(fast, reference, start)):
-        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, msg=f"buffer {i}")
-        assert not torch.equal(a, before), f"buffer {i} never changed: the comparison would be vacuous"
 
 
 # --- skip on overflow
