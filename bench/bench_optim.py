@@ -1,106 +1,110 @@
-"""Optimizer update microbenchmarks: the fused flat-buffer kernels vs the alternatives.
+"""Optimizer update microbenchmarks: fasttrain's update paths vs torch.optim, full-size parameter sets.
 
     python -m pytest bench/bench_optim.py --benchmark-only     # --benchmark-json=FILE keeps numbers
+    FASTTRAIN_BENCH_SMOKE=1 python -m pytest bench --benchmark-only   # what CI runs: seconds
 
-One call = one update of every parameter plus the weight EMA (decay 0.9999 with warm-up), on the
-parameter set of ResNet-50 v1.5 (25,557,032 parameters, 161 tensors) or ResNet-101 (44,549,160, 314),
-their shapes generated here. On the CPU the channel widths are divided by 8 (0.63M / 0.93M
-parameters) so a run takes seconds; FASTTRAIN_BENCH_FULL=1 forces the full sets.
+One call = one update of every parameter plus the weight EMA (decay 0.9999 with TF's warm-up), with
+the same L2 weight decay for every contender (RMSProp 4e-5, momentum 1e-4), on the parameter set of
+ResNet-50 v1.5 (25,557,032 parameters, 161 tensors) or ResNet-101 (44,549,160, 314), shapes taken
+from fasttrain.models built on the meta device (nothing runs). Full size on every device: on the CPU
+the update is memory-bound only once the buffers outgrow the caches (100-180 MB each), which a
+shrunken model hides. FASTTRAIN_BENCH_SMOKE=1 builds them at base width 4 (about 0.1M parameters)
+with one round, to check that everything runs.
 
 Contenders:
-    rmsprop  fused-triton   FusedRMSPropTF, Triton kernel (CUDA only; the interpreter is not timed)
-             fused-torch    FusedRMSPropTF(impl="torch"): the multi-pass reference
-             torch-foreach  torch.optim.RMSprop(foreach=True) + torch._foreach_lerp_ EMA (different
-                            numerics, see kernels/rmsprop_tf.py: the speed baseline only)
-    momentum fused-triton, fused-torch (FusedMomentum), torch-foreach (torch.optim.SGD(foreach=True)
-             + _foreach_lerp_), apex-fused (apex.optimizers.FusedSGD + _foreach_lerp_; CUDA, when
-             NVIDIA apex imports)
+    fasttrain-triton     FusedRMSPropTF / FusedMomentum, Triton kernel (CUDA only; the CPU
+                         interpreter is a test tool, not timed)
+    fasttrain-chunked    the same optimizers, impl="chunked": the fast torch path (CPU, P40)
+    fasttrain-reference  impl="torch": the readable multi-pass reference
+    torch-foreach        torch.optim.RMSprop / SGD(foreach=True) + torch._foreach_lerp_ EMA (RMSprop's
+                         numerics differ, see kernels/rmsprop_tf.py: a speed baseline only)
+    torch-fused          torch.optim.SGD(fused=True) + _foreach_lerp_ (momentum only: torch's RMSprop
+                         has no fused implementation)
+    apex-fused           apex.optimizers.FusedSGD + _foreach_lerp_ (momentum, CUDA, when apex imports)
+fasttrain's optimizers get grad_scale and found_inf as device tensors, as the trainer passes them.
 
-The fused optimizers get grad_scale and found_inf as device tensors, as the trainer passes them.
-Reported in extra_info: per-update ms; effective GB/s counting the minimum traffic of a one-pass
-update (RMSProp+EMA 36 B/param, Momentum+EMA 28 B/param: w, g read; w, states, EMA read and
-written); the device copy bandwidth measured in the same run (dst.copy_(src), read + write, 1 GiB on
-CUDA, 64 MiB on the CPU) and the fraction of it reached; the environment. Targets on a GPU: >= 85% of
-copy bandwidth and >= 4x torch-foreach. Timing: CUDA events around `CALLS` updates after warm-up
-rounds (Triton compilation excluded); the host waits for the device inside each benchmark call.
+`test_*_ema[contender-model]` time one contender each. `test_interleaved_*[model]` builds every
+contender available on the device and times them in turn, round after round, with a copy to time
+the bandwidth in the same round, so load from other processes hits all alike; its extra_info holds
+each contender's median and its speed-up over torch-foreach (`interleaved`), and its top-level keys
+describe the device's fastest fasttrain path (contender "<name> (interleaved)"), so
+bench/report.py lists it as one more row.
+
+Reported in extra_info: ms per update; `bytes_per_param`, the minimum traffic of a one-pass update
+(RMSProp+EMA 36 B: w, g, ms, mom, ema read, w, ms, mom, ema written; Momentum+EMA 28 B); effective
+GB/s at that traffic; the copy bandwidth measured in the same run (dst.copy_(src) of 256 MiB on the
+CPU, 1 GiB on CUDA, read + write counted) and the fraction of it reached; `copy_equivalent_bytes_per_param`,
+the bytes per parameter a copy would move in the update's time (the floor, 36 or 28, means the update
+runs at copy speed); the load average before and after (the machine may be shared); the environment.
+Timing: CUDA events around CALLS updates after warm-up rounds (compilation excluded); on the CPU
+time.perf_counter around CALLS updates.
 """
 
+import functools
 import os
-import platform
-import subprocess
+import statistics
+import time
 
 import pytest
 import torch
 
+from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-FULL = DEVICE.type == "cuda" or os.environ.get("FASTTRAIN_BENCH_FULL") == "1"
-WIDTH_DIVISOR = 1 if FULL else 8
-CALLS = 10 if DEVICE.type == "cuda" else 2  # updates per benchmark call
-ROUNDS, WARMUP_ROUNDS = (20, 3) if DEVICE.type == "cuda" else (3, 1)
-BLOCKS = {"resnet50": (3, 4, 6, 3), "resnet101": (3, 4, 23, 3)}
+SMOKE = os.environ.get("FASTTRAIN_BENCH_SMOKE") == "1"
+BASE_CHANNELS = 4 if SMOKE else 64
+MODELS = ("resnet50", "resnet101")
 FULL_COUNTS = {"resnet50": 25_557_032, "resnet101": 44_549_160}
+CALLS = 10 if DEVICE.type == "cuda" else 1  # updates per timed call (a CPU update takes 10-1000 ms)
+ROUNDS, WARMUP_ROUNDS = (1, 0) if SMOKE else (20, 3) if DEVICE.type == "cuda" else (5, 1)
+COPY_BYTES = 2**24 if SMOKE else 2**30 if DEVICE.type == "cuda" else 2**28
 BYTES_PER_PARAM = {"rmsprop": 36, "momentum": 28}
+WEIGHT_DECAY = {"rmsprop": 4e-5, "momentum": 1e-4}
 EMA_DECAY, LR = 0.9999, 1e-3
+CONTENDERS = {
+    "rmsprop": ["fasttrain-triton", "fasttrain-chunked", "fasttrain-reference", "torch-foreach"],
+    "momentum": [
+        "fasttrain-triton", "fasttrain-chunked", "fasttrain-reference", "torch-foreach", "torch-fused",
+        "apex-fused",
+    ],
+}  # fmt: skip
 
 
-def resnet_shapes(blocks: tuple[int, ...], width_divisor: int = 1, classes: int = 1000) -> list[tuple]:
-    """Parameter shapes of ResNet v1.5 (bottleneck blocks, BN gamma and beta, fc with bias)."""
-    c = lambda n: max(1, n // width_divisor)
-    shapes = [(c(64), 3, 7, 7), (c(64),), (c(64),)]
-    inplanes = c(64)
-    for stage, count in enumerate(blocks):
-        planes = c(64 * 2**stage)
-        for block in range(count):
-            shapes += [(planes, inplanes, 1, 1), (planes,), (planes,)]
-            shapes += [(planes, planes, 3, 3), (planes,), (planes,)]
-            shapes += [(4 * planes, planes, 1, 1), (4 * planes,), (4 * planes,)]
-            if block == 0:  # projection shortcut
-                shapes += [(4 * planes, inplanes, 1, 1), (4 * planes,), (4 * planes,)]
-            inplanes = 4 * planes
-    return shapes + [(classes, inplanes), (classes,)]
+class Unavailable(Exception):
+    """A contender that cannot run here (reason in the message)."""
+
+
+@functools.cache
+def parameter_shapes(model: str) -> list[tuple[torch.Size, bool]]:
+    """(shape, is a conv weight) of every parameter of `model`, built on the meta device."""
+    with torch.device("meta"):
+        net = create_model(model, num_classes=1000, base_channels=BASE_CHANNELS)
+    shapes = [(p.shape, p.dim() == 4) for p in net.parameters()]
+    if not SMOKE:
+        assert sum(s.numel() for s, _ in shapes) == FULL_COUNTS[model]
+    return shapes
 
 
 def _params(model: str) -> list[torch.nn.Parameter]:
-    shapes = resnet_shapes(BLOCKS[model], WIDTH_DIVISOR)
-    if WIDTH_DIVISOR == 1:
-        assert sum(torch.Size(s).numel() for s in shapes) == FULL_COUNTS[model]
     gen = torch.Generator().manual_seed(0)
     params = []
-    for s in shapes:
-        p = torch.nn.Parameter((torch.randn(s, generator=gen) * 0.05).to(DEVICE))
-        if p.dim() == 4:  # as the trainer holds conv weights
+    for shape, conv in parameter_shapes(model):
+        p = torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.05).to(DEVICE))
+        if conv:  # as the trainer holds conv weights
             p.data = p.data.to(memory_format=torch.channels_last)
         p.grad = torch.randn_like(p) * 1e-2
         params.append(p)
     return params
 
 
-def _environment() -> dict:
-    env = {
-        "device": str(DEVICE),
-        "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
-    }
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
+def _synchronize() -> None:
     if DEVICE.type == "cuda":
-        env.update(gpu=torch.cuda.get_device_name(DEVICE), cuda=torch.version.cuda)
-        try:  # note: the driver version is only reachable through nvidia-smi
-            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-            env["driver"] = subprocess.run(query, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            env["driver"] = None
-    return env
+        torch.cuda.synchronize()  # note: the host waits for the device: its work belongs to the call
 
 
-def _timed(fn, calls: int) -> float:
-    """Seconds for `calls` calls, device work included."""
+def _seconds(fn, calls: int) -> float:
+    """Seconds for `calls` calls of fn, device work included."""
     if DEVICE.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -109,8 +113,6 @@ def _timed(fn, calls: int) -> float:
         end.record()
         end.synchronize()  # note: host waits for the device, after the timed window closed
         return start.elapsed_time(end) / 1e3
-    import time
-
     t0 = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -119,17 +121,16 @@ def _timed(fn, calls: int) -> float:
 
 @pytest.fixture(scope="module")
 def copy_gb_per_s() -> float:
-    """Device copy bandwidth (read + write), median of 3 windows, measured once per run."""
-    nbytes = 2**30 if DEVICE.type == "cuda" else 2**26
-    src = torch.ones(nbytes // 4, device=DEVICE)
+    """Device copy bandwidth in GB/s (read + write), median of 3 windows, once per run."""
+    src = torch.ones(COPY_BYTES // 4, device=DEVICE)
     dst = torch.empty_like(src)
     copy = lambda: dst.copy_(src)
-    _timed(copy, 3)
-    windows = sorted(_timed(copy, 10) for _ in range(3))
-    return 2 * nbytes / (windows[1] / 10) / 1e9
+    _seconds(copy, 3)
+    windows = sorted(_seconds(copy, 5) for _ in range(3))
+    return 2 * COPY_BYTES / (windows[1] / 5) / 1e9
 
 
-def _foreach_step(params, optimizer):
+def _with_foreach_ema(params, optimizer):
     """torch.optim step + foreach EMA with TF's warm-up decay (computed on the host)."""
     emas = [p.detach().clone() for p in params]
     count = [0]
@@ -144,75 +145,168 @@ def _foreach_step(params, optimizer):
 
 
 def _contender(kind: str, name: str, params):
-    one = torch.ones((), device=DEVICE)
-    zero = torch.zeros((), device=DEVICE)
-    if name.startswith("fused"):
-        impl = "triton" if name == "fused-triton" else "torch"
+    """The update function of contender `name`, or Unavailable."""
+    wd = WEIGHT_DECAY[kind]
+    if name.startswith("fasttrain-"):
+        impl = {"fasttrain-triton": "triton", "fasttrain-chunked": "chunked"}.get(name, "torch")
         if impl == "triton" and DEVICE.type != "cuda":
-            pytest.skip("the Triton kernel is timed on CUDA only (the CPU interpreter is a test tool)")
+            raise Unavailable("the Triton kernel is timed on CUDA only (the CPU interpreter is a test tool)")
         lr = torch.tensor(LR, device=DEVICE)
+        one, zero = torch.ones((), device=DEVICE), torch.zeros((), device=DEVICE)
         if kind == "rmsprop":
-            opt = FusedRMSPropTF(params, lr=lr, weight_decay=4e-5, ema_decay=EMA_DECAY, impl=impl)
+            opt = FusedRMSPropTF(params, lr=lr, weight_decay=wd, ema_decay=EMA_DECAY, impl=impl)
         else:
-            opt = FusedMomentum(params, lr=lr, weight_decay=1e-4, ema_decay=EMA_DECAY, impl=impl)
+            opt = FusedMomentum(params, lr=lr, weight_decay=wd, ema_decay=EMA_DECAY, impl=impl)
         return lambda: opt.step(grad_scale=one, found_inf=zero)
     if name == "torch-foreach":
         if kind == "rmsprop":
             opt = torch.optim.RMSprop(
-                params, lr=LR, alpha=0.9, eps=1.0, momentum=0.9, weight_decay=4e-5, foreach=True
+                params, lr=LR, alpha=0.9, eps=1.0, momentum=0.9, weight_decay=wd, foreach=True
             )
         else:
-            opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=1e-4, foreach=True)
-        return _foreach_step(params, opt)
+            opt = torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=wd, foreach=True)
+        return _with_foreach_ema(params, opt)
+    if name == "torch-fused":
+        if kind == "rmsprop":
+            raise Unavailable("torch.optim.RMSprop has no fused implementation")
+        return _with_foreach_ema(
+            params, torch.optim.SGD(params, lr=LR, momentum=0.9, weight_decay=wd, fused=True)
+        )
     if name == "apex-fused":
         if DEVICE.type != "cuda":
-            pytest.skip("apex FusedSGD needs CUDA")
-        apex_optimizers = pytest.importorskip("apex.optimizers", reason="NVIDIA apex is not installed")
-        opt = apex_optimizers.FusedSGD(params, lr=LR, momentum=0.9, weight_decay=1e-4)
-        return _foreach_step(params, opt)
+            raise Unavailable("apex FusedSGD needs CUDA")
+        try:
+            from apex.optimizers import FusedSGD
+        except ImportError as e:
+            raise Unavailable("NVIDIA apex is not installed") from e
+        return _with_foreach_ema(params, FusedSGD(params, lr=LR, momentum=0.9, weight_decay=wd))
     raise ValueError(name)
 
 
-def _measure(benchmark, kind: str, name: str, model: str, copy_gb_per_s: float) -> None:
-    params = _params(model)
-    step = _contender(kind, name, params)
-    num_params = sum(p.numel() for p in params)
-
-    def calls():
-        for _ in range(CALLS):
-            step()
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize()  # note: the device work belongs to the timed call
-
-    benchmark.pedantic(calls, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
-    if benchmark.disabled:  # --benchmark-disable: ran once as a smoke test, nothing measured
-        return
-    seconds = benchmark.stats.stats.median / CALLS
+def _figures(kind: str, model: str, num_params: int, seconds: float, copy_gb_per_s: float) -> dict:
+    """extra_info for one contender's seconds per update (the keys bench/report.py reads, and more)."""
     gb_per_s = BYTES_PER_PARAM[kind] * num_params / seconds / 1e9
-    benchmark.extra_info.update(
+    return dict(
         optimizer=kind,
-        contender=name,
         model=model,
         num_params=num_params,
-        width_divisor=WIDTH_DIVISOR,
+        width_divisor=64 // BASE_CHANNELS,
         ms_per_update=seconds * 1e3,
         bytes_per_param=BYTES_PER_PARAM[kind],
         effective_gb_per_s=gb_per_s,
         copy_gb_per_s=copy_gb_per_s,
         fraction_of_copy=gb_per_s / copy_gb_per_s,
-        **_environment(),
+        copy_equivalent_bytes_per_param=seconds * copy_gb_per_s * 1e9 / num_params,
     )
 
 
-@pytest.mark.parametrize("model", list(BLOCKS))
-@pytest.mark.parametrize("name", ["fused-triton", "fused-torch", "torch-foreach"])
-def test_rmsprop_ema(benchmark, name, model, copy_gb_per_s):
+def _measure(benchmark, env_info, kind: str, name: str, model: str, copy_gb_per_s: float) -> None:
+    load_before = os.getloadavg()
+    params = _params(model)
+    try:
+        step = _contender(kind, name, params)
+    except Unavailable as why:
+        pytest.skip(str(why))
+
+    def calls():
+        for _ in range(CALLS):
+            step()
+        _synchronize()
+
+    benchmark.pedantic(calls, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+    if benchmark.disabled:  # --benchmark-disable: ran once as a smoke test, nothing measured
+        return
+    seconds = benchmark.stats.stats.median / CALLS
+    benchmark.extra_info.update(env_info)
+    benchmark.extra_info.update(
+        contender=name,
+        **_figures(kind, model, sum(p.numel() for p in params), seconds, copy_gb_per_s),
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+    )
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", CONTENDERS["rmsprop"])
+def test_rmsprop_ema(benchmark, env_info, name, model, copy_gb_per_s):
     benchmark.group = f"rmsprop+ema {model}"
-    _measure(benchmark, "rmsprop", name, model, copy_gb_per_s)
+    _measure(benchmark, env_info, "rmsprop", name, model, copy_gb_per_s)
 
 
-@pytest.mark.parametrize("model", list(BLOCKS))
-@pytest.mark.parametrize("name", ["fused-triton", "fused-torch", "torch-foreach", "apex-fused"])
-def test_momentum_ema(benchmark, name, model, copy_gb_per_s):
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("name", CONTENDERS["momentum"])
+def test_momentum_ema(benchmark, env_info, name, model, copy_gb_per_s):
     benchmark.group = f"momentum+ema {model}"
-    _measure(benchmark, "momentum", name, model, copy_gb_per_s)
+    _measure(benchmark, env_info, "momentum", name, model, copy_gb_per_s)
+
+
+def _interleaved(benchmark, env_info, kind: str, model: str, copy_gb_per_s: float) -> None:
+    load_before = os.getloadavg()
+    steps, skipped = {}, {}
+    for name in CONTENDERS[kind]:
+        try:
+            steps[name] = _contender(kind, name, _params(model))
+        except Unavailable as why:
+            skipped[name] = str(why)
+    num_params = sum(shape.numel() for shape, _ in parameter_shapes(model))
+    times = {name: [] for name in steps}
+    # The copy bandwidth is timed in every round too, under the same load as the contenders.
+    src = torch.ones(COPY_BYTES // 4, device=DEVICE)
+    dst = torch.empty_like(src)
+    copy_seconds = []
+
+    def one_round():
+        for name, step in steps.items():
+            times[name].append(_seconds(step, CALLS) / CALLS)
+        copy_seconds.append(_seconds(lambda: dst.copy_(src), 3) / 3)
+
+    benchmark.pedantic(one_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
+    if benchmark.disabled:
+        return
+    # The warm-up rounds also appended: keep the timed ones.
+    median = {name: statistics.median(t[WARMUP_ROUNDS:]) for name, t in times.items()}
+    copy_gb_per_s = 2 * COPY_BYTES / statistics.median(copy_seconds[WARMUP_ROUNDS:]) / 1e9
+    base = median.get("torch-foreach")
+    interleaved = {
+        name: dict(
+            ms_per_update=median[name] * 1e3,
+            ms_per_round=[t * 1e3 for t in times[name][WARMUP_ROUNDS:]],
+            speedup_vs_torch_foreach=None if base is None else base / median[name],
+            **{
+                k: v
+                for k, v in _figures(kind, model, num_params, median[name], copy_gb_per_s).items()
+                if k in ("effective_gb_per_s", "fraction_of_copy", "copy_equivalent_bytes_per_param")
+            },
+        )
+        for name in steps
+    }
+    fast = "fasttrain-triton" if "fasttrain-triton" in steps else "fasttrain-chunked"
+    benchmark.extra_info.update(env_info)
+    benchmark.extra_info.update(
+        contender=f"{fast} (interleaved)",
+        **_figures(kind, model, num_params, median[fast], copy_gb_per_s),
+        interleaved=interleaved,
+        not_run=skipped,
+        load_average_before=load_before,
+        load_average_after=os.getloadavg(),
+    )
+    print(f"\n{kind}+ema {model} ({num_params / 1e6:.1f}M params), medians of {ROUNDS} interleaved rounds:")
+    for name, row in interleaved.items():
+        vs = row["speedup_vs_torch_foreach"]
+        at_copy = row["copy_equivalent_bytes_per_param"]
+        print(
+            f"  {name:20s} {row['ms_per_update']:9.2f} ms  {at_copy:6.1f} B/param at copy speed"
+            f"  {'' if vs is None else f'{vs:.2f}x torch-foreach'}"
+        )
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_interleaved_rmsprop_ema(benchmark, env_info, model, copy_gb_per_s):
+    benchmark.group = f"rmsprop+ema {model} interleaved"
+    _interleaved(benchmark, env_info, "rmsprop", model, copy_gb_per_s)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_interleaved_momentum_ema(benchmark, env_info, model, copy_gb_per_s):
+    benchmark.group = f"momentum+ema {model} interleaved"
+    _interleaved(benchmark, env_info, "momentum", model, copy_gb_per_s)

@@ -5,6 +5,12 @@
 - Tests marked `gpu` are skipped without CUDA, as in tests/.
 - `env_info`: where the numbers were measured (GPU, driver, CUDA, torch, triton, DALI, CPU, date,
   command, commit; bench/report.py's `environment`), for `benchmark.extra_info.update(env_info)`.
+- FASTTRAIN_BENCH_SMOKE=1 (CI: `FASTTRAIN_BENCH_SMOKE=1 python -m pytest bench --benchmark-only`)
+  runs every benchmark at a size that proves it works in seconds, not one that measures anything:
+  bench_optim.py builds its models narrow, and the other files' size knobs default to small values
+  here (each still wins when set explicitly).
+
+pytest collects bench_*.py because pyproject.toml's python_files lists that pattern.
 """
 
 import os
@@ -19,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("FASTTRAIN_BENCH_SMOKE") == "1":
+    # Read by the bench files at import, which comes after this conftest's.
+    for knob, value in {"SIZE": "32", "BATCH": "2", "ROUNDS": "1"}.items():
+        os.environ.setdefault(f"FASTTRAIN_BENCH_{knob}", value)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # the checkout's fasttrain also under a bare `pytest`
 

@@ -115,7 +115,7 @@ class Config:
     optimizer: str = "momentum"
     """rmsprop (TensorFlow's RMSPropOptimizer) or momentum (TensorFlow's MomentumOptimizer)."""
     optimizer_impl: str = "auto"
-    """Optimizer implementation: auto (Triton on supported GPUs), triton, or torch (reference)."""
+    """Optimizer implementation: auto (Triton on supported GPUs, else chunked), triton, chunked, or torch."""
     initial_learning_rate: float = 0.1
     """Learning rate at step 0 (before lr_batch_scaling)."""
     lr_batch_scaling: bool = False
@@ -176,7 +176,7 @@ _CHOICES = {
     "preprocess": ("inception", "resnet"),
     "model": ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "inception_v3"),
     "optimizer": ("rmsprop", "momentum"),
-    "optimizer_impl": ("auto", "triton", "torch"),
+    "optimizer_impl": ("auto", "triton", "chunked", "torch"),
     "lr_schedule": ("exponential", "piecewise"),
     "precision": ("auto", "fp32", "fp16", "bf16"),
     "grad_sync": ("buckets", "ddp"),

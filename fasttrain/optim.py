@@ -15,49 +15,54 @@ them on the device, so `step()` makes no host sync and can be captured in a CUDA
 is baked into a captured graph; hand a tensor and update it in place instead).
 
 Implementation (one dispatch point, `select_impl`): "auto" runs the Triton kernels on CUDA devices
-of compute capability >= 7.0 where Triton imports, and the torch reference elsewhere (CPU, P40);
-"triton" on CPU tensors needs TRITON_INTERPRET=1 (how the tests run the kernels); "torch" forces the
-reference.
+of compute capability >= 7.0 where Triton imports, and "chunked" elsewhere (CPU, P40): the same
+update in in-place torch ops over cache-sized chunks (kernels/chunked.py; faster than torch.optim's
+foreach RMSprop/SGD + a foreach EMA on the CPU, numbers in the README). "triton" on CPU tensors
+needs TRITON_INTERPRET=1 (how the tests run the kernels); "torch" runs the readable multi-pass
+reference, the specification both fast paths are tested against.
 
 State: `state_dict()` is per parameter (keys "step", the buffers' names, "ema"), independent of the
 flat layout; `optimizer.state` itself stays empty because the state lives in the flat buffers.
 """
 
 import contextlib
+import functools
 
 import torch
 
 from fasttrain.flat import FlatParameters
+from fasttrain.kernels import chunked
 from fasttrain.kernels import momentum as momentum_kernel
 from fasttrain.kernels import rmsprop_tf as rmsprop_tf_kernel
 from fasttrain.kernels._common import HAVE_TRITON, ema_one_minus_decay, interpreter_enabled
 
-IMPLS = ("auto", "triton", "torch")
+IMPLS = ("auto", "triton", "chunked", "torch")
 
 
 def select_impl(impl: str, device: torch.device) -> str:
-    """ "triton" or "torch" for parameters on `device` (the module docstring gives the rule)."""
+    """ "triton", "chunked" or "torch" for parameters on `device` (the module docstring gives the rule)."""
     if impl not in IMPLS:
         raise ValueError(f"optimizer impl must be one of {IMPLS}, got {impl!r}.")
-    if impl == "torch":
-        return "torch"
+    if impl in ("chunked", "torch"):
+        return impl
     if impl == "triton":
         if not HAVE_TRITON:
             raise RuntimeError("impl='triton' needs the triton package; install it or use impl='torch'.")
         if device.type != "cuda" and not interpreter_enabled():
             raise RuntimeError(
                 f"impl='triton' with parameters on {device} needs TRITON_INTERPRET=1 (Triton's CPU "
-                "interpreter, for tests); use impl='auto' or 'torch' to run the torch reference."
+                "interpreter, for tests); use impl='auto' or 'chunked' to run the fast torch path."
             )
         return "triton"
     supported = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (7, 0)
-    return "triton" if HAVE_TRITON and supported else "torch"
+    return "triton" if HAVE_TRITON and supported else "chunked"
 
 
 class _FlatOptimizer(torch.optim.Optimizer):
-    """Shared machinery; subclasses set `_state_fills` and `_update_group`."""
+    """Shared machinery; subclasses set `_state_fills`, `_updates` and `_update_group`."""
 
     _state_fills: dict[str, float]
+    _updates: dict  # impl -> the update function (all take the same arguments)
 
     def __init__(self, params, defaults: dict, ema_decay: float | None, ema_warmup: bool, impl: str):
         if ema_decay is not None and not 0.0 <= ema_decay <= 1.0:
@@ -65,6 +70,9 @@ class _FlatOptimizer(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.flat = FlatParameters(self.param_groups)
         self.impl = select_impl(impl, self.flat.device)
+        self._update = self._updates[self.impl]
+        if self.impl == "chunked":  # its scratch, allocated once: no allocation per step
+            self._update = functools.partial(self._update, scratch=chunked.new_scratch(self.flat.device))
         self.ema_decay = ema_decay
         self.ema_warmup = ema_warmup
         self._buffers = {key: self.flat.new_state(fill) for key, fill in self._state_fills.items()}
@@ -199,6 +207,11 @@ class FusedRMSPropTF(_FlatOptimizer):
     State names: "square_avg" (ms), "momentum_buffer" (mom), "ema"."""
 
     _state_fills = {"square_avg": 1.0, "momentum_buffer": 0.0}
+    _updates = {
+        "triton": rmsprop_tf_kernel.rmsprop_tf_update,
+        "chunked": chunked.rmsprop_tf_update_chunked,
+        "torch": rmsprop_tf_kernel.rmsprop_tf_update_reference,
+    }
 
     def __init__(
         self,
@@ -219,10 +232,7 @@ class FusedRMSPropTF(_FlatOptimizer):
         super().__init__(params, defaults, ema_decay, ema_warmup, impl)
 
     def _update_group(self, group, w, g, buffers, grad_scale, found_inf, ema_weight) -> None:
-        update = rmsprop_tf_kernel.rmsprop_tf_update
-        if self.impl == "torch":
-            update = rmsprop_tf_kernel.rmsprop_tf_update_reference
-        update(
+        self._update(
             w, g, buffers["square_avg"], buffers["momentum_buffer"], buffers["ema"],
             lr=group["lr"], decay=group["decay"], momentum=group["momentum"], eps=group["eps"],
             weight_decay=group["weight_decay"], grad_scale=grad_scale, found_inf=found_inf,
@@ -236,6 +246,11 @@ class FusedMomentum(_FlatOptimizer):
     State names: "momentum_buffer", "ema"."""
 
     _state_fills = {"momentum_buffer": 0.0}
+    _updates = {
+        "triton": momentum_kernel.momentum_update,
+        "chunked": chunked.momentum_update_chunked,
+        "torch": momentum_kernel.momentum_update_reference,
+    }
 
     def __init__(
         self,
@@ -253,10 +268,7 @@ class FusedMomentum(_FlatOptimizer):
         super().__init__(params, defaults, ema_decay, ema_warmup, impl)
 
     def _update_group(self, group, w, g, buffers, grad_scale, found_inf, ema_weight) -> None:
-        update = momentum_kernel.momentum_update
-        if self.impl == "torch":
-            update = momentum_kernel.momentum_update_reference
-        update(
+        self._update(
             w, g, buffers["momentum_buffer"], buffers["ema"],
             lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
             weight_decay=group["weight_decay"], grad_scale=grad_scale, found_inf=found_inf,

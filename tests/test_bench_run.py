@@ -310,20 +310,26 @@ def test_rows_on_cuda_use_graph_policy_and_kernels():
 
 
 def test_kernel_microbenchmarks_run_and_their_table_shows_the_json(tmp_path):
-    # bench/bench_optim.py itself on the CPU (reduced widths, the torch contenders; the Triton one is
+    # bench/bench_optim.py itself on the CPU (its smoke size, the torch contenders; the Triton one is
     # timed on CUDA only), then the report's table built from its pytest-benchmark JSON.
     bench_json = tmp_path / "bench_optim.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "bench/bench_optim.py", "-q", "-p", "no:cacheprovider",
          "-k", "resnet50", f"--benchmark-json={bench_json}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "FASTTRAIN_BENCH_SMOKE": "1"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = report.kernel_rows(json.loads(bench_json.read_text()))
     by = {(r["optimizer"], r["contender"]): r for r in rows}
-    assert {("rmsprop", "fused-torch"), ("rmsprop", "torch-foreach"), ("momentum", "fused-torch")} <= set(by)
+    expected = {
+        ("rmsprop", "fasttrain-reference"),
+        ("rmsprop", "fasttrain-chunked"),
+        ("rmsprop", "torch-foreach"),
+    }
+    assert expected | {("momentum", "fasttrain-reference"), ("momentum", "torch-fused")} <= set(by)
     for (kind, _), r in by.items():
-        assert r["model"] == "resnet50" and r["width_divisor"] == 8
+        assert r["model"] == "resnet50" and r["width_divisor"] == 16
         bytes_per_param = {"rmsprop": 36, "momentum": 28}[kind]
         gb_per_s = bytes_per_param * r["num_params"] / (r["ms_per_update"] / 1e3) / 1e9
         assert r["effective_gb_per_s"] == pytest.approx(gb_per_s, rel=1e-9)
@@ -331,8 +337,10 @@ def test_kernel_microbenchmarks_run_and_their_table_shows_the_json(tmp_path):
         base = by[(kind, "torch-foreach")]["ms_per_update"]
         assert r["speedup_vs_torch_foreach"] == pytest.approx(base / r["ms_per_update"], rel=1e-12)
     lines = report._kernel_table({"kernels": rows})
-    r = by[("rmsprop", "fused-torch")]
-    (line,) = [x for x in lines if x.startswith("| rmsprop+EMA | resnet50 (width / 8) | fused-torch |")]
+    r = by[("rmsprop", "fasttrain-reference")]
+    (line,) = [
+        x for x in lines if x.startswith("| rmsprop+EMA | resnet50 (width / 16) | fasttrain-reference |")
+    ]
     assert f"| {r['ms_per_update']:.3f} |" in line and line.endswith(
         f"| {report._ratio(r['speedup_vs_torch_foreach'])} |"
     )

@@ -1,24 +1,28 @@
-"""Fused optimizer kernels: Triton (interpreter on the CPU, compiled on CUDA) vs the torch reference
-vs an independent float64 NumPy transcription of TensorFlow's update equations.
+"""Fused optimizer kernels: Triton (interpreter on the CPU, compiled on CUDA), the chunked torch fast
+path (with its CPU skip by host read and its device skip by torch.where) and the torch reference vs
+an independent float64 NumPy transcription of TensorFlow's update equations; Triton vs the
+reference (the chunked path vs the reference: test_chunked.py).
 
 Tolerances (atol 2e-6 + rtol 1e-6): the kernels compute in fp32. Against float64, 10 steps leave at
 most 1.2e-6 absolute error on weights of magnitude ~5 (2.5 ulp; ms and mom: < 2.3e-7), measured on
 the CPU. Triton vs the reference differ only by rounding too: torch's CPU sqrt is not correctly
 rounded (1 ulp; NumPy's, used by the interpreter, is) and CUDA may contract a*b+c into an FMA, so
-the same tolerances apply rather than bit equality. Semantic slips (ms from zeros, eps outside the
-sqrt, lr outside the momentum) move values by >= 1e-3.
+the same tolerances apply rather than bit equality; so does the chunked path, which rounds a few
+products and sums once where the reference rounds twice (see test_chunked.py). Semantic slips (ms from
+zeros, eps outside the sqrt, lr outside the momentum) move values by >= 1e-3.
 """
 
 import json
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import numpy as np
 import pytest
 import torch
+from fasttrain.kernels import chunked, rmsprop_tf
 from fasttrain.kernels import momentum as momentum_kernel
-from fasttrain.kernels import rmsprop_tf
 from fasttrain.kernels._common import HAVE_TRITON, ema_one_minus_decay
 
 import fasttrain  # noqa: F401  (maps the checkout's kernels/ as fasttrain.kernels)
@@ -30,12 +34,29 @@ LRS = [0.1 * 0.8**i for i in range(STEPS)]  # the LR changes every step
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+def _device_skip(update):
+    """`update` taking the chunked path's no-host-read branch (found_inf committed by torch.where, as
+    on CUDA) on CPU tensors too."""
+
+    def call(*args, **kwargs):
+        with mock.patch.object(chunked, "_host_reads_free", lambda device: False):
+            update(*args, **kwargs)
+
+    return call
+
+
 IMPLS = [
     pytest.param(rmsprop_tf.rmsprop_tf_update_reference, id="torch"),
+    pytest.param(chunked.rmsprop_tf_update_chunked, id="chunked"),
+    pytest.param(_device_skip(chunked.rmsprop_tf_update_chunked), id="chunked-device-skip"),
     pytest.param(rmsprop_tf.rmsprop_tf_update, id="triton", marks=needs_triton),
 ]
 MOMENTUM_IMPLS = [
     pytest.param(momentum_kernel.momentum_update_reference, id="torch"),
+    pytest.param(chunked.momentum_update_chunked, id="chunked"),
+    pytest.param(_device_skip(chunked.momentum_update_chunked), id="chunked-device-skip"),
     pytest.param(momentum_kernel.momentum_update, id="triton", marks=needs_triton),
 ]
 
@@ -103,6 +124,7 @@ def _run_rmsprop(update, n, device, grad_dtype, lr_as_tensor, ema_warmup=True, s
     lr_tensor = torch.zeros((), device=device)
     loss_scale = 1024.0
     grad_scale = torch.tensor(0.37 / loss_scale, device=device)  # 1/loss_scale and a non-power-of-2
+    no_overflow = torch.zeros((), device=device)  # as the trainer passes it (the commit path runs)
     for i, lr in enumerate(LRS):
         g = (_random(n, gen, device) * loss_scale).to(grad_dtype)
         lr_tensor.fill_(lr)
@@ -110,7 +132,7 @@ def _run_rmsprop(update, n, device, grad_dtype, lr_as_tensor, ema_warmup=True, s
         update(
             state["w"], g, state["ms"], state["mom"], state["ema"],
             lr=lr_tensor if lr_as_tensor else lr, decay=0.9, momentum=0.9, eps=1.0,
-            weight_decay=4e-5, grad_scale=grad_scale, ema_weight=ema_weight,
+            weight_decay=4e-5, grad_scale=grad_scale, ema_weight=ema_weight, found_inf=no_overflow,
         )  # fmt: skip
         step += 1
         g64 = g.double().cpu().numpy()  # the values the kernel reads (exact in float64)
@@ -182,12 +204,13 @@ def _run_momentum(update, n, device, grad_dtype, nesterov, seed=0):
     state = {"w": w, "acc": torch.zeros(n, device=device), "ema": w.clone()}
     expected = {key: t.double().cpu().numpy().copy() for key, t in state.items()}
     step = torch.zeros((), dtype=torch.int64, device=device)
+    no_overflow = torch.zeros((), device=device)
     for i, lr in enumerate(LRS):
         g = _random(n, gen, device, scale=0.5).to(grad_dtype)
         ema_weight = ema_one_minus_decay(step, 0.99, True)
         update(
             state["w"], g, state["acc"], state["ema"], lr=lr, momentum=0.9, nesterov=nesterov,
-            weight_decay=1e-4, grad_scale=0.125, ema_weight=ema_weight,
+            weight_decay=1e-4, grad_scale=0.125, ema_weight=ema_weight, found_inf=no_overflow,
         )  # fmt: skip
         step += 1
         tf_momentum(expected, g.double().cpu().numpy(), lr, 0.9, 1e-4, 0.125, nesterov, 0.99, i + 1)
@@ -220,6 +243,10 @@ def _kernel_calls():
     return [
         pytest.param(rmsprop_tf.rmsprop_tf_update_reference, 4, rms, id="rmsprop-torch"),
         pytest.param(momentum_kernel.momentum_update_reference, 3, mom, id="momentum-torch"),
+        pytest.param(chunked.rmsprop_tf_update_chunked, 4, rms, id="rmsprop-chunked"),
+        pytest.param(chunked.momentum_update_chunked, 3, mom, id="momentum-chunked"),
+        pytest.param(_device_skip(chunked.rmsprop_tf_update_chunked), 4, rms, id="rmsprop-chunked-device"),
+        pytest.param(_device_skip(chunked.momentum_update_chunked), 3, mom, id="momentum-chunked-device"),
         pytest.param(rmsprop_tf.rmsprop_tf_update, 4, rms, id="rmsprop-triton", marks=needs_triton),
         pytest.param(momentum_kernel.momentum_update, 3, mom, id="momentum-triton", marks=needs_triton),
     ]
@@ -227,19 +254,23 @@ def _kernel_calls():
 
 @pytest.mark.parametrize("update, n_state, kwargs", _kernel_calls())
 @pytest.mark.parametrize("flag", [1.0, float("inf"), float("nan")])
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # NumPy (interpreter) on inf - inf
 def test_found_inf_leaves_every_buffer_bit_identical(update, n_state, kwargs, flag):
     gen = torch.Generator().manual_seed(2)
     # Non-finite gradients, as a real overflow step would have them.
     g = torch.randn(1000, generator=gen)
     g[::7] = float("inf")
+    g[1] = float("nan")
     buffers = [torch.rand(1000, generator=gen) + 0.5 for _ in range(n_state)]
+    for b in buffers:  # values a multiply-by-0/1 skip would not keep: -0 + 0 is +0, 0 * inf is NaN
+        b[:3] = torch.tensor([-0.0, float("inf"), float("nan")])
     before = [b.clone() for b in buffers]
     update(buffers[0], g, *buffers[1:], found_inf=torch.tensor(flag), **kwargs)
     for b, old in zip(buffers, before):
         assert torch.equal(b.view(torch.int32), old.view(torch.int32))
     # The same call with found_inf == 0 does update (so the skip above was not vacuous).
     update(buffers[0], g.nan_to_num(posinf=1.0), *buffers[1:], found_inf=torch.tensor(0.0), **kwargs)
-    assert all(not torch.equal(b, old) for b, old in zip(buffers, before))
+    assert all(not torch.equal(b[3:], old[3:]) for b, old in zip(buffers, before))
 
 
 # --- launcher checks

@@ -1,6 +1,7 @@
 """FusedRMSPropTF and FusedMomentum as torch.optim.Optimizers: against torch.optim.SGD and a float64
-NumPy transcription of TensorFlow's RMSProp + EMA, per parameter over a mixed-shape list; skip on
-overflow; state_dict round trip; EMA swap; dispatch.
+NumPy transcription of TensorFlow's RMSProp + EMA, per parameter over a mixed-shape list, for each
+implementation (reference, chunked fast path, Triton interpreter); skip on overflow; state_dict round
+trip; EMA swap; dispatch; a step off the CPU that makes no host read (traced on the meta device).
 
 Tolerances: atol 2e-6 + rtol 1e-6 against float64, as in test_kernels.py (measured error there
 <= 1.2e-6 after 10 steps); 1e-6 against torch.optim.SGD, which computes the same fp32 operations
@@ -19,7 +20,7 @@ from torch import nn
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF, select_impl
 
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
-IMPLS = ["torch", pytest.param("triton", marks=needs_triton)]
+IMPLS = ["torch", "chunked", pytest.param("triton", marks=needs_triton)]
 STEPS = 12
 LRS = [0.1 * 0.85**i for i in range(STEPS)]
 
@@ -280,8 +281,10 @@ def test_ema_parameters_in_a_requested_order():
 
 
 def test_dispatch(monkeypatch):
-    assert select_impl("auto", torch.device("cpu")) == "torch"
-    assert select_impl("torch", torch.device("cpu")) == "torch"
+    assert select_impl("auto", torch.device("cpu")) == "chunked"  # the fast torch path
+    assert select_impl("chunked", torch.device("cpu")) == "chunked"
+    assert select_impl("torch", torch.device("cpu")) == "torch"  # the reference, on request
+    assert FusedRMSPropTF(_params(), lr=0.1).impl == "chunked"
     with pytest.raises(ValueError, match="must be one of"):
         select_impl("fused", torch.device("cpu"))
     if HAVE_TRITON:
@@ -289,6 +292,22 @@ def test_dispatch(monkeypatch):
         monkeypatch.delenv("TRITON_INTERPRET")
         with pytest.raises(RuntimeError, match="needs TRITON_INTERPRET=1"):
             FusedMomentum(_params(), lr=0.1, impl="triton")
+
+
+@pytest.mark.parametrize("kind", ["rmsprop", "momentum"])
+def test_chunked_step_off_the_cpu_reads_nothing_back(kind):
+    # On the meta device every host read (.item(), bool(tensor)) raises, so a step that completes
+    # there is one a CUDA graph can capture: found_inf, lr, grad_scale and the EMA's n stay on the device.
+    params = [nn.Parameter(torch.empty(s, device="meta")) for s in [(7, 5, 3, 3), (7,), (1000003,)]]
+    for p in params:
+        p.grad = torch.empty_like(p)
+    lr = torch.tensor(0.1, device="meta")
+    opt = _build(kind, "chunked", params, lr)
+    assert opt.impl == "chunked"
+    opt.step(grad_scale=torch.tensor(0.5, device="meta"), found_inf=torch.zeros((), device="meta"))
+    opt.step(grad_scale=0.5)
+    with pytest.raises(RuntimeError, match="meta"):
+        bool(opt.applied_steps == 2)  # the meta device does refuse host reads
 
 
 def test_param_groups_are_fixed_at_construction():
@@ -299,14 +318,15 @@ def test_param_groups_are_fixed_at_construction():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_graph_captured_step_matches_eager(monkeypatch):
+@pytest.mark.parametrize("impl", ["auto", "chunked"])
+def test_cuda_graph_captured_step_matches_eager(monkeypatch, impl):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     device = torch.device("cuda")
     eager_params = [nn.Parameter(p.detach().to(device)) for p in _params()]
     graph_params = [nn.Parameter(p.detach().clone()) for p in eager_params]
     lr_eager, lr_graph = torch.tensor(0.1, device=device), torch.tensor(0.1, device=device)
-    eager = FusedRMSPropTF(eager_params, lr=lr_eager, ema_decay=0.999)
-    graphed = FusedRMSPropTF(graph_params, lr=lr_graph, ema_decay=0.999)
+    eager = FusedRMSPropTF(eager_params, lr=lr_eager, ema_decay=0.999, impl=impl)
+    graphed = FusedRMSPropTF(graph_params, lr=lr_graph, ema_decay=0.999, impl=impl)
     scale, found_inf = torch.tensor(0.5, device=device), torch.zeros((), device=device)
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -326,6 +346,7 @@ def test_cuda_graph_captured_step_matches_eager(monkeypatch):
         _set_grads(graph_params, grads, 0)
         eager.step(grad_scale=scale, found_inf=found_inf)
         graph.replay()
-    assert eager.impl == "triton" or torch.cuda.get_device_capability() < (7, 0)
+    if impl == "auto":
+        assert eager.impl == "triton" or torch.cuda.get_device_capability() < (7, 0)
     for a, b in zip(_snapshot(eager), _snapshot(graphed)):
         assert torch.equal(a, b)
