@@ -10,6 +10,13 @@ import os
 import sys
 
 
+def _error(err) -> None:
+    # One write, newline included: print() writes the text and the newline separately, and under
+    # torchrun two ranks' lines on one pipe then ran together ("...firstfasttrain: error: ...").
+    sys.stderr.write(f"fasttrain: error: {err}\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     from fasttrain.checkpoint import CheckpointError
     from fasttrain.config import ConfigError, parse_args
@@ -20,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(sys.argv[1:] if argv is None else argv)
     except ConfigError as err:
-        print(f"fasttrain: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
     except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -37,10 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         train(cfg)
     except ConfigError as err:
-        print(f"fasttrain: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
     except (DataError, CheckpointError, TrainingStopped) as err:
-        print(f"fasttrain: error: {err}", file=sys.stderr)
+        _error(err)
         return 1
     finally:
         # Leave the process group on the error paths too: a gloo group still alive while Python

@@ -127,7 +127,7 @@ class _BatchDataset(IterableDataset):
             except DataError as e:
                 if not self.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
                     raise
-                print(f"skipping: {e}", file=sys.stderr, flush=True)
+                sys.stderr.write(f"skipping: {e}\n")  # one write: workers share the pipe
                 skipped += 1
         good = len(labels)
         if self.training and skipped:
