@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_helpers import reached_step
 
 from fasttrain.data.imagenet import list_shards, make_synthetic
 from fasttrain.data.tfrecord import build_index
@@ -56,14 +57,6 @@ def losses(run_dir: Path) -> dict[int, float]:
         if "loss" in record:
             out[record["step"]] = record["loss"]
     return out
-
-
-def reached_step(run_dir: Path) -> int:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in path.read_text().splitlines() if line.strip()]
-    return max(steps, default=0)
 
 
 def assert_same_tensors(a, b, where=""):

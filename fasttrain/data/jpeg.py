@@ -30,17 +30,6 @@ def undecodable(file, offset, error) -> DataError:
     )
 
 
-def jpeg_size(jpeg: bytes, file="", offset: int = 0) -> tuple[int, int]:
-    """(height, width) from the JPEG header, without decoding (TF's extract_jpeg_shape)."""
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg)
-    except (ValueError, TypeError) as e:
-        raise undecodable(file, offset, e) from None
-    if height < 1 or width < 1:
-        raise undecodable(file, offset, f"image size {height} x {width}")
-    return height, width
-
-
 def decode_jpeg(jpeg: bytes, file="", offset: int = 0) -> np.ndarray:
     """(H, W, 3) uint8 RGB, TensorFlow's decode_jpeg(channels=3) pixels."""
     try:
