@@ -17,6 +17,11 @@ setup(
         "numpy>=1.24",
         "pillow>=10",  # writes the demo's synthetic JPEGs
         "simplejpeg>=1.7",  # libjpeg-turbo with its fast IDCT: TensorFlow's decode_jpeg pixels
+        # libturbojpeg 3 (bundled by this wheel, called through ctypes): the cropped decode of TF's
+        # decode_and_crop_jpeg (fasttrain/data/jpeg.py). Pinned: fasttrain relies on the bundled
+        # library's TurboJPEG 3 ABI, not on the wheel's Python API. x86-64 Linux is where the GPU nodes
+        # are; elsewhere the window is cut from the full decode.
+        'turbojpeg==0.0.2; platform_system == "Linux" and platform_machine == "x86_64"',
         "numba>=0.59",  # TF1's resize and colour kernels, compiled (fasttrain/data/resize.py, color.py)
         "google-crc32c>=1.5",
         "protobuf>=4.21",

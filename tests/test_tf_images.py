@@ -10,20 +10,24 @@ largest pixel.
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
+from fasttrain.data import DataError, jpeg
 from fasttrain.data.color import ColorParams
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg import CROP_DECODE, decode_and_crop_jpeg, decode_jpeg
 from fasttrain.data.transforms import (
     TrainParams,
     apply_eval,
     apply_train,
     inception_central_crop,
     resnet_resize_size,
+    sample_train_params,
+    train_transform,
 )
 
 FIXTURE = Path(__file__).parent / "data" / "tf-images"
@@ -32,8 +36,9 @@ QUANTISATION = 0.5 + 0.0625 + 1e-3  # uint8 rounding + float16 storage + float32
 
 
 # Files whose chroma is subsampled (4:2:0 / 4:2:2): TF's cropped decode differs from a crop of the full
-# decode in the window's first or last column (libjpeg upsamples chroma at the crop edge as at an image
-# edge); 4:4:4, grayscale and CMYK crops are identical.
+# decode (what fasttrain falls back to without the turbojpeg wheel) in the window's first or last
+# column (libjpeg upsamples chroma at the crop edge as at an image edge); 4:4:4, grayscale and CMYK
+# crops are identical.
 def _subsampled(name: str) -> bool:
     image = Image.open(FIXTURE / name)
     return image.mode == "RGB" and JpegImagePlugin.get_sampling(image) > 0
@@ -60,10 +65,18 @@ def test_decode_is_tensorflows_bit_for_bit(case):
     assert hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest() == case["sha256"]
 
 
+@pytest.mark.skipif(not CROP_DECODE, reason="the turbojpeg wheel (libturbojpeg 3) is not installed")
 @pytest.mark.parametrize("case", CASES["decode_crop"], ids=lambda case: case["key"])
-def test_crop_of_the_decode_is_tensorflows_decode_and_crop(case, reference):
-    top, left, h, w = case["window"]
-    ours = decode_jpeg(_jpeg(case["file"]))[top : top + h, left : left + w].astype(np.float32)
+def test_cropped_decode_is_tensorflows_decode_and_crop_bit_for_bit(case, reference):
+    ours = decode_and_crop_jpeg(_jpeg(case["file"]), case["window"])
+    assert ours.shape == reference[case["key"]].shape
+    assert np.array_equal(ours, reference[case["key"]])
+
+
+@pytest.mark.parametrize("case", CASES["decode_crop"], ids=lambda case: case["key"])
+def test_without_turbojpeg_the_window_of_the_full_decode_is_close(case, reference, monkeypatch):
+    monkeypatch.setattr(jpeg, "_turbo", None)
+    ours = decode_and_crop_jpeg(_jpeg(case["file"]), case["window"]).astype(np.float32)
     diff = np.abs(ours - reference[case["key"]])
     if case["file"] not in SUBSAMPLED:
         assert diff.max() == 0
@@ -93,15 +106,40 @@ def _train_params(case) -> TrainParams:
     return TrainParams(tuple(case["window"]), case["flip"], case["method"], color)
 
 
+def _train_image(case) -> tuple[np.ndarray, TrainParams]:
+    """The decoded image and the parameters for it, as train_transform decodes (the window alone for
+    ResNet, as TF's decode_and_crop_jpeg)."""
+    params = _train_params(case)
+    if case["preprocess"] == "inception":
+        return decode_jpeg(_jpeg(case["file"])), params
+    _, _, h, w = params.crop
+    return decode_and_crop_jpeg(_jpeg(case["file"]), params.crop), replace(params, crop=(0, 0, h, w))
+
+
 @pytest.mark.parametrize("case", CASES["train"], ids=lambda case: case["key"])
 def test_train_transform_for_given_choices_is_tensorflows(case, reference):
-    image = decode_jpeg(_jpeg(case["file"]))
-    ours = apply_train(image, _train_params(case), case["image_size"], case["preprocess"])
+    if case["preprocess"] == "resnet" and case["file"] in SUBSAMPLED and not CROP_DECODE:
+        pytest.skip("the turbojpeg wheel (libturbojpeg 3) is not installed: the edge column differs")
+    image, params = _train_image(case)
+    ours = apply_train(image, params, case["image_size"], case["preprocess"])
     # Without colour the seed does not clip: bicubic overshoots past 0..255, which uint8 cannot hold.
     theirs = np.clip(reference[case["key"]], 0, 255)
     mean, worst = _levels(ours, theirs)
     assert mean < 0.3, mean
-    if case["preprocess"] == "resnet" and case["file"] in SUBSAMPLED:
+    assert worst <= QUANTISATION, worst
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES["train"] if c["preprocess"] == "resnet"], ids=lambda c: c["key"]
+)
+def test_without_turbojpeg_resnet_train_images_are_close(case, reference, monkeypatch):
+    monkeypatch.setattr(jpeg, "_turbo", None)
+    image, params = _train_image(case)
+    ours = apply_train(image, params, case["image_size"], case["preprocess"])
+    theirs = np.clip(reference[case["key"]], 0, 255)
+    mean, worst = _levels(ours, theirs)
+    assert mean < 0.3, mean
+    if case["file"] in SUBSAMPLED:
         # TF's cropped decode differs in the window's edge column for subsampled JPEGs (see above);
         # resizing a small window up to S spreads that over a few output columns (measured: at most
         # 1.25% of the pixels beyond rounding, by up to 6.25 levels, on the fixture's small windows).
@@ -154,3 +192,37 @@ def test_dali_eval_against_tensorflow(tmp_path, reference, preprocess):
     diff = (images - normalize_images(theirs, preprocess).permute(0, 2, 3, 1)).abs() * scale
     print(f"DALI vs TensorFlow, {preprocess} eval: mean {float(diff.mean()):.2f} levels")
     assert float(diff.mean()) < 1.5
+
+
+@pytest.mark.skipif(not CROP_DECODE, reason="the turbojpeg wheel (libturbojpeg 3) is not installed")
+@pytest.mark.parametrize("name", ["chelsea_422.jpg", "astronaut_q90.jpg", "rocket_444.jpg"])
+def test_resnet_train_transform_decodes_only_the_window(name):
+    """train_transform draws the crop from the header's size and decodes the window alone, as the seed's
+    decode_and_crop_jpeg: for subsampled chroma the edge column tells it from a crop of the full decode."""
+    jpeg_bytes = _jpeg(name)
+    height, width = decode_jpeg(jpeg_bytes).shape[:2]
+    differs = 0
+    for seed in range(12):
+        ours = train_transform(jpeg_bytes, np.zeros((0, 4)), np.random.default_rng(seed), 64)
+        params = sample_train_params(
+            np.random.default_rng(seed), height, width, np.zeros((0, 4)), "resnet", False
+        )
+        _, _, h, w = params.crop
+        window = decode_and_crop_jpeg(jpeg_bytes, params.crop)
+        expected = apply_train(window, replace(params, crop=(0, 0, h, w)), 64, "resnet")
+        np.testing.assert_array_equal(ours, expected)
+        full = apply_train(decode_jpeg(jpeg_bytes), params, 64, "resnet")
+        differs += not np.array_equal(ours, full)
+    assert differs == 0 if name not in SUBSAMPLED else differs > 0
+
+
+def test_truncated_jpeg_fails_where_tensorflow_fails():
+    """TF 2.21's decode_and_crop_jpeg on the first half of rocket_large.jpg (measured): a window in the
+    intact rows decodes, one below the cut raises "Premature end of JPEG data"; ours does the same."""
+    truncated = _jpeg("rocket_large.jpg")[: len(_jpeg("rocket_large.jpg")) // 2]
+    if CROP_DECODE:
+        assert decode_and_crop_jpeg(truncated, (0, 0, 50, 50)).shape == (50, 50, 3)
+    with pytest.raises(DataError, match="undecodable JPEG in record at offset 9 in shard-y"):
+        decode_and_crop_jpeg(truncated, (800, 0, 50, 50), "shard-y", 9)
+    with pytest.raises(DataError, match="shard-y"):
+        decode_and_crop_jpeg(b"not a jpeg", (0, 0, 1, 1), "shard-y", 9)

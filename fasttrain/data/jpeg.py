@@ -1,4 +1,4 @@
-"""JPEG decoding as TensorFlow's `decode_jpeg(contents, channels=3)` does it.
+"""JPEG decoding as TensorFlow's `decode_jpeg` and `decode_and_crop_jpeg` (channels=3) do it.
 
 TensorFlow decodes with libjpeg-turbo, the fast integer IDCT (JDCT_IFAST) and fancy (smooth) chroma
 upsampling, and asks libjpeg for RGB output, which turns 1-component (grayscale) JPEGs into three
@@ -6,16 +6,29 @@ equal channels. simplejpeg bundles libjpeg-turbo and exposes exactly those switc
 fastupsample=False): its output equals TensorFlow's bit for bit on every kind of JPEG the fixture holds
 (tests/test_tf_images.py). It decodes straight into a caller's buffer, and releases the GIL.
 
-`decode_and_crop_jpeg` (the ResNet seed's train decode) is served by decoding the whole image and taking
-the window: libjpeg's cropped decode skips rows with a different chroma-upsampling context, so for
-4:2:0 and 4:2:2 JPEGs TensorFlow's cropped pixels differ from the full decode's in a few rows, by 0.002
-levels on average over 200 random windows (identical for 4:4:4 and grayscale).
+`decode_and_crop_jpeg` (the ResNet seed's train decode) decodes only the crop window, as TensorFlow's
+jpeg_mem.cc does: libjpeg's jpeg_crop_scanline from the iMCU column at or left of the window, skipped
+rows above it (entropy-decoded only), nothing below it. That costs about 0.8 of a full decode on the
+benchmark's photos (bench/bench_input.py's set; a crop covers half the image on average). Chroma at
+the window's edges is upsampled as at an image edge, so for 4:2:0 / 4:2:2 JPEGs the window's first or
+last column differs from a crop of the full decode; the cropped decode reproduces TensorFlow's pixels
+bit for bit (tests/test_tf_images.py). The call is libjpeg-turbo 3's TurboJPEG API
+(tj3SetCroppingRegion), which no maintained Python binding exposes; the `turbojpeg` wheel bundles the
+library (its own pybind module has no cropping), and fasttrain calls that library through ctypes
+(ctypes drops the GIL during the call). Where the wheel is absent (it exists for x86-64 Linux, which
+setup.py requires it on, and for macOS and Windows) the window is cut from the full decode instead:
+the same pixels but for that edge column (`CROP_DECODE` says which path runs).
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
 and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.
 """
 
 from __future__ import annotations
+
+import ctypes
+import importlib.util
+import threading
+from pathlib import Path
 
 import numpy as np
 import simplejpeg
@@ -41,6 +54,113 @@ def decode_jpeg(jpeg: bytes, file="", offset: int = 0) -> np.ndarray:
         raise undecodable(file, offset, e) from None
 
 
+def jpeg_size(jpeg: bytes, file="", offset: int = 0) -> tuple[int, int]:
+    """(height, width) from the JPEG's header, without decoding it."""
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg)
+    except (ValueError, TypeError) as e:
+        raise undecodable(file, offset, e) from None
+    return height, width
+
+
+def decode_and_crop_jpeg(jpeg: bytes, window, file="", offset: int = 0) -> np.ndarray:
+    """(h, w, 3) uint8 RGB view: TensorFlow's decode_and_crop_jpeg(window=(top, left, h, w), channels=3)."""
+    top, left, h, w = window
+    if _turbo is None:
+        return decode_jpeg(jpeg, file, offset)[top : top + h, left : left + w]
+    try:
+        return _turbo.decode_window(jpeg, top, left, h, w)
+    except ValueError as e:
+        raise undecodable(file, offset, e) from None
+
+
 def _cmyk_to_rgb(cmyk: np.ndarray) -> np.ndarray:
     k = cmyk[..., 3:4].astype(np.uint16)
     return (cmyk[..., :3].astype(np.uint16) * k // 255).astype(np.uint8)
+
+
+class _Region(ctypes.Structure):
+    _fields_ = [("x", ctypes.c_int), ("y", ctypes.c_int), ("w", ctypes.c_int), ("h", ctypes.c_int)]
+
+
+class _TurboJPEG:
+    """The few TurboJPEG 3 calls a cropped decode needs (turbojpeg.h, libjpeg-turbo >= 3.0)."""
+
+    # Enumerations from turbojpeg.h.
+    INIT_DECOMPRESS = 1
+    SUBSAMP, JPEGWIDTH, JPEGHEIGHT, COLORSPACE, FASTUPSAMPLE, FASTDCT = 4, 5, 6, 8, 9, 10
+    CS_CMYK, CS_YCCK = 3, 4
+    PF_RGB, PF_CMYK = 0, 11
+    # tjMCUWidth by TJSAMP_444, 422, 420, GRAY, 440, 411, 441: a cropping region starts on a multiple.
+    MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)
+
+    def __init__(self, path: Path):
+        lib = ctypes.CDLL(str(path))
+        c_void_p, c_int, c_size_t = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        lib.tj3Init.restype, lib.tj3Init.argtypes = c_void_p, [c_int]
+        lib.tj3Set.argtypes = [c_void_p, c_int, c_int]
+        lib.tj3Get.argtypes = [c_void_p, c_int]
+        lib.tj3DecompressHeader.argtypes = [c_void_p, ctypes.c_char_p, c_size_t]
+        lib.tj3SetCroppingRegion.argtypes = [c_void_p, _Region]
+        lib.tj3Decompress8.argtypes = [c_void_p, ctypes.c_char_p, c_size_t, c_void_p, c_int, c_int]
+        lib.tj3GetErrorStr.restype, lib.tj3GetErrorStr.argtypes = ctypes.c_char_p, [c_void_p]
+        self.lib = lib
+        self.local = threading.local()  # a TurboJPEG handle is not thread-safe: one per thread
+
+    def _handle(self):
+        handle = getattr(self.local, "handle", None)
+        if handle is None:
+            handle = self.lib.tj3Init(self.INIT_DECOMPRESS)
+            if not handle:
+                raise MemoryError("tj3Init failed")
+            self.lib.tj3Set(handle, self.FASTDCT, 1)  # TensorFlow's JDCT_IFAST
+            self.lib.tj3Set(handle, self.FASTUPSAMPLE, 0)  # and its fancy upsampling
+            self.local.handle = handle
+        return handle
+
+    def _check(self, handle, status: int) -> None:
+        # Warnings (corrupt data libjpeg can step over) fail too, as simplejpeg's strict mode does.
+        if status != 0:
+            raise ValueError(self.lib.tj3GetErrorStr(handle).decode(errors="replace"))
+
+    def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
+        lib, handle = self.lib, self._handle()
+        self._check(handle, lib.tj3DecompressHeader(handle, jpeg, len(jpeg)))
+        width, height = lib.tj3Get(handle, self.JPEGWIDTH), lib.tj3Get(handle, self.JPEGHEIGHT)
+        if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
+            raise ValueError(f"crop window {(top, left, h, w)} outside the {height}x{width} image")
+        subsamp = lib.tj3Get(handle, self.SUBSAMP)
+        cmyk = lib.tj3Get(handle, self.COLORSPACE) in (self.CS_CMYK, self.CS_YCCK)
+        channels, pixel_format = (4, self.PF_CMYK) if cmyk else (3, self.PF_RGB)
+        if 0 <= subsamp < len(self.MCU_WIDTH):
+            x = left - left % self.MCU_WIDTH[subsamp]
+            region, rows, span = _Region(x, top, w + left - x, h), slice(None), w + left - x
+        else:  # an unusual sampling layout (TJSAMP_UNKNOWN) cannot be cropped: decode it whole
+            x, region, rows, span = 0, _Region(0, 0, 0, 0), slice(top, top + h), width
+        self._check(handle, lib.tj3SetCroppingRegion(handle, region))
+        out = np.empty((region.h or height, span, channels), np.uint8)
+        status = lib.tj3Decompress8(handle, jpeg, len(jpeg), out.ctypes.data, span * channels, pixel_format)
+        self._check(handle, status)
+        out = out[rows, left - x : left - x + w]
+        return _cmyk_to_rgb(out) if cmyk else out
+
+
+def _load_turbojpeg() -> _TurboJPEG | None:
+    """The library the `turbojpeg` wheel bundles, or None where it is absent or lacks the TJ3 calls."""
+    try:
+        spec = importlib.util.find_spec("turbojpeg")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin is None:
+        return None
+    libs = sorted((Path(spec.origin).parent / "turbojpeg.libs").glob("libturbojpeg*.so*"))
+    if not libs:
+        return None
+    try:
+        return _TurboJPEG(libs[0])
+    except (OSError, AttributeError):  # not loadable here, or an older library without tj3 calls
+        return None
+
+
+_turbo = _load_turbojpeg()
+CROP_DECODE = _turbo is not None

@@ -37,7 +37,7 @@ import numba
 import numpy as np
 
 from fasttrain.data.color import ColorParams, distort_color, sample_color
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg import decode_and_crop_jpeg, decode_jpeg, jpeg_size
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
 
@@ -169,18 +169,24 @@ def apply_train(
 
     scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker).
     """
-    out = _output(image_size, out)
-    work = _scratch(image_size, scratch)
     top, left, h, w = params.crop
     crop = image[top : top + h, left : left + w]
     if preprocess == "resnet":
-        resize(crop[:, ::-1] if params.flip else crop, work, "bilinear")
-        _store(work, out, _F32(1))
-        return out
+        return _resnet_train(crop, params.flip, image_size, out, scratch)
+    out = _output(image_size, out)
+    work = _scratch(image_size, scratch)
     resize(crop, work, params.method, in_scale=1 / 255, flip=params.flip)
     if params.color is not None:
         distort_color(work, params.color)
     _store(work, out, _F32(255))
+    return out
+
+
+def _resnet_train(window: np.ndarray, flip: bool, image_size: int, out, scratch) -> np.ndarray:
+    out = _output(image_size, out)
+    work = _scratch(image_size, scratch)
+    resize(window[:, ::-1] if flip else window, work, "bilinear")
+    _store(work, out, _F32(1))
     return out
 
 
@@ -197,6 +203,11 @@ def train_transform(
     scratch=None,
 ) -> np.ndarray:
     """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour."""
+    if preprocess == "resnet":  # decode_and_crop_jpeg: only the window is decoded
+        height, width = jpeg_size(jpeg, file, offset)
+        params = sample_train_params(rng, height, width, boxes, preprocess, color_distort)
+        window = decode_and_crop_jpeg(jpeg, params.crop, file, offset)
+        return _resnet_train(window, params.flip, image_size, out, scratch)
     image = decode_jpeg(jpeg, file, offset)
     params = sample_train_params(rng, image.shape[0], image.shape[1], boxes, preprocess, color_distort)
     return apply_train(image, params, image_size, preprocess, out, scratch)
