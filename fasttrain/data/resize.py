@@ -40,39 +40,50 @@ def _scale(in_size, out_size):
 
 
 @numba.njit(**_JIT)
-def _lerp_row(row, in_scale, x0, x1, tx, dst):
-    """dst[x] = TF's horizontal lerp of source row `row` (W, 3) at the columns of output x."""
-    for x in range(x0.shape[0]):
-        a, b, t = x0[x], x1[x], tx[x]
-        for c in range(3):
-            left = _F32(row[a, c]) * in_scale
-            right = _F32(row[b, c]) * in_scale
-            dst[x, c] = left + (right - left) * t
+def _lerp_row(buf, start, in_scale, i0, i1, t, conv, dst):
+    """dst[k] = TF's horizontal lerp, for flat output element k (x * 3 + c), of the source row whose
+    W * 3 values start at buf[start].
+
+    The row is first converted to float32 once (`conv`: a contiguous loop the compiler vectorises),
+    then the lerp reads two floats per output element through flat indices: the same float operations
+    as TF's per-pixel loop.
+    """
+    row = buf[start : start + conv.shape[0]]
+    for j in range(conv.shape[0]):
+        conv[j] = _F32(row[j]) * in_scale
+    for k in range(i0.shape[0]):
+        left = conv[i0[k]]
+        right = conv[i1[k]]
+        dst[k] = left + (right - left) * t[k]
 
 
 @numba.njit(**_JIT)
-def _bilinear(src, in_scale, out, flip, full_h, full_w, oy, ox):
+def _bilinear(buf, row_stride, in_h, in_w, mirror, in_scale, out, flip, full_h, full_w, oy, ox):
     """Rows oy.. and columns ox.. of the (full_h, full_w) resize (ResNet eval keeps only a window).
 
+    The (in_h, in_w, 3) image is row y's in_w * 3 values at buf[y * row_stride:] (`_flat_rows`),
+    mirrored left-right when `mirror` (the ResNet seed flips before resizing); `flip` mirrors the output.
     Each source row's horizontal lerp is computed once and kept while the next output row needs it
     (TF computes it per output pixel: the same float operations, about half of them here).
     """
-    in_h, in_w = src.shape[0], src.shape[1]
-    out_h, out_w = out.shape[0], out.shape[1]
+    out_h, out_w = out.shape[0], out.shape[1] // 3
     sy, sx = _scale(in_h, full_h), _scale(in_w, full_w)
-    x0 = np.empty(out_w, np.int64)
-    x1 = np.empty(out_w, np.int64)
-    tx = np.empty(out_w, np.float32)
+    n = out_w * 3
+    i0 = np.empty(n, np.int32)  # flat source element (column * 3 + channel) of each output element
+    i1 = np.empty(n, np.int32)
+    tx = np.empty(n, np.float32)
     for x in range(out_w):
         s = _F32(x + ox) * sx
         f = math.floor(s)
-        x0[x] = max(int(f), 0)
-        x1[x] = min(int(math.ceil(s)), in_w - 1)
-        tx[x] = s - _F32(f)
-    if flip:
-        x0, x1, tx = x0[::-1].copy(), x1[::-1].copy(), tx[::-1].copy()
-    top = np.empty((out_w, 3), np.float32)
-    bottom = np.empty((out_w, 3), np.float32)
+        a, b, t = max(int(f), 0), min(int(math.ceil(s)), in_w - 1), s - _F32(f)
+        if mirror:  # column a of the mirrored image is column in_w - 1 - a of the stored one
+            a, b = in_w - 1 - a, in_w - 1 - b
+        xo = out_w - 1 - x if flip else x
+        for c in range(3):
+            i0[3 * xo + c], i1[3 * xo + c], tx[3 * xo + c] = 3 * a + c, 3 * b + c, t
+    conv = np.empty(in_w * 3, np.float32)
+    top = np.empty(n, np.float32)
+    bottom = np.empty(n, np.float32)
     top_row, bottom_row = -1, -1
     for y in range(out_h):
         s = _F32(y + oy) * sy
@@ -83,15 +94,35 @@ def _bilinear(src, in_scale, out, flip, full_h, full_w, oy, ox):
             top, bottom = bottom, top
             top_row, bottom_row = bottom_row, top_row
         if y0 != top_row:
-            _lerp_row(src[y0], in_scale, x0, x1, tx, top)
+            _lerp_row(buf, y0 * row_stride, in_scale, i0, i1, tx, conv, top)
             top_row = y0
         if y1 != bottom_row:
-            _lerp_row(src[y1], in_scale, x0, x1, tx, bottom)
+            _lerp_row(buf, y1 * row_stride, in_scale, i0, i1, tx, conv, bottom)
             bottom_row = y1
         row = out[y]
-        for x in range(out_w):
-            for c in range(3):
-                row[x, c] = top[x, c] + (bottom[x, c] - top[x, c]) * ty
+        for k in range(n):
+            row[k] = top[k] + (bottom[k] - top[k]) * ty
+
+
+def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, int, bool]:
+    """(buf, row_stride, mirrored): `image` as a 1-D contiguous run of memory whose row y holds
+    image's W * 3 values from buf[y * row_stride] on, read right to left when mirrored. No copy for
+    a crop of a C-contiguous image or its left-right flip (what the pipelines pass)."""
+    mirrored = image.strides[1] < 0
+    if mirrored:
+        image = image[:, ::-1]
+    size = image.itemsize
+    height, width = image.shape[:2]
+    if (
+        image.strides[2] != size
+        or image.strides[1] != 3 * size
+        or image.strides[0] % size
+        or image.strides[0] < 0
+    ):
+        return np.ascontiguousarray(image).reshape(-1), width * 3, mirrored
+    row_stride = image.strides[0] // size
+    length = (height - 1) * row_stride + width * 3
+    return np.lib.stride_tricks.as_strided(image, (length,), (size,)), row_stride, mirrored
 
 
 @numba.njit(**_JIT)
@@ -255,7 +286,15 @@ def resize(
         raise ValueError(f"resize takes a non-empty (H, W, 3) image, got shape {image.shape}")
     if method == "bilinear":
         full_h, full_w = full_size or out.shape[:2]
-        _bilinear(image, _F32(in_scale), out, flip, full_h, full_w, offset[0], offset[1])
+        buf, row_stride, mirrored = _flat_rows(image)
+        height, width = image.shape[:2]
+        rows = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
+        _bilinear(
+            buf, row_stride, height, width, mirrored, _F32(in_scale), rows.reshape(out.shape[0], -1),
+            flip, full_h, full_w, *offset,
+        )  # fmt: skip
+        if rows is not out:
+            out[...] = rows
     elif full_size is not None:
         raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
     else:
