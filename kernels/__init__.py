@@ -6,8 +6,8 @@ with identical semantics (the specification the kernel is tested against):
 
 - rmsprop_tf: TensorFlow's RMSProp + L2 weight decay + loss-scale unscale/skip + EMA, one pass.
 - momentum:   TensorFlow's Momentum (= torch SGD) + the same extras, one pass.
-- chunked:    both updates again in in-place torch ops over cache-sized chunks of the flat buffers,
-              the fast path where Triton does not run (the CPU; CUDA below compute capability 7.0).
+- chunked:    both updates again, the fast path where Triton does not run: on the CPU a numba-compiled
+              loop (cpu.py), on CUDA below compute capability 7.0 in-place torch ops over chunks.
 
 Kernels run on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU
 tensors (how CI tests them). Choosing between kernel and reference happens in fasttrain.optim.

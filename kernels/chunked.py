@@ -1,5 +1,7 @@
-"""The fast torch path of both updates, for devices without Triton (the CPU; CUDA below compute
-capability 7.0, such as the P40): in-place torch ops over cache-sized chunks of the flat buffers.
+"""The fast path of both updates for devices without Triton (the CPU; CUDA below compute capability
+7.0, such as the P40). On the CPU, with fp32 contiguous buffers, it hands the update to the compiled
+loop of kernels/cpu.py (one pass, the float32 equations' bits). Everywhere else (CUDA, or bf16/fp16
+gradients on the CPU): in-place torch ops over cache-sized chunks of the flat buffers, below.
 
 Same arguments and semantics as rmsprop_tf.rmsprop_tf_update_reference and
 momentum.momentum_update_reference (the specifications; the equations are in those modules'
@@ -39,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from . import cpu
 from ._common import check_args, f32
 
 # 32,000 elements (125 KiB per buffer): just below torch's intra-op grain size (32,768), so each op
@@ -82,6 +85,26 @@ def rmsprop_tf_update_chunked(
     check_args("rmsprop_tf", w, found_inf, ema_weight, g=g, ms=ms, mom=mom, ema=ema)
     decay, momentum, eps, weight_decay = f32(decay), f32(momentum), f32(eps), f32(weight_decay)
     lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
+    if _compiled_on_cpu(w, g, ms, mom, ema):
+        if not _skipped(found_inf):
+            workers = _workers(scratch)
+            cpu.rmsprop_tf_update(
+                _pool(workers),
+                workers,
+                w,
+                g,
+                ms,
+                mom,
+                ema,
+                lr=lr,
+                decay=decay,
+                momentum=momentum,
+                eps=eps,
+                weight_decay=weight_decay,
+                grad_scale=grad_scale,
+                ema_weight=None if ema is None else float(ema_weight),  # note: a host read (free)
+            )
+        return
 
     def update(lo, hi, s, t, new_w, new_ms, new_mom, new_ema):
         _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
@@ -119,6 +142,24 @@ def momentum_update_chunked(
     check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
     momentum, weight_decay = f32(momentum), f32(weight_decay)
     lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
+    if _compiled_on_cpu(w, g, acc, ema):
+        if not _skipped(found_inf):
+            workers = _workers(scratch)
+            cpu.momentum_update(
+                _pool(workers),
+                workers,
+                w,
+                g,
+                acc,
+                ema,
+                lr=lr,
+                momentum=momentum,
+                nesterov=nesterov,
+                weight_decay=weight_decay,
+                grad_scale=grad_scale,
+                ema_weight=None if ema is None else float(ema_weight),  # note: a host read (free)
+            )
+        return
 
     def update(lo, hi, s, t, new_w, new_acc, new_ema):
         _scaled_gradient(g[lo:hi], w[lo:hi], grad_scale, weight_decay, out=s)
@@ -150,6 +191,19 @@ def _on_host_if_free(device: torch.device, *scalars):
     return tuple(float(x) if isinstance(x, torch.Tensor) else x for x in scalars)  # note: host reads
 
 
+def _compiled_on_cpu(*buffers) -> bool:
+    """True where kernels/cpu.py's compiled loop runs: host reads free, fp32 contiguous buffers."""
+    return _host_reads_free(buffers[0].device) and cpu.supported(*buffers)
+
+
+def _skipped(found_inf) -> bool:
+    return found_inf is not None and bool(found_inf != 0)  # note: a host read (NaN counts: skip)
+
+
+def _workers(scratch) -> int:
+    return torch.get_num_threads() if scratch is None else scratch.shape[0]
+
+
 def _scaled_gradient(g, w, grad_scale, weight_decay: float, out: torch.Tensor) -> None:
     """out = g * grad_scale + weight_decay * w, computed in fp32 whatever g's dtype."""
     if isinstance(grad_scale, float) and grad_scale == 1.0:
@@ -173,7 +227,7 @@ def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
     if scratch is None:
         scratch = new_scratch(w.device)
     if found_inf is not None and _host_reads_free(w.device):
-        if bool(found_inf != 0):  # note: a host read (NaN counts as overflow, as in the kernels)
+        if _skipped(found_inf):
             return
         found_inf = None
     ok = None if found_inf is None else found_inf == 0

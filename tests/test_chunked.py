@@ -13,6 +13,7 @@ momentum buffers of magnitude 8-10 and 1.4e-6 on weights of magnitude ~5 (2 ulp)
 
 from unittest import mock
 
+import numpy as np
 import pytest
 import torch
 from fasttrain.kernels import chunked, rmsprop_tf
@@ -103,3 +104,68 @@ def test_chunked_matches_reference_every_buffer(kind, update_kwargs, n, chunk, c
     for i, (a, b, before) in enumerate(zip(fast, reference, start)):
         torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL, msg=f"buffer {i}")
         assert not torch.equal(a, before), f"buffer {i} never changed: the comparison would be vacuous"
+
+
+def _numpy_float32_update(kind, buffers, g, lr, weight_decay, scale, ema_weight, **hyper):
+    """The references' equations in NumPy float32, one IEEE-rounded operation at a time (NumPy's
+    float32 sqrt is correctly rounded; torch's vectorised CPU sqrt is not always: an ulp off on
+    2 of 127 elements here, which is why the comparison with the torch reference needs a tolerance)."""
+    f = np.float32
+    w, *states, ema = buffers
+    g = g * f(scale) + f(weight_decay) * w
+    if kind == "rmsprop":
+        ms, mom = states
+        ms[:] = ms + f(1.0 - f(hyper["decay"])) * (g * g - ms)
+        mom[:] = f(hyper["momentum"]) * mom + (g * f(lr)) / np.sqrt(ms + f(hyper["eps"]))
+        w[:] = w - mom
+    else:
+        (acc,) = states
+        acc[:] = f(hyper["momentum"]) * acc + g
+        step = g + f(hyper["momentum"]) * acc if hyper["nesterov"] else acc
+        w[:] = w - f(lr) * step
+    if ema is not None:
+        ema[:] = ema - f(ema_weight) * (ema - w)
+
+
+# The compiled CPU loop (kernels/cpu.py) rounds each float32 operation of the references' equations
+# once, without fast-math (no reassociation, no fused multiply-add): every buffer must be the NumPy
+# transcription's bits, not merely close.
+@pytest.mark.parametrize("kind, update_kwargs", list(KINDS.values()), ids=list(KINDS))
+@pytest.mark.parametrize("case", ["plain", "decay-scale-float-ema"])
+@pytest.mark.parametrize("n", [1, 127, 100003])
+def test_compiled_cpu_path_is_the_float32_equations_bit_for_bit(kind, update_kwargs, case, n):
+    assert chunked._compiled_on_cpu(torch.zeros(n), torch.zeros(n)), "the compiled path would not run"
+    case = CASES[case]
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(n, generator=gen)
+    start = [w, torch.ones(n), torch.zeros(n)] if kind == "rmsprop" else [w, torch.zeros(n)]
+    start.append(w.clone() if case["ema"] else None)
+    fast = [None if b is None else b.clone() for b in start]
+    expected = [None if b is None else b.numpy().copy() for b in start]
+    fn = chunked.rmsprop_tf_update_chunked if kind == "rmsprop" else chunked.momentum_update_chunked
+    scale = 1.0 if case["grad_scale"] is None else case["grad_scale"]
+    step = torch.zeros((), dtype=torch.int64)
+    for lr in LRS:
+        g = torch.randn(n, generator=gen) / scale
+        ema_weight = ema_one_minus_decay(step, 0.999, True) if case["ema"] else None
+        fn(*fast[:1], g, *fast[1:], lr=lr, weight_decay=case["weight_decay"], grad_scale=case["grad_scale"],
+           ema_weight=ema_weight, **update_kwargs)  # fmt: skip
+        _numpy_float32_update(
+            kind, expected, g.numpy(), lr, case["weight_decay"], scale,
+            None if ema_weight is None else float(ema_weight), **update_kwargs,
+        )  # fmt: skip
+        step += 1
+    for i, (a, b, before) in enumerate(zip(fast, expected, start)):
+        if a is None:
+            continue
+        assert np.array_equal(a.numpy(), b), f"buffer {i}: max difference {np.abs(a.numpy() - b).max()}"
+        assert not torch.equal(a, before), f"buffer {i} never changed: the comparison would be vacuous"
+
+
+def test_compiled_cpu_path_runs_only_where_it_applies():
+    x = torch.zeros(8)
+    assert chunked._compiled_on_cpu(x, x, None)
+    assert not chunked._compiled_on_cpu(x, x.to(torch.bfloat16))  # widened by the torch ops instead
+    assert not chunked._compiled_on_cpu(x, torch.zeros(16)[::2])  # not contiguous
+    with mock.patch.object(chunked, "_host_reads_free", lambda device: False):
+        assert not chunked._compiled_on_cpu(x, x)  # the device path: no host read of found_inf
