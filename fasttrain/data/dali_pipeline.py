@@ -79,6 +79,10 @@ _HOST_MEMORY_PADDING = 140_544_512
 _BOX_KEYS = (("xmin", 0.0), ("ymin", 0.0), ("xmax", 1.0), ("ymax", 1.0))
 _DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
 _MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3)}
+# The first DALI with what this module uses: Pipeline(exec_dynamic=...) and stream-bound outputs,
+# pipe.run(stream), with `__dlpack__` on its tensors (DALI 1.44 release notes; NVIDIA/DALI #5704,
+# #5684). setup.py's floor is this version (tests/test_dali_pipeline.py checks that they agree).
+DALI_MIN_VERSION = (1, 44)
 
 
 class DaliLoader(EpochPosition):
@@ -102,6 +106,7 @@ class DaliLoader(EpochPosition):
             )
         if dtype not in _DALI_DTYPES:
             raise ValueError(f"DALI outputs float32 or float16, not {dtype} (cast to bf16 on the device)")
+        check_dali_version()
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size, self.dtype = rank, world_size, dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -195,6 +200,9 @@ class DaliLoader(EpochPosition):
             device_id=device_id,
             seed=int(seed[0] % 2**31),
             prefetch_queue_depth=2,
+            # Outputs bound to the trainer's stream, pipe.run(stream), need DALI's dynamic executor:
+            # its default only from DALI 1.51; older releases raise on the first GPU batch.
+            exec_dynamic=True,
         )
         paths, index_files = self._write_index_files(positions)
         dtype = getattr(types, _DALI_DTYPES[self.dtype])
@@ -242,6 +250,23 @@ class DaliLoader(EpochPosition):
                 "when there are no boxes, as build_imagenet_data.py does) or use --data_backend=torch"
             )
         return DataError(f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}")
+
+
+def check_dali_version(version: str | None = None) -> None:
+    """ConfigError unless the installed DALI (or `version`) is DALI_MIN_VERSION or newer."""
+    if version is None:
+        import nvidia.dali
+
+        version = nvidia.dali.__version__
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and (int(found.group(1)), int(found.group(2))) >= DALI_MIN_VERSION:
+        return
+    floor = ".".join(map(str, DALI_MIN_VERSION))
+    raise ConfigError(
+        f"NVIDIA DALI {version} is older than {floor}, the first release whose pipelines hand their "
+        f"outputs to a CUDA stream (exec_dynamic): pip install 'nvidia-dali-cuda120>={floor}', or "
+        "train with --data_backend=torch"
+    )
 
 
 def _record_problem(shard: str, offset: int, size: int) -> str | None:
