@@ -337,6 +337,31 @@ def test_the_dali_floor_is_setup_pys_and_older_releases_are_refused(data_dir, mo
         DaliLoader(_cfg(data_dir), "validation", False)
 
 
+def test_labels_stay_the_loaders_after_dali_reuses_its_buffers(data_dir, monkeypatch):
+    # Every output buffer DALI hands out is overwritten as soon as the loader has yielded its batch,
+    # as DALI may do once run() is called again: the labels already yielded must not change.
+    build = DaliLoader._build_pipeline
+
+    class ReusingPipeline:
+        def __init__(self, pipe):
+            self.pipe, self.handed_out = pipe, []
+
+        def run(self, *args):
+            for outputs in self.handed_out:
+                for out in outputs:
+                    torch.from_dlpack(out.as_tensor()).fill_(-7)
+            self.handed_out.append(self.pipe.run(*args))
+            return self.handed_out[-1]
+
+    monkeypatch.setattr(
+        DaliLoader, "_build_pipeline", lambda self, *a, **k: ReusingPipeline(build(self, *a, **k))
+    )
+    expected = [r.label for r in _reference_records(data_dir, "validation")]
+    batches = list(DaliLoader(_cfg(data_dir), "validation", False))
+    assert [int(v) for _, labels in batches for v in labels] == expected
+    assert not any(bool((images == -7).all()) for images, _ in batches)
+
+
 def test_cli_trains_a_few_steps_with_the_dali_backend(data_dir, tmp_path):
     if not (ROOT / "fasttrain" / "train.py").exists():
         pytest.skip("the trainer is not there yet")

@@ -135,14 +135,15 @@ class DaliLoader(EpochPosition):
                 images, labels = pipe.run(stream) if stream is not None else pipe.run()
             except RuntimeError as exc:
                 raise self._decode_error(positions[(b - start) * size :], exc) from None
-            labels = self._checked_labels(labels, mine)
-            # DALI's output buffer is in use only until the next run() (DALI's "Pipeline Run
-            # Methods"): a view kept past that, as gradient accumulation keeps its micro-batches, may
-            # be overwritten by a prefetched batch. So copy it, on the stream DALI bound it to (one
-            # device copy: 0.15 GB for 256 x 224 px in fp32, about 0.1 ms on an H100).
+            # DALI's output buffers are DALI's: a view kept past the next run(), as gradient
+            # accumulation keeps its micro-batches, may see a later batch written into them (DALI's
+            # "Pipeline Run Methods"). So both outputs are copied into tensors the loader owns: the
+            # images on the stream DALI bound them to (one device copy: 0.15 GB for 256 x 224 px in
+            # fp32, about 0.1 ms on an H100), the labels on the host (below).
+            labels = self._owned_labels(self._checked_labels(labels, mine))  # (N,) int64
             images = torch.from_dlpack(images.as_tensor())[: len(mine)].clone()  # (N, S, S, 3) float
             self._position = b + 1
-            yield images, labels.to(self.device, non_blocking=True)
+            yield images, labels
 
     # --- record order ---------------------------------------------------------------------------
 
@@ -225,6 +226,18 @@ class DaliLoader(EpochPosition):
             stored = int(values[i]) - self.cfg.label_offset
             raise label_range_error(shard, offset, stored, self.cfg.label_offset, self.cfg.num_classes)
         return values
+
+    def _owned_labels(self, values: torch.Tensor) -> torch.Tensor:
+        """The batch's labels (a view of DALI's host buffer) copied into memory the loader owns.
+
+        CUDA: into pinned memory and from there to the device with a non-blocking copy. From DALI's
+        own (pageable) buffer the copy would either wait for the host or, queued behind the step,
+        read the buffer after DALI has reused it. Torch's caching host allocator keeps a pinned block
+        until the copies queued from it have run, even after the loader drops its reference.
+        """
+        if self.device.type != "cuda":
+            return values.clone()
+        return values.pin_memory().to(self.device, non_blocking=True)
 
     def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
         """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
