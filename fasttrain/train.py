@@ -21,6 +21,7 @@ from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
     GradBuckets,
     broadcast_module,
+    check_graph_capture_env,
     cleanup,
     init_distributed,
     maybe_sync_bn,
@@ -53,6 +54,7 @@ def train(cfg: Config) -> dict:
             "--profile_comm times each all-reduce from Python hooks, which a CUDA graph "
             "replay skips: add --no-cuda_graph"
         )
+    check_graph_capture_env(info, precision.cuda_graph)
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         if info.device.type == "cuda":
