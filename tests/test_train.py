@@ -1,0 +1,70 @@
+"""The trainer's own lifetimes, in-process on the CPU: what it releases, when, and on which exit paths.
+
+A captured CUDA graph cannot exist without a GPU; a TrainStep that marks itself captured after its
+first step stands for one, and records when the trainer releases it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import fasttrain.train
+from fasttrain.config import make_config
+from fasttrain.step import TrainStep
+from fasttrain.train import TrainingStopped, train
+
+
+def _cfg(tmp_path, **overrides):
+    """A ResNet-18 8 channels wide at 32 px, batch 4: a few hundredths of a second a step."""
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=4, num_classes=4)
+    values.update(data_backend="synthetic", device="cpu", max_steps=4, log_every=1, eval_at_end=False)
+    values.update(train_dir=str(tmp_path / "run"), num_workers=0)
+    return make_config(**{**values, **overrides})
+
+
+@pytest.fixture
+def lifetimes(monkeypatch):
+    """.events in order: ('release_graph', what it released) and 'cleanup' (leaving the group);
+    .step: the TrainStep class the trainer builds."""
+    events = []
+
+    class RecordingStep(TrainStep):
+        nonfinite_at = None  # the step after which the loss turns non-finite
+
+        def __call__(self, batches):
+            super().__call__(batches)
+            self.graph = "captured"  # stands for the CUDA graph captured after the warm-up
+            if self.nonfinite_at is not None and int(self.step_count) >= self.nonfinite_at:
+                self.nonfinite_streak.fill_(1)
+
+        def release_graph(self):
+            events.append(("release_graph", self.graph))
+            self.graph = None
+
+    real_cleanup = fasttrain.train.cleanup
+
+    def recording_cleanup():
+        events.append("cleanup")
+        real_cleanup()
+
+    monkeypatch.setattr(fasttrain.train, "TrainStep", RecordingStep)
+    monkeypatch.setattr(fasttrain.train, "cleanup", recording_cleanup)
+    return SimpleNamespace(events=events, step=RecordingStep)
+
+
+def test_an_error_after_capture_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
+    # A non-finite loss stops the run with an exception after the graph exists: without the release
+    # the NCCL communicator waits for the graph at exit (pytorch/pytorch#115388), a hung job.
+    lifetimes.step.nonfinite_at = 2
+    with pytest.raises(TrainingStopped, match="not finite"):
+        train(_cfg(tmp_path))
+    events = lifetimes.events
+    assert events[:1] == [("release_graph", "captured")] and events[-1:] == ["cleanup"], events
+
+
+def test_a_finished_run_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
+    assert train(_cfg(tmp_path)) == {"step": 4}
+    events = lifetimes.events
+    assert events[:1] == [("release_graph", "captured")] and events[-1:] == ["cleanup"], events
