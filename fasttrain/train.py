@@ -197,6 +197,9 @@ def train(cfg: Config) -> dict:
                 )
                 return {"step": step, "stopped": True}
         progress.close()
+        # The training input pipeline is suspended mid-epoch inside `batches`: close it, so that
+        # evaluation does not hold two (DALI's pipeline and decoder buffers, the DataLoader's workers).
+        batches.close()
         step_fn.release_graph()  # its memory goes back for evaluation
 
         # --- evaluation ------------------------------------------------------------------------

@@ -6,12 +6,14 @@ first step stands for one, and records when the trainer releases it.
 
 from __future__ import annotations
 
+import weakref
 from types import SimpleNamespace
 
 import pytest
 
 import fasttrain.train
 from fasttrain.config import make_config
+from fasttrain.data.imagenet import make_synthetic
 from fasttrain.step import TrainStep
 from fasttrain.train import TrainingStopped, train
 
@@ -68,3 +70,31 @@ def test_a_finished_run_releases_the_graph_before_leaving_the_group(tmp_path, li
     assert train(_cfg(tmp_path)) == {"step": 4}
     events = lifetimes.events
     assert events[:1] == [("release_graph", "captured")] and events[-1:] == ["cleanup"], events
+
+
+def test_the_training_pipeline_is_released_before_evaluation(tmp_path, monkeypatch):
+    # The training loader's generator is suspended mid-epoch when the loop ends; evaluation builds its
+    # own pipeline and must not hold both.
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    from fasttrain.data.dali_pipeline import DaliLoader
+
+    data = tmp_path / "data"
+    make_synthetic(data, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 12 batches
+    pipelines, alive_at_eval = [], []
+    build, evaluate = DaliLoader._build_pipeline, fasttrain.train.evaluate
+
+    def recording_build(self, *args, **kwargs):
+        pipe = build(self, *args, **kwargs)
+        pipelines.append((self.split, weakref.ref(pipe)))
+        return pipe
+
+    def checking_evaluate(*args, **kwargs):
+        alive_at_eval.append([split for split, pipe in pipelines if pipe() is not None])
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(DaliLoader, "_build_pipeline", recording_build)
+    monkeypatch.setattr(fasttrain.train, "evaluate", checking_evaluate)
+    overrides = dict(data_backend="dali", data_dir=str(data), label_offset=-1, max_steps=3)
+    result = train(_cfg(tmp_path, **overrides, eval_at_end=True, max_eval_batches=1, ema_decay=0.0))
+    assert result["count"] == 4 and [split for split, _ in pipelines] == ["train", "validation"]
+    assert alive_at_eval == [[]], alive_at_eval
