@@ -144,7 +144,9 @@ def train(cfg: Config) -> dict:
         )
 
     # --- the loop ------------------------------------------------------------------------------
-    stop = StopRequest()
+    # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
+    # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
+    stop = StopRequest(check_every=cfg.log_every)
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)

@@ -1,15 +1,21 @@
-"""The trainer's own lifetimes, in-process on the CPU: what it releases, when, and on which exit paths.
+"""The trainer's own lifetimes and host syncs, on the CPU: what it releases, when, and on which exit
+paths; where several ranks read their stop flag.
 
-A captured CUDA graph cannot exist without a GPU; a TrainStep that marks itself captured after its
-first step stands for one, and records when the trainer releases it.
+train() runs in this process (two spawned gloo ranks for the stop check). A captured CUDA graph
+cannot exist without a GPU; a TrainStep that marks itself captured after its first step stands for
+one, and records when the trainer releases it.
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from types import SimpleNamespace
 
 import pytest
+import torch
+import torch.multiprocessing as mp
+from launch_helpers import free_port, loopback_env
 
 import fasttrain.train
 from fasttrain.config import make_config
@@ -98,3 +104,37 @@ def test_the_training_pipeline_is_released_before_evaluation(tmp_path, monkeypat
     result = train(_cfg(tmp_path, **overrides, eval_at_end=True, max_eval_batches=1, ema_decay=0.0))
     assert result["count"] == 4 and [split for split, _ in pipelines] == ["train", "validation"]
     assert alive_at_eval == [[]], alive_at_eval
+
+
+def _count_stop_checks(rank: int, world: int, port: int, cfg, out_dir) -> None:
+    os.environ.update(loopback_env(), MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    import fasttrain.monitor
+
+    # For each flag all-reduce: the step of the log line before it (0 for none).
+    logged, checked = [0], []
+    all_reduce_flag, log_step = fasttrain.monitor.all_reduce_flag, fasttrain.train.log_step
+
+    def recording_log_step(log, progress, step, *args):
+        logged.append(step)
+        return log_step(log, progress, step, *args)
+
+    def recording_all_reduce_flag(flag, info):
+        checked.append(logged[-1])
+        return all_reduce_flag(flag, info)
+
+    fasttrain.train.log_step = recording_log_step
+    fasttrain.monitor.all_reduce_flag = recording_all_reduce_flag
+    train(cfg)
+    (out_dir / f"rank{rank}").write_text(" ".join(map(str, checked)))
+
+
+def test_ranks_agree_on_a_stop_only_at_the_log_steps(tmp_path):
+    # The stop check's flag all-reduce ends in a host read (a GPU sync): only where the trainer reads
+    # the loss back anyway, every log_every steps, not at a fixed interval of its own.
+    cfg = _cfg(tmp_path, max_steps=12, log_every=4, checkpoint_every=100)
+    mp.spawn(_count_stop_checks, args=(2, free_port(), cfg, tmp_path), nprocs=2, join=True)
+    for rank in range(2):
+        # one check after each log line (steps 4, 8, 12), none in between
+        assert (tmp_path / f"rank{rank}").read_text() == "4 8 12"
