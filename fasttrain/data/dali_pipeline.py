@@ -133,7 +133,7 @@ class DaliLoader(EpochPosition):
             mine = positions[(b - start) * size :][:size]  # < size only for evaluation's last batch
             try:
                 images, labels = pipe.run(stream) if stream is not None else pipe.run()
-            except RuntimeError as exc:
+            except RuntimeError as exc:  # a failed batch (a DALI too old for run(stream) is refused earlier)
                 raise self._decode_error(positions[(b - start) * size :], exc) from None
             # DALI's output buffers are DALI's: a view kept past the next run(), as gradient
             # accumulation keeps its micro-batches, may see a later batch written into them (DALI's
