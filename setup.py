@@ -29,13 +29,13 @@ setup(
         "triton>=3.3; platform_system == 'Linux'",  # torch 2.7 ships with 3.3
     ],
     extras_require={
-        "dali": ["nvidia-dali-cuda120>=1.40"],
+        "dali": ["nvidia-dali-cuda120>=1.44"],
         # bench/bench_input.py: the real-photo shard set (skimage.data) and the plain PyTorch row.
         "bench": ["scikit-image>=0.21", "tfrecord>=1.14"],
         "test": [
             "pytest>=7",
             "pytest-benchmark>=4",
-            "nvidia-dali-cuda120>=1.40; platform_system == 'Linux' and platform_machine == 'x86_64'",
+            "nvidia-dali-cuda120>=1.44; platform_system == 'Linux' and platform_machine == 'x86_64'",
             "matplotlib>=3.5",
             "ruff>=0.5",
             "scikit-image>=0.21",  # tests/test_bench_input.py: the photo shard writer

@@ -34,6 +34,7 @@ __all__ = [
     "cleanup",
     "broadcast_module",
     "all_reduce_flag",
+    "check_graph_capture_env",
     "all_reduce_sum",
     "rank0_error",
     "per_rank_batch",
@@ -174,6 +175,29 @@ def cleanup() -> None:
         time.sleep(0.05)
         dist.destroy_process_group()
         time.sleep(0.05)
+
+
+# torch's names for NCCL's blocking wait, the first taking precedence (ProcessGroupNCCL.hpp), and the
+# values its getCvarBool reads as true.
+_BLOCKING_WAIT_VARS = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+_TRUE_VALUES = ("y", "yes", "1", "t", "true")
+
+
+def check_graph_capture_env(info: DistInfo, cuda_graph: bool) -> None:
+    """ConfigError if the environment stops NCCL collectives from being captured in a CUDA graph.
+
+    With blocking wait on, every NCCL wait() blocks the host until the collective has finished,
+    which a stream under capture cannot do: the capture fails, and without this check the user sees
+    only "cannot be captured in a CUDA graph".
+    """
+    if not cuda_graph or info.backend != "nccl":
+        return
+    name = next((n for n in _BLOCKING_WAIT_VARS if os.environ.get(n) is not None), None)
+    if name is not None and os.environ[name].strip().lower() in _TRUE_VALUES:
+        raise ConfigError(
+            f"{name}={os.environ[name]} makes every NCCL wait block the host, which a CUDA graph "
+            f"capture cannot contain: unset {name} (or set it to 0), or run with --no-cuda_graph"
+        )
 
 
 def per_rank_batch(global_batch: int, info: DistInfo) -> int:

@@ -57,9 +57,13 @@ class progress_bar:  # noqa: N801 - used like a function
 
 
 class StopRequest:
-    """SIGTERM/SIGINT set a flag; all ranks agree (all-reduced) to stop at the same step."""
+    """SIGTERM/SIGINT set a flag; all ranks agree (all-reduced) to stop at the same step.
 
-    def __init__(self, check_every: int = 10):
+    One process checks its flag every step; several all-reduce it every `check_every` steps, a host
+    sync, so the trainer passes its log interval, where it reads the loss back anyway.
+    """
+
+    def __init__(self, check_every: int):
         self.flag, self.signal_name, self.check_every = False, "", check_every
         self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
@@ -71,7 +75,8 @@ class StopRequest:
             return self.flag
         if step % self.check_every:
             return False
-        agreed = all_reduce_flag(self.flag, info)  # note: a small collective every check_every steps
+        # note: a collective and a host sync, every check_every steps
+        agreed = all_reduce_flag(self.flag, info)
         self.signal_name = self.signal_name or "a signal on another rank"
         return agreed
 

@@ -21,6 +21,7 @@ from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
     GradBuckets,
     broadcast_module,
+    check_graph_capture_env,
     cleanup,
     init_distributed,
     maybe_sync_bn,
@@ -53,6 +54,7 @@ def train(cfg: Config) -> dict:
             "--profile_comm times each all-reduce from Python hooks, which a CUDA graph "
             "replay skips: add --no-cuda_graph"
         )
+    check_graph_capture_env(info, precision.cuda_graph)
     torch.manual_seed(cfg.seed)
     if cfg.deterministic:
         if info.device.type == "cuda":
@@ -142,97 +144,111 @@ def train(cfg: Config) -> dict:
         )
 
     # --- the loop ------------------------------------------------------------------------------
-    stop = StopRequest()
+    # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
+    # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
+    stop = StopRequest(check_every=cfg.log_every)
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
-    while step < max_steps:
-        step_fn(next(batches))
-        step += 1
-        progress.update(1)
-        if step % cfg.log_every == 0 or step == max_steps:
-            # note: CPU-GPU sync point, once per log_every steps
-            loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
-            elapsed, tick = time.perf_counter() - tick, time.perf_counter()
-            sec_per_batch = elapsed / (step - tick_step)
-            tick_step = step
-            log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
-            metrics.write(
-                step=step,
-                loss=loss,
-                lr=schedule.at(step - 1),
-                examples_per_sec=global_batch / sec_per_batch,
-                sec_per_batch=sec_per_batch,
-                loss_scale=step_fn.scaler.scale.item(),
-                skipped_steps=int(step_fn.scaler.skipped_steps.item()),
-                epoch=train_loader.epoch,
-                skipped_records=getattr(train_loader, "skipped", 0),
-            )
-            check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
-            if buckets is not None and (comm := buckets.comm_stats()) is not None:
-                log(
-                    f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
-                    f"{comm['hidden_fraction']:.0%} hidden behind backward, "
-                    f"{comm['exposed_ms']:.1f} ms exposed"
-                )
+    try:
+        while step < max_steps:
+            step_fn(next(batches))
+            step += 1
+            progress.update(1)
+            if step % cfg.log_every == 0 or step == max_steps:
+                # note: CPU-GPU sync point, once per log_every steps
+                loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+                elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+                sec_per_batch = elapsed / (step - tick_step)
+                tick_step = step
+                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
                 metrics.write(
                     step=step,
-                    comm_ms=comm["comm_ms"],
-                    comm_hidden_fraction=comm["hidden_fraction"],
-                    comm_exposed_ms=comm["exposed_ms"],
+                    loss=loss,
+                    lr=schedule.at(step - 1),
+                    examples_per_sec=global_batch / sec_per_batch,
+                    sec_per_batch=sec_per_batch,
+                    loss_scale=step_fn.scaler.scale.item(),
+                    skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+                    epoch=train_loader.epoch,
+                    skipped_records=getattr(train_loader, "skipped", 0),
                 )
-        if step % cfg.checkpoint_every == 0 or step == max_steps:
-            save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
-            last_saved = step
-        if stop.requested(info, step):
-            if last_saved != step:  # a checkpoint step has just saved it
+                check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
+                if buckets is not None and (comm := buckets.comm_stats()) is not None:
+                    log(
+                        f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
+                        f"{comm['hidden_fraction']:.0%} hidden behind backward, "
+                        f"{comm['exposed_ms']:.1f} ms exposed"
+                    )
+                    metrics.write(
+                        step=step,
+                        comm_ms=comm["comm_ms"],
+                        comm_hidden_fraction=comm["hidden_fraction"],
+                        comm_exposed_ms=comm["exposed_ms"],
+                    )
+            if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
-            step_fn.release_graph()
-            progress.close()
-            log(
-                f"stopped by {stop.signal_name} at step {step}; checkpoint "
-                f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume"
-            )
-            cleanup()
-            if lock is not None:
-                lock.release()
-            return {"step": step, "stopped": True}
-    progress.close()
-    stop.restore()
-    step_fn.release_graph()  # its memory goes back for evaluation; and before leaving the group
-
-    # --- evaluation ----------------------------------------------------------------------------
-    result = {"step": step}
-    if cfg.eval_at_end:
-        eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
-        raw = evaluate(
-            model, eval_loader, precision, info.device, cfg.preprocess, cfg.max_eval_batches, info.world_size
-        )
-        result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
-        if cfg.ema_decay:
-            with ema_weights(optimizer, bn_ema):
-                ema = evaluate(
-                    model,
-                    eval_loader,
-                    precision,
-                    info.device,
-                    cfg.preprocess,
-                    cfg.max_eval_batches,
-                    info.world_size,
+                last_saved = step
+            if stop.requested(info, step):
+                if last_saved != step:  # a checkpoint step has just saved it
+                    save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+                progress.close()
+                log(
+                    f"stopped by {stop.signal_name} at step {step}; checkpoint "
+                    f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume"
                 )
-            result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
-        metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
-        chance = 1.0 / cfg.num_classes
-        ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
-        verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
-        log(
-            f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, top-5 {result['top5']:.3f} "
-            f"on {result['count']} images; chance is {chance:.3f}, so top-1 is {verdict} chance"
-        )
-    cleanup()
-    if lock is not None:
-        lock.release()  # on an error path the process's exit releases it
-    return result
+                return {"step": step, "stopped": True}
+        progress.close()
+        # The training input pipeline is suspended mid-epoch inside `batches`: close it, so that
+        # evaluation does not hold two (DALI's pipeline and decoder buffers, the DataLoader's workers).
+        batches.close()
+        step_fn.release_graph()  # its memory goes back for evaluation
+
+        # --- evaluation ------------------------------------------------------------------------
+        result = {"step": step}
+        if cfg.eval_at_end:
+            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+            raw = evaluate(
+                model,
+                eval_loader,
+                precision,
+                info.device,
+                cfg.preprocess,
+                cfg.max_eval_batches,
+                info.world_size,
+            )
+            result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
+            if cfg.ema_decay:
+                with ema_weights(optimizer, bn_ema):
+                    ema = evaluate(
+                        model,
+                        eval_loader,
+                        precision,
+                        info.device,
+                        cfg.preprocess,
+                        cfg.max_eval_batches,
+                        info.world_size,
+                    )
+                result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
+            metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
+            chance = 1.0 / cfg.num_classes
+            ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
+            verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
+            log(
+                f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, "
+                f"top-5 {result['top5']:.3f} on {result['count']} images; chance is {chance:.3f}, "
+                f"so top-1 is {verdict} chance"
+            )
+        return result
+    finally:
+        # Every way out, errors included (a non-finite loss stop, a failed save): the graph goes
+        # before the process group, whose NCCL communicator otherwise waits at exit for the graph
+        # that captured its collectives (pytorch/pytorch#115388).
+        stop.restore()
+        step_fn.release_graph()
+        cleanup()
+        if lock is not None:
+            lock.release()
 
 
 # --- named pieces of the loop -----------------------------------------------------------------

@@ -7,6 +7,7 @@ Every record of the test data has its own label, so labels identify the records 
 """
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from fasttrain.config import ConfigError, make_config  # noqa: E402
 from fasttrain.data import DataError  # noqa: E402
-from fasttrain.data.dali_pipeline import DaliLoader  # noqa: E402
+from fasttrain.data.dali_pipeline import DALI_MIN_VERSION, DaliLoader, check_dali_version  # noqa: E402
 from fasttrain.data.example import encode_example  # noqa: E402
 from fasttrain.data.imagenet import decode_record, list_shards  # noqa: E402
 from fasttrain.data.normalize import normalize_images  # noqa: E402
@@ -300,6 +301,65 @@ def test_out_of_range_label_names_the_record(data_dir):
 def test_skip_corrupt_is_refused(data_dir):
     with pytest.raises(ConfigError, match="--data_backend=torch"):
         DaliLoader(_cfg(data_dir, skip_corrupt=True), "train", True)
+
+
+def test_pipelines_are_built_for_stream_bound_outputs(data_dir, monkeypatch):
+    # pipe.run(stream) needs the dynamic executor, DALI's default only from 1.51: ask for it.
+    import nvidia.dali
+
+    built = []
+
+    def recording_pipeline(*args, **kwargs):
+        built.append(kwargs)
+        return real_pipeline(*args, **kwargs)
+
+    real_pipeline = nvidia.dali.Pipeline
+    monkeypatch.setattr(nvidia.dali, "Pipeline", recording_pipeline)
+    for split, training in (("train", True), ("validation", False)):
+        next(iter(DaliLoader(_cfg(data_dir), split, training)))
+    assert len(built) == 2 and all(kwargs.get("exec_dynamic") is True for kwargs in built), built
+
+
+def test_the_dali_floor_is_setup_pys_and_older_releases_are_refused(data_dir, monkeypatch):
+    setup = (ROOT / "setup.py").read_text(encoding="utf-8")
+    floors = re.findall(r"nvidia-dali-cuda120>=(\d+)\.(\d+)", setup)
+    assert floors and {tuple(map(int, f)) for f in floors} == {DALI_MIN_VERSION}
+    floor = ".".join(map(str, DALI_MIN_VERSION))
+    for ok in (floor, f"{floor}.0", "1.51.2", "2.4.0", "10.0.0"):
+        check_dali_version(ok)
+    for old in ("1.40.0", "1.43.0", "0.31.0"):
+        with pytest.raises(ConfigError, match=rf"NVIDIA DALI {old} is older than {floor}.*>={floor}"):
+            check_dali_version(old)
+    import nvidia.dali
+
+    monkeypatch.setattr(nvidia.dali, "__version__", "1.43.0")
+    with pytest.raises(ConfigError, match="NVIDIA DALI 1.43.0 is older than"):
+        DaliLoader(_cfg(data_dir), "validation", False)
+
+
+def test_labels_stay_the_loaders_after_dali_reuses_its_buffers(data_dir, monkeypatch):
+    # Every output buffer DALI hands out is overwritten as soon as the loader has yielded its batch,
+    # as DALI may do once run() is called again: the labels already yielded must not change.
+    build = DaliLoader._build_pipeline
+
+    class ReusingPipeline:
+        def __init__(self, pipe):
+            self.pipe, self.handed_out = pipe, []
+
+        def run(self, *args):
+            for outputs in self.handed_out:
+                for out in outputs:
+                    torch.from_dlpack(out.as_tensor()).fill_(-7)
+            self.handed_out.append(self.pipe.run(*args))
+            return self.handed_out[-1]
+
+    monkeypatch.setattr(
+        DaliLoader, "_build_pipeline", lambda self, *a, **k: ReusingPipeline(build(self, *a, **k))
+    )
+    expected = [r.label for r in _reference_records(data_dir, "validation")]
+    batches = list(DaliLoader(_cfg(data_dir), "validation", False))
+    assert [int(v) for _, labels in batches for v in labels] == expected
+    assert not any(bool((images == -7).all()) for images, _ in batches)
 
 
 def test_cli_trains_a_few_steps_with_the_dali_backend(data_dir, tmp_path):

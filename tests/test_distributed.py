@@ -24,6 +24,7 @@ from fasttrain.distributed import (
     all_reduce_flag,
     all_reduce_sum,
     broadcast_module,
+    check_graph_capture_env,
     cleanup,
     init_distributed,
     maybe_sync_bn,
@@ -396,6 +397,42 @@ def test_cuda_device_errors(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "1")
     with pytest.raises(ConfigError, match=r"LOCAL_RANK=2 but only 2 CUDA device\(s\).*--nproc_per_node=2"):
         init_distributed("auto")
+
+
+@pytest.mark.parametrize(
+    "env,refused",
+    [
+        ({}, None),
+        ({"TORCH_NCCL_BLOCKING_WAIT": "0"}, None),
+        ({"TORCH_NCCL_BLOCKING_WAIT": "1"}, "TORCH_NCCL_BLOCKING_WAIT"),
+        ({"TORCH_NCCL_BLOCKING_WAIT": "True"}, "TORCH_NCCL_BLOCKING_WAIT"),
+        ({"NCCL_BLOCKING_WAIT": "yes"}, "NCCL_BLOCKING_WAIT"),
+        # torch reads the TORCH_ name first: it decides when both are set
+        ({"TORCH_NCCL_BLOCKING_WAIT": "0", "NCCL_BLOCKING_WAIT": "1"}, None),
+        ({"TORCH_NCCL_BLOCKING_WAIT": "1", "NCCL_BLOCKING_WAIT": "0"}, "TORCH_NCCL_BLOCKING_WAIT"),
+    ],
+)
+def test_nccl_blocking_wait_is_refused_before_a_graph_capture(monkeypatch, env, refused):
+    for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    nccl = DistInfo(
+        rank=0, world_size=2, local_rank=0, device=torch.device("cuda", 0), backend="nccl", is_main=True
+    )
+    gloo = DistInfo(
+        rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="gloo", is_main=True
+    )
+    check_graph_capture_env(nccl, cuda_graph=False)  # eager steps: blocking wait is the user's choice
+    check_graph_capture_env(gloo, cuda_graph=True)
+    if refused is None:
+        check_graph_capture_env(nccl, cuda_graph=True)
+        return
+    with pytest.raises(ConfigError) as info:
+        check_graph_capture_env(nccl, cuda_graph=True)
+    message = str(info.value)
+    assert message.startswith(f"{refused}={env[refused]} ") and f"unset {refused}" in message
+    assert "--no-cuda_graph" in message
 
 
 def test_per_rank_batch_and_sync_bn_errors():

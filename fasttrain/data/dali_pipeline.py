@@ -79,6 +79,10 @@ _HOST_MEMORY_PADDING = 140_544_512
 _BOX_KEYS = (("xmin", 0.0), ("ymin", 0.0), ("xmax", 1.0), ("ymax", 1.0))
 _DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
 _MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3)}
+# The first DALI with what this module uses: Pipeline(exec_dynamic=...) and stream-bound outputs,
+# pipe.run(stream), with `__dlpack__` on its tensors (DALI 1.44 release notes; NVIDIA/DALI #5704,
+# #5684). setup.py's floor is this version (tests/test_dali_pipeline.py checks that they agree).
+DALI_MIN_VERSION = (1, 44)
 
 
 class DaliLoader(EpochPosition):
@@ -102,6 +106,7 @@ class DaliLoader(EpochPosition):
             )
         if dtype not in _DALI_DTYPES:
             raise ValueError(f"DALI outputs float32 or float16, not {dtype} (cast to bf16 on the device)")
+        check_dali_version()
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size, self.dtype = rank, world_size, dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -128,16 +133,17 @@ class DaliLoader(EpochPosition):
             mine = positions[(b - start) * size :][:size]  # < size only for evaluation's last batch
             try:
                 images, labels = pipe.run(stream) if stream is not None else pipe.run()
-            except RuntimeError as exc:
+            except RuntimeError as exc:  # a failed batch (a DALI too old for run(stream) is refused earlier)
                 raise self._decode_error(positions[(b - start) * size :], exc) from None
-            labels = self._checked_labels(labels, mine)
-            # DALI's output buffer is in use only until the next run() (DALI's "Pipeline Run
-            # Methods"): a view kept past that, as gradient accumulation keeps its micro-batches, may
-            # be overwritten by a prefetched batch. So copy it, on the stream DALI bound it to (one
-            # device copy: 0.15 GB for 256 x 224 px in fp32, about 0.1 ms on an H100).
+            # DALI's output buffers are DALI's: a view kept past the next run(), as gradient
+            # accumulation keeps its micro-batches, may see a later batch written into them (DALI's
+            # "Pipeline Run Methods"). So both outputs are copied into tensors the loader owns: the
+            # images on the stream DALI bound them to (one device copy: 0.15 GB for 256 x 224 px in
+            # fp32, about 0.1 ms on an H100), the labels on the host (below).
+            labels = self._owned_labels(self._checked_labels(labels, mine))  # (N,) int64
             images = torch.from_dlpack(images.as_tensor())[: len(mine)].clone()  # (N, S, S, 3) float
             self._position = b + 1
-            yield images, labels.to(self.device, non_blocking=True)
+            yield images, labels
 
     # --- record order ---------------------------------------------------------------------------
 
@@ -195,6 +201,9 @@ class DaliLoader(EpochPosition):
             device_id=device_id,
             seed=int(seed[0] % 2**31),
             prefetch_queue_depth=2,
+            # Outputs bound to the trainer's stream, pipe.run(stream), need DALI's dynamic executor:
+            # its default only from DALI 1.51; older releases raise on the first GPU batch.
+            exec_dynamic=True,
         )
         paths, index_files = self._write_index_files(positions)
         dtype = getattr(types, _DALI_DTYPES[self.dtype])
@@ -217,6 +226,18 @@ class DaliLoader(EpochPosition):
             stored = int(values[i]) - self.cfg.label_offset
             raise label_range_error(shard, offset, stored, self.cfg.label_offset, self.cfg.num_classes)
         return values
+
+    def _owned_labels(self, values: torch.Tensor) -> torch.Tensor:
+        """The batch's labels (a view of DALI's host buffer) copied into memory the loader owns.
+
+        CUDA: into pinned memory and from there to the device with a non-blocking copy. From DALI's
+        own (pageable) buffer the copy would either wait for the host or, queued behind the step,
+        read the buffer after DALI has reused it. Torch's caching host allocator keeps a pinned block
+        until the copies queued from it have run, even after the loader drops its reference.
+        """
+        if self.device.type != "cuda":
+            return values.clone()
+        return values.pin_memory().to(self.device, non_blocking=True)
 
     def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
         """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
@@ -242,6 +263,23 @@ class DaliLoader(EpochPosition):
                 "when there are no boxes, as build_imagenet_data.py does) or use --data_backend=torch"
             )
         return DataError(f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}")
+
+
+def check_dali_version(version: str | None = None) -> None:
+    """ConfigError unless the installed DALI (or `version`) is DALI_MIN_VERSION or newer."""
+    if version is None:
+        import nvidia.dali
+
+        version = nvidia.dali.__version__
+    found = re.match(r"(\d+)\.(\d+)", version)
+    if found and (int(found.group(1)), int(found.group(2))) >= DALI_MIN_VERSION:
+        return
+    floor = ".".join(map(str, DALI_MIN_VERSION))
+    raise ConfigError(
+        f"NVIDIA DALI {version} is older than {floor}, the first release whose pipelines hand their "
+        f"outputs to a CUDA stream (exec_dynamic): pip install 'nvidia-dali-cuda120>={floor}', or "
+        "train with --data_backend=torch"
+    )
 
 
 def _record_problem(shard: str, offset: int, size: int) -> str | None:

@@ -1,0 +1,140 @@
+"""The trainer's own lifetimes and host syncs, on the CPU: what it releases, when, and on which exit
+paths; where several ranks read their stop flag.
+
+train() runs in this process (two spawned gloo ranks for the stop check). A captured CUDA graph
+cannot exist without a GPU; a TrainStep that marks itself captured after its first step stands for
+one, and records when the trainer releases it.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from launch_helpers import free_port, loopback_env
+
+import fasttrain.train
+from fasttrain.config import make_config
+from fasttrain.data.imagenet import make_synthetic
+from fasttrain.step import TrainStep
+from fasttrain.train import TrainingStopped, train
+
+
+def _cfg(tmp_path, **overrides):
+    """A ResNet-18 8 channels wide at 32 px, batch 4: a few hundredths of a second a step."""
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=4, num_classes=4)
+    values.update(data_backend="synthetic", device="cpu", max_steps=4, log_every=1, eval_at_end=False)
+    values.update(train_dir=str(tmp_path / "run"), num_workers=0)
+    return make_config(**{**values, **overrides})
+
+
+@pytest.fixture
+def lifetimes(monkeypatch):
+    """.events in order: ('release_graph', what it released) and 'cleanup' (leaving the group);
+    .step: the TrainStep class the trainer builds."""
+    events = []
+
+    class RecordingStep(TrainStep):
+        nonfinite_at = None  # the step after which the loss turns non-finite
+
+        def __call__(self, batches):
+            super().__call__(batches)
+            self.graph = "captured"  # stands for the CUDA graph captured after the warm-up
+            if self.nonfinite_at is not None and int(self.step_count) >= self.nonfinite_at:
+                self.nonfinite_streak.fill_(1)
+
+        def release_graph(self):
+            events.append(("release_graph", self.graph))
+            self.graph = None
+
+    real_cleanup = fasttrain.train.cleanup
+
+    def recording_cleanup():
+        events.append("cleanup")
+        real_cleanup()
+
+    monkeypatch.setattr(fasttrain.train, "TrainStep", RecordingStep)
+    monkeypatch.setattr(fasttrain.train, "cleanup", recording_cleanup)
+    return SimpleNamespace(events=events, step=RecordingStep)
+
+
+def test_an_error_after_capture_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
+    # A non-finite loss stops the run with an exception after the graph exists: without the release
+    # the NCCL communicator waits for the graph at exit (pytorch/pytorch#115388), a hung job.
+    lifetimes.step.nonfinite_at = 2
+    with pytest.raises(TrainingStopped, match="not finite"):
+        train(_cfg(tmp_path))
+    events = lifetimes.events
+    assert events[:1] == [("release_graph", "captured")] and events[-1:] == ["cleanup"], events
+
+
+def test_a_finished_run_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
+    assert train(_cfg(tmp_path)) == {"step": 4}
+    events = lifetimes.events
+    assert events[:1] == [("release_graph", "captured")] and events[-1:] == ["cleanup"], events
+
+
+def test_the_training_pipeline_is_released_before_evaluation(tmp_path, monkeypatch):
+    # The training loader's generator is suspended mid-epoch when the loop ends; evaluation builds its
+    # own pipeline and must not hold both.
+    pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
+    from fasttrain.data.dali_pipeline import DaliLoader
+
+    data = tmp_path / "data"
+    make_synthetic(data, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 12 batches
+    pipelines, alive_at_eval = [], []
+    build, evaluate = DaliLoader._build_pipeline, fasttrain.train.evaluate
+
+    def recording_build(self, *args, **kwargs):
+        pipe = build(self, *args, **kwargs)
+        pipelines.append((self.split, weakref.ref(pipe)))
+        return pipe
+
+    def checking_evaluate(*args, **kwargs):
+        alive_at_eval.append([split for split, pipe in pipelines if pipe() is not None])
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(DaliLoader, "_build_pipeline", recording_build)
+    monkeypatch.setattr(fasttrain.train, "evaluate", checking_evaluate)
+    overrides = dict(data_backend="dali", data_dir=str(data), label_offset=-1, max_steps=3)
+    result = train(_cfg(tmp_path, **overrides, eval_at_end=True, max_eval_batches=1, ema_decay=0.0))
+    assert result["count"] == 4 and [split for split, _ in pipelines] == ["train", "validation"]
+    assert alive_at_eval == [[]], alive_at_eval
+
+
+def _count_stop_checks(rank: int, world: int, port: int, cfg, out_dir) -> None:
+    os.environ.update(loopback_env(), MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank))
+    os.environ.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    import fasttrain.monitor
+
+    # For each flag all-reduce: the step of the log line before it (0 for none).
+    logged, checked = [0], []
+    all_reduce_flag, log_step = fasttrain.monitor.all_reduce_flag, fasttrain.train.log_step
+
+    def recording_log_step(log, progress, step, *args):
+        logged.append(step)
+        return log_step(log, progress, step, *args)
+
+    def recording_all_reduce_flag(flag, info):
+        checked.append(logged[-1])
+        return all_reduce_flag(flag, info)
+
+    fasttrain.train.log_step = recording_log_step
+    fasttrain.monitor.all_reduce_flag = recording_all_reduce_flag
+    train(cfg)
+    (out_dir / f"rank{rank}").write_text(" ".join(map(str, checked)))
+
+
+def test_ranks_agree_on_a_stop_only_at_the_log_steps(tmp_path):
+    # The stop check's flag all-reduce ends in a host read (a GPU sync): only where the trainer reads
+    # the loss back anyway, every log_every steps, not at a fixed interval of its own.
+    cfg = _cfg(tmp_path, max_steps=12, log_every=4, checkpoint_every=100)
+    mp.spawn(_count_stop_checks, args=(2, free_port(), cfg, tmp_path), nprocs=2, join=True)
+    for rank in range(2):
+        # one check after each log line (steps 4, 8, 12), none in between
+        assert (tmp_path / f"rank{rank}").read_text() == "4 8 12"
