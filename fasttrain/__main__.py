@@ -1,4 +1,5 @@
-"""Command line: `python -m fasttrain [--recipe NAME] [--flag=value ...]` (also under torchrun).
+"""Command line: `python -m fasttrain [--recipe NAME] [--flag=value ...]` (also under torchrun), and
+`python -m fasttrain selfcheck [--out FILE]` (fasttrain/selfcheck.py).
 
 User errors (a bad flag, a missing directory, a corrupt shard or checkpoint) end with one line on
 stderr and no traceback: exit code 2 for flags and configuration, 1 for data and checkpoints.
@@ -18,6 +19,12 @@ def _error(err) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["selfcheck"]:  # `python -m fasttrain selfcheck`: fasttrain/selfcheck.py
+        from fasttrain.selfcheck import main as selfcheck
+
+        sys.stdout.reconfigure(line_buffering=True)
+        return selfcheck(argv[1:])
     from fasttrain.checkpoint import CheckpointError
     from fasttrain.config import ConfigError, parse_args
     from fasttrain.data import DataError
@@ -25,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
     sys.stdout.reconfigure(line_buffering=True)
     try:
-        cfg = parse_args(sys.argv[1:] if argv is None else argv)
+        cfg = parse_args(argv)
     except ConfigError as err:
         _error(err)
         return 2
