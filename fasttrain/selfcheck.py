@@ -181,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     from fasttrain.selfcheck_checks import CHECKS, Context
 
     args = _parse(sys.argv[1:] if argv is None else argv)
+    # cuBLAS's documented setting for run-to-run reproducible results (a fixed workspace per stream),
+    # read when its first handle is made: the graph-vs-eager check compares runs on different streams.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
