@@ -99,6 +99,16 @@ def _nccl() -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
+def _shared_memory() -> str:
+    if not Path("/dev/shm").is_dir():
+        return "no /dev/shm"
+    # DataLoader workers hand batches over in shared memory: 14 workers x 2 prefetched x 256 images
+    # at 299 px is about 2 GB. Too little makes the torch pipeline fail at batch 256.
+    free_gb = shutil.disk_usage("/dev/shm").free / 1e9
+    note = "" if free_gb >= 4 else " (too little for the torch pipeline's workers at batch 256)"
+    return f"/dev/shm {free_gb:.1f} GB free{note}"
+
+
 def environment(device: torch.device) -> dict:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -109,6 +119,7 @@ def environment(device: torch.device) -> dict:
         name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores), no CUDA device"
     return {
         "device": name,
+        "shared_memory": _shared_memory(),
         "driver": _driver(),
         "cuda": torch.version.cuda or "none (CPU build of torch)",
         "nccl": _nccl(),
