@@ -14,7 +14,7 @@ size is recorded), so the decode cost is an estimate: rerun with --data_dir for 
         batch and size: at 1 or more the pipeline keeps up with training.
 
     nvjpeg_rate(spec, device, data_dir, warmup, repeats, batches):
-        GPU decoding where DALI's GPU (mixed) decoder cannot run (the lent GPU machine has no DALI):
+        GPU decoding where DALI's GPU (mixed) decoder cannot run (DALI not installed):
         torchvision.io.decode_jpeg(..., device="cuda") (nvJPEG) on a batch of the shards' JPEGs,
         then per image the seed's bounding-box crop (sample_distorted_bounding_box) and a bilinear
         resize to spec.image_size, stacked into the (N, H, W, 3) uint8 batch the step takes. The

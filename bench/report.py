@@ -83,9 +83,6 @@ def environment(device: torch.device, argv: list[str], root: Path) -> dict:
         dali = None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    if commit is None and os.environ.get("FASTTRAIN_COMMIT"):
-        # A copy of the working tree without .git (the lent GPU machine): the caller names the commit.
-        commit, dirty = os.environ["FASTTRAIN_COMMIT"], ""
     env = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=shlex.join(["python", *argv]),
@@ -456,15 +453,14 @@ def plot(results: dict, path: Path) -> None:
 
 
 def default_out_dir(root: Path, env: dict) -> Path:
-    """bench/results/<date>-<gpu or cpu>/ ($OUT/<date>-<gpu>/ where $OUT is set, as on the device machine)."""
+    """bench/results/<date>-<gpu or cpu>/."""
     name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
-    base = Path(os.environ["OUT"]) if os.environ.get("OUT") else root / "bench" / "results"
-    return base / f"{env['date'][:10]}-{name}"
+    return root / "bench" / "results" / f"{env['date'][:10]}-{name}"
 
 
 def main(argv: list[str]) -> int:
     """python bench/report.py DIR [MORE_DIR ...]: re-render DIR's report, first merging into DIR the
-    results of later runs on the same GPU (e.g. a second device call that measured row (d))."""
+    results of later runs on the same GPU (e.g. a second run that measured row (d))."""
     import json
 
     if not argv:

@@ -1,5 +1,8 @@
 """The throughput suite in one command: fasttrain next to the alternatives, measured in one run.
 
+On a GPU machine run `python -m fasttrain selfcheck` first: it says in a minute or two whether each
+fast path measured here (Triton kernels, CUDA-graph step, buckets, DALI) is correct on that machine.
+
     python bench/run.py                     GPU: the full suite (~9 min on one H200); CPU: --smoke
     python bench/run.py --smoke --out DIR   the tiny CPU configuration CI runs (seconds; 1 thread)
     python bench/run.py --parts compile --merge --out DIR     add (d) rows to an earlier run's DIR
@@ -17,7 +20,7 @@ whatever does not fit is recorded as skipped, never estimated):
                only while that much of the budget is left (a compile cut short measures nothing)
 Before them: the environment, the measured bf16 matmul rate and copy bandwidth, FLOPs per image.
 
-Output in --out (default bench/results/<date>-<gpu>/, or $OUT/<date>-<gpu>/ where $OUT is set):
+Output in --out (default bench/results/<date>-<gpu>/):
 results.json (bench/report.py documents it), results.md, throughput.png, run.log, and the parts'
 outputs. results.json and results.md are rewritten after every part, so a run cut short keeps what
 it measured.
@@ -215,7 +218,7 @@ class Suite:
         for config in configurations(self.args):
             largest[config[0]] = max(largest.get(config[0], config), config, key=lambda c: c[1])
         backends = ["torch"] + (["dali"] if dali_available() else [])
-        # GPU decoding without DALI (the lent GPU machine has none): nvJPEG through torchvision,
+        # GPU decoding for machines without DALI: nvJPEG through torchvision,
         # decode + crop + resize alone (input_rows.nvjpeg_rate), not a loader that feeds training.
         alone = backends + (["nvjpeg"] if self.device.type == "cuda" and _has_torchvision() else [])
         # DataLoader workers each build whole batches, so batches arrive in waves of `workers`:

@@ -9,7 +9,7 @@ import torch
 HAS_CUDA = torch.cuda.is_available()
 
 # Subprocesses (the CLI, torchrun, worker scripts) import this checkout's fasttrain, and keep what
-# PYTHONPATH already held: on the lent GPU machine that is where carried wheels (google-crc32c) live.
+# PYTHONPATH already held.
 _REPO = str(Path(__file__).resolve().parents[1])
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO, os.environ.get("PYTHONPATH", "")) if p)
 

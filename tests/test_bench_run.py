@@ -11,7 +11,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -384,44 +383,6 @@ def test_report_merges_a_later_run_into_a_folder(tmp_path):
     other = dict(second, environment=dict(env, gpu="NVIDIA A100"))
     (tmp_path / "second" / "results.json").write_text(json.dumps(other))
     assert report.main([str(tmp_path / "first"), str(tmp_path / "second")]) == 2  # another GPU's rows
-
-
-def test_device_script_packs_the_run_into_one_archive(tmp_path):
-    # bench/device_run.sh as the lent GPU machine runs it, here on the CPU (bench/run.py's smoke).
-    proc = subprocess.run(
-        ["bash", "bench/device_run.sh", "--smoke", "--parts", "rows", "--batches", "4"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "OUT": str(tmp_path)},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.md", "results.tar.gz"]
-    with tarfile.open(tmp_path / "results.tar.gz") as tar:
-        names = tar.getnames()
-    (folder,) = {n.split("/")[0] for n in names}
-    assert folder.endswith("-cpu") and f"{folder}/results.json" in names and f"{folder}/run.log" in names
-
-
-def test_device_script_stops_in_seconds_when_a_carried_package_is_missing(tmp_path):
-    # The lent GPU machine has no google-crc32c: without the carried wheel the script must say so at
-    # once, before any measurement. A module of that name that fails to import stands in for it.
-    (tmp_path / "google_crc32c.py").write_text("raise ImportError('not on this machine')\n")
-    env = {
-        **os.environ,
-        "OUT": str(tmp_path / "out"),
-        "PYTHONPATH": str(tmp_path),
-        "FASTTRAIN_WHEELS": "none",
-    }
-    (tmp_path / "out").mkdir()
-    proc = subprocess.run(
-        ["bash", "bench/device_run.sh", "--smoke"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 3
-    assert "google_crc32c" in proc.stderr and "bench/device_wheels.sh" in proc.stderr
-    assert list((tmp_path / "out").iterdir()) == []  # nothing measured, nothing packed
 
 
 def test_gpu_decode_row_logic_with_a_cpu_decoder(tmp_path):
