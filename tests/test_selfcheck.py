@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttrain import selfcheck, selfcheck_checks
+from fasttrain import selfcheck
 from fasttrain.__main__ import main as cli_main
 from fasttrain.optim import FusedRMSPropTF
+from fasttrain.selfcheck import checks as selfcheck_checks
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_ROWS = ("graph-replay", "fp16-overflow", "no-host-sync", "dali-mixed", "throughput-graph")

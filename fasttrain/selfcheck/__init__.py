@@ -10,7 +10,8 @@ failures: on a CPU every GPU-only row is skipped and says why).
 The references are those of the test suite, never the code under test: the readable torch optimizer
 (kernels/*_reference) for the chunked and Triton paths; plain torch.optim.SGD for the eager step;
 the eager step for CUDA-graph replay; torch DDP for the gradient buckets; the torch pipeline for
-DALI. The checks themselves live in fasttrain/selfcheck_checks.py. About 20-40 s on 2 CPU cores.
+DALI. The checks are in step_checks.py (optimizer, step, graph) and system_checks.py (buckets, DALI,
+throughput) beside this file, listed in checks.py. About 40 s on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -31,11 +32,9 @@ from pathlib import Path
 
 import torch
 
+from fasttrain.selfcheck.common import Skip
+
 STATUSES = ("pass", "fail", "skip")
-
-
-class Skip(Exception):  # noqa: N818 (a check's outcome, not an error)
-    """Raised by a check that cannot run here; the message is the reason shown in its row."""
 
 
 @dataclass
@@ -164,7 +163,7 @@ def table(env: dict, pol: dict, rows: list[Row]) -> str:
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    from fasttrain.selfcheck_checks import CHECKS
+    from fasttrain.selfcheck.checks import CHECKS
 
     p = argparse.ArgumentParser(
         prog="fasttrain selfcheck",
@@ -189,7 +188,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.selfcheck_checks import CHECKS, Context
+    from fasttrain.selfcheck.checks import CHECKS
+    from fasttrain.selfcheck.common import Context
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     # cuBLAS's documented setting for run-to-run reproducible results (a fixed workspace per stream),
