@@ -86,8 +86,11 @@ def check_buckets_vs_ddp(ctx: Context) -> str:
             raise Skip("one GPU: bucket all-reduces inside a graph need >= 2 GPUs (NCCL, one rank per GPU)")
         if not dist.is_nccl_available():
             raise Skip("this torch has no NCCL")
-        if os.environ.get("TORCH_NCCL_BLOCKING_WAIT", "0") not in ("", "0"):
-            raise Skip("TORCH_NCCL_BLOCKING_WAIT is set: NCCL collectives cannot be captured; unset it")
+        # The trainer's own start-up check: blocking wait makes NCCL collectives uncapturable (a fail:
+        # training with the default CUDA graph would refuse to start here).
+        from fasttrain.distributed import DistInfo, check_graph_capture_env
+
+        check_graph_capture_env(DistInfo(0, 2, 0, ctx.device, "nccl", True), cuda_graph=True)
         backend, world = "cuda", 2
     else:
         if not dist.is_gloo_available():
