@@ -141,7 +141,9 @@ class _BatchDataset(IterableDataset):
                 labels.append(labels[k % good])
         elif skipped:
             batch = batch[:good]
-        return batch, torch.tensor(labels, dtype=torch.int64), skipped, None
+        # Labels travel as a list: a tensor would cost one more shared-memory segment per batch,
+        # whose descriptor the main process fetches over a socket.
+        return batch, labels, skipped, None
 
 
 def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
@@ -202,7 +204,7 @@ class TorchLoader(EpochPosition):
             self.skipped += int(skipped)
             self._position += 1
             if len(labels):  # an evaluation batch whose records were all skipped
-                yield images, labels
+                yield images, torch.tensor(labels, dtype=torch.int64)
         if error:
             del batches  # stop the workers now rather than whenever the traceback is freed
             raise error
