@@ -12,10 +12,13 @@ that, and each fails here:
   records every tensor reachable from the TrainStep by name with its storage and view geometry, and
   two steps must leave each exactly where it was.
 
-The step is the trainer's own (build_model, build_optimizer, make_loss, BufferEMA of the recipes),
-ResNet-50 (momentum) and Inception v3 (RMSProp, aux head) in channels_last, with EMA and BN EMA,
-two micro-batches, fp16 dynamic loss scaling, world size 2 (the 1 / (scale * world) grad multiplier)
-and the Triton optimizer, whose custom ops trace through their fake implementations.
+What runs is `TrainStep._body`, the part `torch.cuda.graph` captures, built as the trainer builds
+it (build_model, build_optimizer, make_loss, BufferEMA, GradBuckets with the recipe's sizes):
+ResNet-50 (momentum) and Inception v3 (RMSProp, aux head) in channels_last, with EMA and BN EMA, two
+micro-batches (only the last communicates), fp16 dynamic loss scaling, world size 2 (torch's fake
+process group: the gradient buckets' hooks launch every all-reduce on meta views of the flat
+gradient buffer, and the optimizer folds 1 / (scale * world) into its grad multiplier), and the
+Triton optimizer, whose custom ops trace through their fake implementations.
 
 What meta cannot show: autocast. A meta tensor has no autocast dispatch key (torch.autocast("meta")
 is refused), so the forward runs in fp32 here (`_LOSS_SCALED_FP32`): the fp16 casts are not traced,
@@ -27,10 +30,13 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from fasttrain.buckets import GradBuckets
 from fasttrain.config import make_config
+from fasttrain.distributed import DistInfo
 from fasttrain.precision import DynamicLossScaler, Precision
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
@@ -111,27 +117,35 @@ def _storages(step: TrainStep) -> dict[str, tuple]:
 
 
 def _trace(step: TrainStep, batches, steps: int = 2) -> tuple[set[str], dict]:
-    """Run `steps` steps on meta under `_DeviceOnly` and fail on any reallocated buffer; returns
-    the ops seen and the buffers compared."""
+    """Run `steps` captured-step bodies on meta under `_DeviceOnly` and fail on any reallocated
+    buffer; returns the ops seen and the buffers compared."""
     before = _storages(step)  # holds the tensors: an old address cannot be reused while compared
     with _DeviceOnly(step.device) as mode:
         for _ in range(steps):
-            step(batches)
+            step._body(batches)  # what TrainStep._capture records (its inputs: static device batches)
     after = _storages(step)
     moved = [name for name, (_, key) in before.items() if name not in after or after[name][1] != key]
     assert not moved, f"the step reallocated buffers a CUDA graph would capture: {moved[:8]}"
     return mode.ops, before
 
 
-def _meta_step(recipe: str, **overrides) -> tuple[TrainStep, list]:
+def _meta_step(recipe: str, buckets: bool = False, **overrides) -> tuple[TrainStep, list]:
+    """The trainer's step for `recipe` on meta; with `buckets`, gradient buckets over the fake
+    process group (`fake_world`)."""
     cfg = make_config(recipe=recipe, optimizer_impl="triton", ema_decay=0.9999, **overrides)
     with META:
         model = build_model(cfg).to(memory_format=torch.channels_last)
     optimizer = build_optimizer(cfg, model)
     schedule = LRSchedule(cfg, steps_per_epoch=100, global_batch=cfg.batch_size * WORLD_SIZE, device=META)
+    grad_buckets = None
+    if buckets:
+        info = DistInfo(
+            rank=0, world_size=WORLD_SIZE, local_rank=0, device=META, backend="fake", is_main=True
+        )
+        grad_buckets = GradBuckets(optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb)
     step = TrainStep(
         model, optimizer, _LOSS_SCALED_FP32, META, schedule, make_loss(cfg), cfg.preprocess,
-        world_size=WORLD_SIZE, bn_ema=BufferEMA(model, cfg.ema_decay),
+        world_size=WORLD_SIZE, buckets=grad_buckets, bn_ema=BufferEMA(model, cfg.ema_decay),
     )  # fmt: skip
     size = cfg.image_size
     batches = [
@@ -151,13 +165,25 @@ def _triton_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def fake_world():
+    """A two-rank process group whose collectives do nothing (torch's fake backend, registered by
+    importing its test module), so the buckets' all-reduces run on meta tensors."""
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    dist.init_process_group("fake", store=fake_pg.FakeStore(), rank=0, world_size=WORLD_SIZE)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 RECIPES = [("resnet50", "FusedMomentum"), ("inception_v3", "FusedRMSPropTF")]
 
 
 @pytest.mark.parametrize("recipe, optimizer", RECIPES)
-def test_whole_step_traces_on_meta(recipe, optimizer):
+def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
     start = time.perf_counter()
-    step, batches = _meta_step(recipe)
+    step, batches = _meta_step(recipe, buckets=True)
     assert type(step.optimizer).__name__ == optimizer and step.optimizer.impl == "triton"
     assert step.scaler.enabled and step.world_divisor == WORLD_SIZE and step.bn_ema is not None
     conv_weights = [p for p in step.model.parameters() if p.dim() == 4]
@@ -166,8 +192,13 @@ def test_whole_step_traces_on_meta(recipe, optimizer):
     # Not vacuous: backward, the fused optimizer's custom op, loss scaling and BN EMA all ran under
     # the check, and the buffers compared include every kind the graph would capture.
     kernel = "rmsprop_tf_update" if optimizer == "FusedRMSPropTF" else "momentum_update"
-    traced = {"aten.convolution_backward", f"fasttrain.{kernel}", "aten._amp_update_scale_", "aten.lerp_"}
+    traced = {
+        "aten.convolution_backward", f"fasttrain.{kernel}", "aten._amp_update_scale_", "aten.lerp_",
+        "c10d.allreduce_",
+    }  # fmt: skip
     assert traced <= ops, sorted(traced - ops)
+    assert len(step.buckets.bucket_ranges) >= 3
+    assert len(step.buckets._works) == len(step.buckets.bucket_ranges)  # every bucket, last step
     expected = [
         "step.optimizer.flat.params", "step.optimizer.flat.grad", "step.optimizer._buffers['ema']",
         "step.optimizer._buffers['momentum_buffer']", "step.optimizer.applied_steps", "step.lr",
