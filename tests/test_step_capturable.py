@@ -26,7 +26,6 @@ the loss-scaling state machine is. Replay itself, NCCL in a graph and speed: `fa
 """
 
 import dataclasses
-import time
 
 import pytest
 import torch
@@ -160,8 +159,8 @@ def _meta_step(recipe: str, buckets: bool = False, **overrides) -> tuple[TrainSt
 
 @pytest.fixture(autouse=True)
 def _triton_interpreter(monkeypatch):
-    # build_optimizer's impl="triton": accepted on meta; set anyway so a CPU tensor slipping into the
-    # optimizer reaches the launcher rather than a dispatch error.
+    # make_config refuses --optimizer_impl=triton on a machine without CUDA unless the interpreter is
+    # on; on meta the kernels never launch either way (their custom ops' fakes run).
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
@@ -182,7 +181,6 @@ RECIPES = [("resnet50", "FusedMomentum"), ("inception_v3", "FusedRMSPropTF")]
 
 @pytest.mark.parametrize("recipe, optimizer", RECIPES)
 def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
-    start = time.perf_counter()
     step, batches = _meta_step(recipe, buckets=True)
     assert type(step.optimizer).__name__ == optimizer and step.optimizer.impl == "triton"
     assert step.scaler.enabled and step.world_divisor == WORLD_SIZE and step.bn_ema is not None
@@ -206,7 +204,6 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
         "model.fc.weight", "model.fc.weight.grad",
     ]  # fmt: skip
     assert set(expected) <= set(buffers), sorted(set(expected) - set(buffers))
-    assert time.perf_counter() - start < 30
 
 
 # --- each fault, injected, is caught ---------------------------------------------------------------
