@@ -94,6 +94,8 @@ class FlatParameters:
         for p, _, _ in self.segments:
             view = self._grad_views[id(p)]
             grad = p.grad
+            if grad is view:  # the usual case, decided without reading addresses (torch.compile traces it)
+                continue
             if grad is None:
                 view.zero_()
             elif grad.data_ptr() != view.data_ptr() or grad.stride() != view.stride():

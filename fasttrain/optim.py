@@ -48,7 +48,8 @@ def select_impl(impl: str, device: torch.device) -> str:
     if impl == "triton":
         if not HAVE_TRITON:
             raise RuntimeError("impl='triton' needs the triton package; install it or use impl='torch'.")
-        if device.type != "cuda" and not interpreter_enabled():
+        # On the meta device the kernels' custom ops run their fake implementations (tracing).
+        if device.type not in ("cuda", "meta") and not interpreter_enabled():
             raise RuntimeError(
                 f"impl='triton' with parameters on {device} needs TRITON_INTERPRET=1 (Triton's CPU "
                 "interpreter, for tests); use impl='auto' or 'chunked' to run the fast torch path."

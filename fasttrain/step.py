@@ -20,6 +20,7 @@ steps are real steps on real batches, so a graph run is numerically the same as 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -139,13 +140,15 @@ class TrainStep:
         x = model_input(images, self.preprocess, self.precision)
         if self.buckets is not None:
             self.buckets.begin(communicate=communicate)
-        # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes).
-        with torch.autocast(
-            self.device.type,
-            dtype=self.precision.dtype,
-            enabled=self.precision.autocast,
-            cache_enabled=not self.precision.cuda_graph,
-        ):
+        # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes). No
+        # autocast context at all for fp32: torch.autocast refuses the meta device even disabled, and
+        # the step is traced there (tests/test_step_capturable.py).
+        autocast = contextlib.nullcontext()
+        if self.precision.autocast:
+            autocast = torch.autocast(
+                self.device.type, dtype=self.precision.dtype, cache_enabled=not self.precision.cuda_graph
+            )
+        with autocast:
             output = self.forward_model(x)
             loss = self.loss_fn(output, labels)
         (loss * (self.scaler.scale * inv_accum)).backward()

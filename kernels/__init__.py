@@ -10,5 +10,8 @@ with identical semantics (the specification the kernel is tested against):
               loop (cpu.py), on CUDA below compute capability 7.0 in-place torch ops over chunks.
 
 Kernels run on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU
-tensors (how CI tests them). Choosing between kernel and reference happens in fasttrain.optim.
+tensors (how CI tests them). Each launcher runs its kernel as a torch custom op
+(`torch.ops.fasttrain.rmsprop_tf_update`, `torch.ops.fasttrain.momentum_update`) with a fake
+implementation, so the update traces on the meta device and compiles under torch.compile.
+Choosing between kernel and reference happens in fasttrain.optim.
 """

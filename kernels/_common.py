@@ -3,7 +3,7 @@
 - `triton` / `tl`: the Triton modules, or placeholders where Triton does not import (macOS, Windows),
   so that the kernel modules still import and their torch references still run.
 - `lazy_jit`: `triton.jit` applied at the first launch, once per interpreter mode (see its docstring).
-- `scalar_arg`: a hyperparameter that is either a Python float or a 0-d device tensor, as kernel args.
+- `split_scalar`: a hyperparameter that is either a Python float or a 0-d device tensor, as op args.
 - `ema_one_minus_decay`: the EMA weight `1 - d` as a 0-d device tensor (TensorFlow's
   ExponentialMovingAverage with `num_updates`), computed once per optimizer step for every group:
 
@@ -123,11 +123,12 @@ def check_args(name: str, w: torch.Tensor, found_inf, ema_weight, **buffers) -> 
             raise ValueError(f"{name}: {key} must be a 1-element tensor on {w.device}.")
 
 
-def scalar_arg(name: str, value, like: torch.Tensor) -> tuple[torch.Tensor, float, bool]:
-    """(pointer, value, FROM_PTR) for a scalar given as a Python float or a 0-d (1-element) tensor.
+def split_scalar(name: str, value, like: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    """(tensor, value) for a scalar given as a Python float or a 0-d (1-element) tensor on `like`'s
+    device: the tensor (value unused) or None and the float, as the custom ops take them.
 
     A tensor is read by the kernel on the device (no host sync; a CUDA graph replay sees its current
-    value); a float is passed by value (rounded to fp32) and `like` stands in as an unused pointer.
+    value); a float is passed by value (rounded to fp32).
     """
     if isinstance(value, torch.Tensor):
         if value.numel() != 1 or value.device != like.device:
@@ -135,8 +136,8 @@ def scalar_arg(name: str, value, like: torch.Tensor) -> tuple[torch.Tensor, floa
                 f"{name} must be a float or a 1-element tensor on {like.device}, "
                 f"got shape {tuple(value.shape)} on {value.device}."
             )
-        return value, 0.0, True
-    return like, float(value), False
+        return value, 0.0
+    return None, float(value)
 
 
 def f32(x: float) -> float:

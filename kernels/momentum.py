@@ -28,7 +28,7 @@ from ._common import (
     f32,
     launches,
     lazy_jit,
-    scalar_arg,
+    split_scalar,
     tl,
 )
 
@@ -92,24 +92,53 @@ def momentum_update(
 ) -> None:
     """One Triton launch: update w, acc (and ema) in place. All buffers are 1-D, contiguous, of
     equal length, on one device; lr and grad_scale are floats or 1-element tensors; found_inf is a
-    1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given."""
-    check_triton_launch("momentum_update", w)
+    1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given.
+
+    Runs as the custom op `torch.ops.fasttrain.momentum_update`, whose fake implementation lets it
+    trace on the meta device, under FakeTensorMode and under torch.compile."""
     check_args("momentum", w, found_inf, ema_weight, g=g, acc=acc, ema=ema)
-    lr_ptr, lr_value, lr_from_ptr = scalar_arg("lr", lr, w)
-    scale_ptr, scale_value, scale_from_ptr = scalar_arg(
-        "grad_scale", 1.0 if grad_scale is None else grad_scale, w
-    )
+    lr_tensor, lr_value = split_scalar("lr", lr, w)
+    scale_tensor, scale_value = split_scalar("grad_scale", 1.0 if grad_scale is None else grad_scale, w)
+    _momentum_op(
+        w, g, acc, ema, lr_tensor, lr_value, scale_tensor, scale_value, found_inf, ema_weight,
+        float(momentum), bool(nesterov), float(weight_decay),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("fasttrain::momentum_update", mutates_args=("w", "acc", "ema"))
+def _momentum_op(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    acc: torch.Tensor,
+    ema: torch.Tensor | None,
+    lr: torch.Tensor | None,
+    lr_value: float,
+    grad_scale: torch.Tensor | None,
+    grad_scale_value: float,
+    found_inf: torch.Tensor | None,
+    ema_weight: torch.Tensor | None,
+    momentum: float,
+    nesterov: bool,
+    weight_decay: float,
+) -> None:
+    check_triton_launch("momentum_update", w)
     for lo, hi, grid, options in launches(w.numel()):
         part = slice(lo, hi)
         _momentum_kernel[grid](
             w[part], g[part], acc[part], (w if ema is None else ema)[part],
-            lr_ptr, lr_value, scale_ptr, scale_value,
+            w if lr is None else lr, lr_value, w if grad_scale is None else grad_scale, grad_scale_value,
             w if found_inf is None else found_inf, w if ema_weight is None else ema_weight,
             momentum, weight_decay, hi - lo,
-            LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr, NESTEROV=bool(nesterov),
+            LR_FROM_PTR=lr is not None, SCALE_FROM_PTR=grad_scale is not None, NESTEROV=nesterov,
             CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
             **options,
         )  # fmt: skip
+
+
+@_momentum_op.register_fake
+def _momentum_fake(*args) -> None:
+    # In-place on its arguments, no outputs: tracing needs nothing but the signature.
+    return None
 
 
 def momentum_update_reference(

@@ -31,7 +31,7 @@ from ._common import (
     interpreter_enabled,
     launches,
     lazy_jit,
-    scalar_arg,
+    split_scalar,
     tl,
 )
 
@@ -111,25 +111,56 @@ def rmsprop_tf_update(
 ) -> None:
     """One Triton launch: update w, ms, mom (and ema) in place. All buffers are 1-D, contiguous,
     of equal length, on one device; lr and grad_scale are floats or 1-element tensors; found_inf is
-    a 1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given."""
-    check_triton_launch("rmsprop_tf_update", w)
+    a 1-element float tensor or None; ema_weight (`1 - d`) a 1-element fp32 tensor when ema is given.
+
+    Runs as the custom op `torch.ops.fasttrain.rmsprop_tf_update`, whose fake implementation lets
+    it trace on the meta device, under FakeTensorMode and under torch.compile."""
     check_args("rmsprop_tf", w, found_inf, ema_weight, g=g, ms=ms, mom=mom, ema=ema)
-    lr_ptr, lr_value, lr_from_ptr = scalar_arg("lr", lr, w)
-    scale_ptr, scale_value, scale_from_ptr = scalar_arg(
-        "grad_scale", 1.0 if grad_scale is None else grad_scale, w
-    )
+    lr_tensor, lr_value = split_scalar("lr", lr, w)
+    scale_tensor, scale_value = split_scalar("grad_scale", 1.0 if grad_scale is None else grad_scale, w)
+    _rmsprop_tf_op(
+        w, g, ms, mom, ema, lr_tensor, lr_value, scale_tensor, scale_value, found_inf, ema_weight,
+        float(decay), float(momentum), float(eps), float(weight_decay),
+    )  # fmt: skip
+
+
+@torch.library.custom_op("fasttrain::rmsprop_tf_update", mutates_args=("w", "ms", "mom", "ema"))
+def _rmsprop_tf_op(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    ms: torch.Tensor,
+    mom: torch.Tensor,
+    ema: torch.Tensor | None,
+    lr: torch.Tensor | None,
+    lr_value: float,
+    grad_scale: torch.Tensor | None,
+    grad_scale_value: float,
+    found_inf: torch.Tensor | None,
+    ema_weight: torch.Tensor | None,
+    decay: float,
+    momentum: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    check_triton_launch("rmsprop_tf_update", w)
     ieee_ptx = not interpreter_enabled() and torch.version.hip is None  # PTX: NVIDIA GPUs only
     for lo, hi, grid, options in launches(w.numel()):
         part = slice(lo, hi)
         _rmsprop_tf_kernel[grid](
             w[part], g[part], ms[part], mom[part], (w if ema is None else ema)[part],
-            lr_ptr, lr_value, scale_ptr, scale_value,
+            w if lr is None else lr, lr_value, w if grad_scale is None else grad_scale, grad_scale_value,
             w if found_inf is None else found_inf, w if ema_weight is None else ema_weight,
             decay, momentum, eps, weight_decay, hi - lo,
-            LR_FROM_PTR=lr_from_ptr, SCALE_FROM_PTR=scale_from_ptr,
+            LR_FROM_PTR=lr is not None, SCALE_FROM_PTR=grad_scale is not None,
             CHECK_INF=found_inf is not None, HAS_EMA=ema is not None,
             IEEE_PTX=ieee_ptx, **options,
         )  # fmt: skip
+
+
+@_rmsprop_tf_op.register_fake
+def _rmsprop_tf_fake(*args) -> None:
+    # In-place on its arguments, no outputs: tracing needs nothing but the signature.
+    return None
 
 
 def rmsprop_tf_update_reference(
