@@ -16,6 +16,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, ConfigError, default_cache_dir
+from fasttrain.curves import Curves
 from fasttrain.data import build_loader
 from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
@@ -143,6 +144,8 @@ def train(cfg: Config) -> dict:
             "pass a new --train_dir or a larger --max_steps to train more"
         )
 
+    curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
+
     # --- the loop ------------------------------------------------------------------------------
     # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
     # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
@@ -150,29 +153,43 @@ def train(cfg: Config) -> dict:
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
+    # Every step's loss summed on the device, read at the log steps: the mean since the last log line
+    # is the smoothed curve (the Inception seed's moving average of the loss), at no host sync.
+    window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
     try:
         while step < max_steps:
             step_fn(next(batches))
+            window_loss += step_fn.last_loss
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
                 # note: CPU-GPU sync point, once per log_every steps
                 loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+                loss_avg = window_loss.item() / (step - tick_step)
+                window_loss.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
                 tick_step = step
                 log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
-                metrics.write(
-                    step=step,
+                record = dict(
                     loss=loss,
+                    loss_avg=loss_avg,
                     lr=schedule.at(step - 1),
                     examples_per_sec=global_batch / sec_per_batch,
                     sec_per_batch=sec_per_batch,
                     loss_scale=step_fn.scaler.scale.item(),
                     skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+                )
+                metrics.write(
+                    step=step,
+                    **record,
                     epoch=train_loader.epoch,
                     skipped_records=getattr(train_loader, "skipped", 0),
                 )
+                curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
+                if cfg.histogram_every and step % cfg.histogram_every == 0:
+                    grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
+                    curves.histograms(step, model, grad_scale)
                 check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
                 if buckets is not None and (comm := buckets.comm_stats()) is not None:
                     log(
@@ -231,6 +248,7 @@ def train(cfg: Config) -> dict:
                     )
                 result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
             metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
+            curves.scalars(step, eval_scalars(result))
             chance = 1.0 / cfg.num_classes
             ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
             verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
@@ -245,6 +263,7 @@ def train(cfg: Config) -> dict:
         # before the process group, whose NCCL communicator otherwise waits at exit for the graph
         # that captured its collectives (pytorch/pytorch#115388).
         stop.restore()
+        curves.close()
         step_fn.release_graph()
         cleanup()
         if lock is not None:
@@ -335,6 +354,12 @@ def batch_stream(loader, accum: int):
                 yield group
                 group = []
         loader.set_epoch(loader.epoch + 1)
+
+
+def eval_scalars(result: dict) -> dict:
+    """TensorBoard tags of an evaluation result: eval/top1, eval/top5, eval/ema_top1, eval/ema_top5."""
+    keys = ("top1", "top5", "ema_top1", "ema_top5")
+    return {f"eval/{k}": result[k] for k in keys if k in result}
 
 
 def check_finite(
