@@ -156,24 +156,29 @@ def train(cfg: Config) -> dict:
     # Every step's loss summed on the device, read at the log steps: the mean since the last log line
     # is the smoothed curve (the Inception seed's moving average of the loss), at no host sync.
     window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
+    window_top1 = torch.zeros((), dtype=torch.float32, device=info.device)
     try:
         while step < max_steps:
             step_fn(next(batches))
             window_loss += step_fn.last_loss
+            window_top1 += step_fn.last_top1
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
                 # note: CPU-GPU sync point, once per log_every steps
                 loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
                 loss_avg = window_loss.item() / (step - tick_step)
+                train_top1 = window_top1.item() / (step - tick_step)
                 window_loss.zero_()
+                window_top1.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
                 tick_step = step
-                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
+                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
                 record = dict(
                     loss=loss,
                     loss_avg=loss_avg,
+                    train_top1=train_top1,
                     lr=schedule.at(step - 1),
                     examples_per_sec=global_batch / sec_per_batch,
                     sec_per_batch=sec_per_batch,
