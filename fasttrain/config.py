@@ -51,6 +51,9 @@ class Config:
     """How many of the newest checkpoints to keep in train_dir."""
     eval_at_end: bool = True
     """Evaluate top-1/top-5 on the validation split, raw and EMA weights, when training ends."""
+    eval_every_epochs: float = 0.0
+    """Also evaluate, raw and EMA, every N epochs while training (0: never; the ResNet seed's
+    epochs_per_eval)."""
     max_eval_batches: int = 0
     """Evaluate on at most this many batches per rank (0: the whole validation split)."""
     max_nonfinite_steps: int = 20
@@ -208,6 +211,7 @@ _NON_NEGATIVE = (
     "shuffle_buffer",
     "epoch_size",
     "max_eval_batches",
+    "eval_every_epochs",
     "histogram_every",
     "num_gpus",
     "weight_decay",

@@ -29,13 +29,14 @@ from fasttrain.distributed import (
     rank0_error,
     wrap_ddp,
 )
-from fasttrain.evaluate import ema_weights, evaluate
+from fasttrain.evaluate import describe, evaluate_raw_and_ema
 from fasttrain.lock import claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_config, save_run
+from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
 
@@ -77,6 +78,7 @@ def train(cfg: Config) -> dict:
     epoch_size = cfg.epoch_size or train_loader.num_records
     steps_per_epoch = max(1, epoch_size // global_batch)
     max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
+    eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
@@ -157,6 +159,23 @@ def train(cfg: Config) -> dict:
     # is the smoothed curve (the Inception seed's moving average of the loss), at no host sync.
     window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
     window_top1 = torch.zeros((), dtype=torch.float32, device=info.device)
+    eval_loader = None  # built at the first evaluation
+
+    def evaluate_now() -> dict:
+        # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
+        # and the training loader and step are not touched: a run with evaluations trains the same.
+        nonlocal eval_loader
+        rng = get_rng_state()
+        if eval_loader is None:
+            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+        result = evaluate_raw_and_ema(
+            model, optimizer, bn_ema, eval_loader, precision, info.device, cfg, info.world_size
+        )
+        set_rng_state(rng)
+        metrics.write(step=step, split="validation", **result)
+        curves.scalars(step, eval_scalars(result))
+        return result
+
     try:
         while step < max_steps:
             step_fn(next(batches))
@@ -208,6 +227,10 @@ def train(cfg: Config) -> dict:
                         comm_hidden_fraction=comm["hidden_fraction"],
                         comm_exposed_ms=comm["exposed_ms"],
                     )
+            if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
+                started = time.perf_counter()
+                log(f"step {step}: {describe(evaluate_now())}")
+                tick += time.perf_counter() - started  # not counted in the next line's images/s
             if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
                 last_saved = step
@@ -229,38 +252,11 @@ def train(cfg: Config) -> dict:
         # --- evaluation ------------------------------------------------------------------------
         result = {"step": step}
         if cfg.eval_at_end:
-            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
-            raw = evaluate(
-                model,
-                eval_loader,
-                precision,
-                info.device,
-                cfg.preprocess,
-                cfg.max_eval_batches,
-                info.world_size,
-            )
-            result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
-            if cfg.ema_decay:
-                with ema_weights(optimizer, bn_ema):
-                    ema = evaluate(
-                        model,
-                        eval_loader,
-                        precision,
-                        info.device,
-                        cfg.preprocess,
-                        cfg.max_eval_batches,
-                        info.world_size,
-                    )
-                result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
-            metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
-            curves.scalars(step, eval_scalars(result))
+            result.update(evaluate_now())
             chance = 1.0 / cfg.num_classes
-            ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
             verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
             log(
-                f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, "
-                f"top-5 {result['top5']:.3f} on {result['count']} images; chance is {chance:.3f}, "
-                f"so top-1 is {verdict} chance"
+                f"done: step {step}, {describe(result)}; chance is {chance:.3f}, so top-1 is {verdict} chance"
             )
         return result
     finally:
