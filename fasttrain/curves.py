@@ -21,7 +21,9 @@ from fasttrain.config import ConfigError
 class Curves:
     """A SummaryWriter on run_dir, or nothing at all (disabled, or not rank 0)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0):
+    def __init__(self, run_dir: Path, enabled: bool, start_step: int | None = 0):
+        """start_step: the optimizer step the writer's first point follows (a trainer's start or resume
+        step), whose later points in older files are dropped; None drops nothing (the evaluator)."""
         self.writer = None
         if not enabled:
             return
@@ -34,7 +36,7 @@ class Curves:
             ) from None
         # purge_step also for a fresh start (S = 0): event files of a run killed before its first
         # checkpoint hold points this run writes again.
-        self.writer = SummaryWriter(str(run_dir), purge_step=start_step + 1)
+        self.writer = SummaryWriter(str(run_dir), purge_step=None if start_step is None else start_step + 1)
 
     def scalars(self, step: int, values: dict) -> None:
         """values: {tag: float}; None values are left out."""

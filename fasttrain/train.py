@@ -29,7 +29,7 @@ from fasttrain.distributed import (
     rank0_error,
     wrap_ddp,
 )
-from fasttrain.evaluate import describe, evaluate_raw_and_ema
+from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.lock import claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
@@ -355,12 +355,6 @@ def batch_stream(loader, accum: int):
                 yield group
                 group = []
         loader.set_epoch(loader.epoch + 1)
-
-
-def eval_scalars(result: dict) -> dict:
-    """TensorBoard tags of an evaluation result: eval/top1, eval/top5, eval/ema_top1, eval/ema_top5."""
-    keys = ("top1", "top5", "ema_top1", "ema_top5")
-    return {f"eval/{k}": result[k] for k in keys if k in result}
 
 
 def check_finite(
