@@ -72,7 +72,7 @@ def train(cfg: Config) -> dict:
     data_dir = prepare_data_dir(cfg, info, log)
     cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
     train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
-    if cfg.eval_at_end and cfg.data_dir:  # a missing validation shard or label misfit: now, not at the end
+    if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
         open_split(cfg, "validation", False, info.rank, info.world_size)
     global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
     epoch_size = cfg.epoch_size or train_loader.num_records
@@ -227,13 +227,13 @@ def train(cfg: Config) -> dict:
                         comm_hidden_fraction=comm["hidden_fraction"],
                         comm_exposed_ms=comm["exposed_ms"],
                     )
+            if step % cfg.checkpoint_every == 0 or step == max_steps:
+                save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+                last_saved = step
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
                 started = time.perf_counter()
                 log(f"step {step}: {describe(evaluate_now())}")
                 tick += time.perf_counter() - started  # not counted in the next line's images/s
-            if step % cfg.checkpoint_every == 0 or step == max_steps:
-                save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
-                last_saved = step
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
