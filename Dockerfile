@@ -18,7 +18,7 @@ COPY tests ./tests
 # --no-deps: torch, triton, numpy and DALI come with the container and must not be replaced by
 # PyPI builds. The rest of the small dependencies are installed explicitly. A base without DALI gets
 # the PyPI build for its torch's CUDA major version (nvidia-dali-cuda120 or -cuda130).
-RUN pip install --no-cache-dir google-crc32c protobuf tqdm pytest-benchmark simplejpeg numba \
+RUN pip install --no-cache-dir google-crc32c protobuf tqdm tensorboard pytest-benchmark simplejpeg numba \
  && pip install --no-cache-dir --no-deps . \
  && (python -c "import nvidia.dali" 2>/dev/null \
      || pip install --no-cache-dir "nvidia-dali-cuda$(python -c 'import torch; print(torch.version.cuda.split(".")[0])')0") \

@@ -26,10 +26,13 @@ setup(
         "google-crc32c>=1.5",
         "protobuf>=4.21",
         "tqdm>=4.60",
+        # TensorBoard event files (torch.utils.tensorboard's SummaryWriter), on by default
+        "tensorboard>=2.10",
         "triton>=3.3; platform_system == 'Linux'",  # torch 2.7 ships with 3.3
     ],
     extras_require={
         "dali": ["nvidia-dali-cuda120>=1.44"],
+        "plot": ["matplotlib>=3.5"],  # python -m fasttrain.plot
         # bench/bench_input.py: the real-photo shard set (skimage.data) and the plain PyTorch row.
         "bench": ["scikit-image>=0.21", "tfrecord>=1.14"],
         "test": [

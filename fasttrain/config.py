@@ -40,12 +40,20 @@ class Config:
     also a fixed cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set)."""
     log_every: int = 10
     """Print the seeds' `step N, loss = X (...)` line and a metrics record every N steps."""
+    tensorboard: bool = True
+    """Write TensorBoard event files to train_dir (rank 0): loss, LR, images/s, accuracy, evaluations."""
+    histogram_every: int = 0
+    """Also write weight and gradient histograms to TensorBoard every N steps, a multiple of log_every
+    (0: never; each costs a host copy of the model)."""
     checkpoint_every: int = 5000
     """Write ckpt-<step>.pt every N steps (and always at the end)."""
     keep_checkpoints: int = 3
     """How many of the newest checkpoints to keep in train_dir."""
     eval_at_end: bool = True
     """Evaluate top-1/top-5 on the validation split, raw and EMA weights, when training ends."""
+    eval_every_epochs: float = 0.0
+    """Also evaluate, raw and EMA, every N epochs while training (0: never; the ResNet seed's
+    epochs_per_eval)."""
     max_eval_batches: int = 0
     """Evaluate on at most this many batches per rank (0: the whole validation split)."""
     max_nonfinite_steps: int = 20
@@ -203,6 +211,8 @@ _NON_NEGATIVE = (
     "shuffle_buffer",
     "epoch_size",
     "max_eval_batches",
+    "eval_every_epochs",
+    "histogram_every",
     "num_gpus",
     "weight_decay",
     "label_smoothing",
@@ -241,6 +251,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
     if cfg.max_steps == 0 and cfg.train_epochs == 0:
         raise ConfigError("set --max_steps or --train_epochs: both are 0")
+    if cfg.histogram_every % cfg.log_every:
+        raise ConfigError(
+            f"--histogram_every={cfg.histogram_every} must be a multiple of --log_every={cfg.log_every} "
+            "(histograms are written at log steps, where the trainer reads the device anyway)"
+        )
     if cfg.seed >= _SEED_LIMIT:
         raise ConfigError(f"--seed must be below 2**32, got {cfg.seed}")
     if cfg.model_name == "inception_v3" and cfg.image_size < INCEPTION_MIN_IMAGE_SIZE:

@@ -91,6 +91,7 @@ def _resnet(size: int) -> dict:
         bn_momentum=0.003,
         bn_eps=1e-5,
         checkpoint_every=5000,
+        eval_every_epochs=1.0,  # the seed's epochs_per_eval
     )
 
 

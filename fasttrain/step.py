@@ -10,7 +10,7 @@ A step is, with everything on the device and no host synchronisation:
   lr = schedule(step)                                 # from the device step counter
   fused optimizer + EMA with grad_scale = 1 / (scale * world), skipped bit-for-bit on found_inf
   BN running-statistics EMA, loss-scale update, step counter += 1
-The loss is read back to the host only when the trainer logs.
+The loss and the training top-1 are read back to the host only when the trainer logs.
 
 CUDA graphs: the first `warmup_steps` steps run eagerly on a side stream (as PyTorch's CUDA-graph
 notes require, and so that the bucketer can observe the backward order), then the next step is
@@ -89,7 +89,8 @@ class BufferEMA:
 
 
 class TrainStep:
-    """Owns the device-side step state: step counter, LR, loss scale, last loss, non-finite streak."""
+    """Owns the device-side step state: step counter, LR, loss scale, last loss and training top-1,
+    non-finite streak."""
 
     def __init__(
         self,
@@ -117,6 +118,7 @@ class TrainStep:
         self.step_count = torch.zeros((), dtype=torch.int64, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.last_loss = torch.zeros((), dtype=torch.float32, device=device)
+        self.last_top1 = torch.zeros((), dtype=torch.float32, device=device)  # of the step's batch
         self.nonfinite_streak = torch.zeros((), dtype=torch.int64, device=device)
         for group in optimizer.param_groups:
             group["lr"] = self.lr
@@ -136,7 +138,7 @@ class TrainStep:
 
     def _forward_backward(
         self, images: torch.Tensor, labels: torch.Tensor, inv_accum: float, communicate: bool
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         x = model_input(images, self.preprocess, self.precision)
         if self.buckets is not None:
             self.buckets.begin(communicate=communicate)
@@ -152,19 +154,24 @@ class TrainStep:
             output = self.forward_model(x)
             loss = self.loss_fn(output, labels)
         (loss * (self.scaler.scale * inv_accum)).backward()
-        return loss.detach()
+        logits = output[0] if isinstance(output, tuple) else output  # Inception: (logits, aux)
+        top1 = (logits.detach().argmax(dim=1) == labels).float().mean()
+        return loss.detach(), top1
 
     def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.flat_grad.zero_()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
+        total_top1 = torch.zeros((), dtype=torch.float32, device=self.device)
         ddp = self.forward_model is not self.model
         for i, (images, labels) in enumerate(batches):
             last = i == len(batches) - 1
             if ddp and not last:
                 with self.forward_model.no_sync():
-                    total += self._forward_backward(images, labels, 1.0 / len(batches), False)
+                    loss, top1 = self._forward_backward(images, labels, 1.0 / len(batches), False)
             else:
-                total += self._forward_backward(images, labels, 1.0 / len(batches), last)
+                loss, top1 = self._forward_backward(images, labels, 1.0 / len(batches), last)
+            total += loss
+            total_top1 += top1
         if self.buckets is not None:
             self.buckets.wait()
         loss = total / len(batches)
@@ -178,6 +185,7 @@ class TrainStep:
         self.step_count += 1
         self.nonfinite_streak.add_(1).mul_(found_inf.to(torch.int64))
         self.last_loss.copy_(loss)
+        self.last_top1.copy_(total_top1 / len(batches))
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""

@@ -16,6 +16,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, ConfigError, default_cache_dir
+from fasttrain.curves import Curves
 from fasttrain.data import build_loader
 from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
@@ -28,13 +29,14 @@ from fasttrain.distributed import (
     rank0_error,
     wrap_ddp,
 )
-from fasttrain.evaluate import ema_weights, evaluate
+from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.lock import claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_config, save_run
+from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
 
@@ -70,12 +72,13 @@ def train(cfg: Config) -> dict:
     data_dir = prepare_data_dir(cfg, info, log)
     cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
     train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
-    if cfg.eval_at_end and cfg.data_dir:  # a missing validation shard or label misfit: now, not at the end
+    if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
         open_split(cfg, "validation", False, info.rank, info.world_size)
     global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
     epoch_size = cfg.epoch_size or train_loader.num_records
     steps_per_epoch = max(1, epoch_size // global_batch)
     max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
+    eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
@@ -143,6 +146,8 @@ def train(cfg: Config) -> dict:
             "pass a new --train_dir or a larger --max_steps to train more"
         )
 
+    curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
+
     # --- the loop ------------------------------------------------------------------------------
     # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
     # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
@@ -150,29 +155,65 @@ def train(cfg: Config) -> dict:
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
+    # Every step's loss summed on the device, read at the log steps: the mean since the last log line
+    # is the smoothed curve (the Inception seed's moving average of the loss), at no host sync.
+    window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
+    window_top1 = torch.zeros((), dtype=torch.float32, device=info.device)
+    eval_loader = None  # built at the first evaluation
+
+    def evaluate_now() -> dict:
+        # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
+        # and the training loader and step are not touched: a run with evaluations trains the same.
+        nonlocal eval_loader
+        rng = get_rng_state()
+        if eval_loader is None:
+            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+        result = evaluate_raw_and_ema(
+            model, optimizer, bn_ema, eval_loader, precision, info.device, cfg, info.world_size
+        )
+        set_rng_state(rng)
+        metrics.write(step=step, split="validation", **result)
+        curves.scalars(step, eval_scalars(result))
+        return result
+
     try:
         while step < max_steps:
             step_fn(next(batches))
+            window_loss += step_fn.last_loss
+            window_top1 += step_fn.last_top1
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
                 # note: CPU-GPU sync point, once per log_every steps
                 loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+                loss_avg = window_loss.item() / (step - tick_step)
+                train_top1 = window_top1.item() / (step - tick_step)
+                window_loss.zero_()
+                window_top1.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
                 tick_step = step
-                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch)
-                metrics.write(
-                    step=step,
+                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
+                record = dict(
                     loss=loss,
+                    loss_avg=loss_avg,
+                    train_top1=train_top1,
                     lr=schedule.at(step - 1),
                     examples_per_sec=global_batch / sec_per_batch,
                     sec_per_batch=sec_per_batch,
                     loss_scale=step_fn.scaler.scale.item(),
                     skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+                )
+                metrics.write(
+                    step=step,
+                    **record,
                     epoch=train_loader.epoch,
                     skipped_records=getattr(train_loader, "skipped", 0),
                 )
+                curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
+                if cfg.histogram_every and step % cfg.histogram_every == 0:
+                    grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
+                    curves.histograms(step, model, grad_scale)
                 check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
                 if buckets is not None and (comm := buckets.comm_stats()) is not None:
                     log(
@@ -189,6 +230,10 @@ def train(cfg: Config) -> dict:
             if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
                 last_saved = step
+            if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
+                started = time.perf_counter()
+                log(f"step {step}: {describe(evaluate_now())}")
+                tick += time.perf_counter() - started  # not counted in the next line's images/s
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
@@ -207,37 +252,11 @@ def train(cfg: Config) -> dict:
         # --- evaluation ------------------------------------------------------------------------
         result = {"step": step}
         if cfg.eval_at_end:
-            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
-            raw = evaluate(
-                model,
-                eval_loader,
-                precision,
-                info.device,
-                cfg.preprocess,
-                cfg.max_eval_batches,
-                info.world_size,
-            )
-            result.update(top1=raw["top1"], top5=raw["top5"], count=raw["count"])
-            if cfg.ema_decay:
-                with ema_weights(optimizer, bn_ema):
-                    ema = evaluate(
-                        model,
-                        eval_loader,
-                        precision,
-                        info.device,
-                        cfg.preprocess,
-                        cfg.max_eval_batches,
-                        info.world_size,
-                    )
-                result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
-            metrics.write(step=step, split="validation", **{k: v for k, v in result.items() if k != "step"})
+            result.update(evaluate_now())
             chance = 1.0 / cfg.num_classes
-            ema_text = f" (EMA {result['ema_top1']:.3f})" if cfg.ema_decay else ""
             verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
             log(
-                f"done: step {step}, validation top-1 {result['top1']:.3f}{ema_text}, "
-                f"top-5 {result['top5']:.3f} on {result['count']} images; chance is {chance:.3f}, "
-                f"so top-1 is {verdict} chance"
+                f"done: step {step}, {describe(result)}; chance is {chance:.3f}, so top-1 is {verdict} chance"
             )
         return result
     finally:
@@ -245,6 +264,7 @@ def train(cfg: Config) -> dict:
         # before the process group, whose NCCL communicator otherwise waits at exit for the graph
         # that captured its collectives (pytorch/pytorch#115388).
         stop.restore()
+        curves.close()
         step_fn.release_graph()
         cleanup()
         if lock is not None:

@@ -22,6 +22,7 @@ _SPECIAL = {
     "precision": "bf16",
     "grad_sync": "ddp",
     "lr_boundary_epochs": "5,7",
+    "histogram_every": "50",  # a multiple of the demo's log_every
 }
 
 

@@ -1,0 +1,79 @@
+"""--eval_every_epochs: evaluations between steps, raw and EMA, reported everywhere, and a run with
+them trains bit for bit like one without (CPU, --deterministic)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fasttrain.config import make_config
+from fasttrain.data.imagenet import make_synthetic
+from fasttrain.train import train
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 12 steps/epoch
+    return root
+
+
+def _run(data, run_dir, **overrides):
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=4, num_classes=4)
+    values.update(data_backend="torch", data_dir=str(data), device="cpu", num_workers=0, deterministic=True)
+    values.update(max_steps=14, log_every=1, checkpoint_every=7, eval_at_end=False, ema_decay=0.9)
+    values.update(max_eval_batches=2, optimizer="rmsprop", optimizer_impl="torch", train_dir=str(run_dir))
+    return train(make_config(**{**values, **overrides}))
+
+
+def _records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _same(a, b, where=""):
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def test_evaluations_leave_training_bit_identical(data, tmp_path, capsys):
+    # 14 steps cross the epoch boundary at 12; evaluations at steps 3, 6, 9, 12 (a quarter epoch),
+    # the checkpoint at 7 in between. Both runs get a log line every step, so only evaluations differ.
+    plain, evaluated = tmp_path / "plain", tmp_path / "evaluated"
+    _run(data, plain)
+    _run(data, evaluated, eval_every_epochs=0.25)
+    evals = [r for r in _records(evaluated) if r.get("split") == "validation"]
+    assert [r["step"] for r in evals] == [3, 6, 9, 12]
+    for r in evals:
+        assert {"top1", "top5", "ema_top1", "ema_top5"} <= r.keys() and r["count"] == 8
+    assert "step 3: validation top-1 " in capsys.readouterr().out
+    losses = lambda d: [(r["step"], r["loss"], r["train_top1"]) for r in _records(d) if "loss" in r]
+    assert losses(evaluated) == losses(plain)
+    for step in (7, 14):
+        ours = torch.load(evaluated / f"ckpt-{step}.pt", weights_only=True)
+        theirs = torch.load(plain / f"ckpt-{step}.pt", weights_only=True)
+        for key in ("model", "optimizer", "ema", "bn_ema", "train_step", "data", "rng"):
+            _same(ours[key], theirs[key], f"ckpt-{step} {key}")
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(evaluated))
+    acc.Reload()
+    for key in ("top1", "ema_top5"):
+        got = [(e.step, e.value) for e in acc.Scalars(f"eval/{key}")]
+        assert got == [(r["step"], pytest.approx(r[key])) for r in evals]
+
+
+def test_no_second_evaluation_at_the_end(data, tmp_path):
+    run_dir = tmp_path / "run"
+    _run(data, run_dir, max_steps=6, eval_every_epochs=0.25, eval_at_end=True)
+    assert [r["step"] for r in _records(run_dir) if r.get("split") == "validation"] == [3, 6]

@@ -1,0 +1,121 @@
+"""python -m fasttrain.evaluate: a run's checkpoints evaluated apart from the trainer, as the trainer
+evaluates them; --watch; one-line errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fasttrain.config import make_config
+from fasttrain.data.imagenet import make_synthetic
+from fasttrain.evaluate import main
+from fasttrain.train import train
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+def _cfg(data, run_dir, **overrides):
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=4, num_classes=4)
+    values.update(data_backend="torch", data_dir=str(data), device="cpu", num_workers=0, deterministic=True)
+    values.update(max_steps=4, log_every=2, checkpoint_every=2, ema_decay=0.9, max_eval_batches=2)
+    return make_config(**{**values, "train_dir": str(run_dir), **overrides})
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory):
+    """A finished 4-step run with ckpt-2 and ckpt-4, evaluated at the end by the trainer."""
+    run_dir = tmp_path_factory.mktemp("run")
+    result = train(_cfg(data, run_dir))
+    return run_dir, result
+
+
+def _records(run_dir, source="evaluate"):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("source") == source]
+
+
+def test_newest_checkpoint_gives_the_trainers_final_numbers(run, capsys):
+    run_dir, final = run
+    before = len(_records(run_dir))
+    assert main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"ckpt-4.pt: step 4, validation top-1 {final['top1']:.3f} (EMA {final['ema_top1']:.3f})" in out
+    record = _records(run_dir)[before]
+    # the trainer's live weights and EMA against the same weights restored from the file
+    for key in ("top1", "top5", "ema_top1", "ema_top5", "count"):
+        assert record[key] == final[key], key
+    assert record["step"] == 4 and record["count"] == 8
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run_dir / "eval"))
+    acc.Reload()
+    assert (4, pytest.approx(final["ema_top1"])) in [(e.step, e.value) for e in acc.Scalars("eval/ema_top1")]
+
+
+def test_a_given_checkpoint(run, capsys):
+    run_dir, _ = run
+    assert main([str(run_dir), "--checkpoint", str(run_dir / "ckpt-2.pt")]) == 0
+    assert "ckpt-2.pt: step 2, validation top-1 " in capsys.readouterr().out
+    assert _records(run_dir)[-1]["step"] == 2
+
+
+def test_watch_evaluates_each_new_checkpoint_until_the_last(run, tmp_path, capsys):
+    run_dir = tmp_path / "watched"
+    shutil.copytree(run[0], run_dir)
+    parked = tmp_path / "parked"
+    parked.mkdir()
+    for name in ("ckpt-4.pt", "ckpt-4.pt.sha256"):
+        (run_dir / name).rename(parked / name)
+    before = len(_records(run_dir))
+    codes = []
+    watcher = threading.Thread(target=lambda: codes.append(main([str(run_dir), "--watch", "0.1"])))
+    watcher.start()
+    deadline = time.time() + 120
+    while len(_records(run_dir)) == before and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few polls that find nothing new
+    for name in ("ckpt-4.pt.sha256", "ckpt-4.pt"):  # as the trainer places them: sidecar first
+        (parked / name).rename(run_dir / name)
+    watcher.join(timeout=120)
+    assert not watcher.is_alive() and codes == [0], "--watch should end after the run's final step"
+    assert [r["step"] for r in _records(run_dir)[before:]] == [2, 4]
+
+
+def _run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "fasttrain.evaluate", *map(str, args)], capture_output=True, text=True
+    )
+
+
+def test_errors_are_one_line(run, data, tmp_path):
+    run_dir, _ = run
+    outputs = []
+    _cli = lambda *args: outputs.append(_run_cli(*args)) or outputs[-1]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = _cli(empty)
+    assert out.returncode == 2 and "is not a fasttrain run directory (no config.json)" in out.stderr
+    no_ckpt = tmp_path / "no_ckpt"
+    no_ckpt.mkdir()
+    shutil.copy(run_dir / "config.json", no_ckpt)
+    out = _cli(no_ckpt)
+    assert out.returncode == 1 and "holds no checkpoint" in out.stderr
+    out = _cli(run_dir, "--checkpoint", tmp_path / "ckpt-9.pt")
+    assert out.returncode == 1 and "ckpt-9.pt does not exist" in out.stderr
+    other = tmp_path / "other"
+    train(_cfg(data, other, num_classes=5, max_steps=2, eval_at_end=False))
+    out = _cli(run_dir, "--checkpoint", other / "ckpt-2.pt")
+    assert out.returncode == 1 and "is not a checkpoint of the run in" in out.stderr
+    assert "num_classes 4 -> 5" in out.stderr or "num_classes 5 -> 4" in out.stderr, out.stderr
+    for result in outputs:
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
