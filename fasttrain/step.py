@@ -88,6 +88,9 @@ class BufferEMA:
             shadow.copy_(state[name])
 
 
+LOSS_AVERAGE_WEIGHT = 0.1  # 1 - decay of the Inception seed's loss_averages (decay 0.9)
+
+
 class TrainStep:
     """Owns the device-side step state: step counter, LR, loss scale, last loss and training top-1,
     non-finite streak."""
@@ -119,6 +122,9 @@ class TrainStep:
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.last_loss = torch.zeros((), dtype=torch.float32, device=device)
         self.last_top1 = torch.zeros((), dtype=torch.float32, device=device)  # of the step's batch
+        # The Inception seed's smoothed loss curve: tf.train.ExponentialMovingAverage(0.9) of each
+        # step's loss, its shadow starting at 0 (no zero-debiasing, the seed's default).
+        self.loss_average = torch.zeros((), dtype=torch.float32, device=device)
         self.nonfinite_streak = torch.zeros((), dtype=torch.int64, device=device)
         for group in optimizer.param_groups:
             group["lr"] = self.lr
@@ -186,6 +192,10 @@ class TrainStep:
         self.nonfinite_streak.add_(1).mul_(found_inf.to(torch.int64))
         self.last_loss.copy_(loss)
         self.last_top1.copy_(total_top1 / len(batches))
+        # TF's update, shadow -= (1 - decay) * (shadow - loss); a non-finite loss (a skipped fp16
+        # step) is left out rather than turning the curve into NaN for good.
+        average = self.loss_average - (self.loss_average - loss) * LOSS_AVERAGE_WEIGHT
+        self.loss_average.copy_(torch.where(torch.isfinite(loss), average, self.loss_average))
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
@@ -260,9 +270,12 @@ class TrainStep:
             "step_count": self.step_count.clone(),
             "nonfinite_streak": self.nonfinite_streak.clone(),
             "scaler": self.scaler.state_dict(),
+            "loss_average": self.loss_average.clone(),
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.step_count.copy_(state["step_count"])
         self.nonfinite_streak.copy_(state["nonfinite_streak"])
         self.scaler.load_state_dict(state["scaler"])
+        if "loss_average" in state:  # checkpoints written before it existed restart the curve at 0
+            self.loss_average.copy_(state["loss_average"])

@@ -155,8 +155,9 @@ def train(cfg: Config) -> dict:
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
-    # Every step's loss summed on the device, read at the log steps: the mean since the last log line
-    # is the smoothed curve (the Inception seed's moving average of the loss), at no host sync.
+    # Every step's loss and top-1 summed on the device, read at the log steps (no host sync between):
+    # their means since the last log line. The seed's own smoothed curve, an exponential moving
+    # average, is kept by the step (loss_average).
     window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
     window_top1 = torch.zeros((), dtype=torch.float32, device=info.device)
     eval_loader = None  # built at the first evaluation
@@ -197,6 +198,7 @@ def train(cfg: Config) -> dict:
                 record = dict(
                     loss=loss,
                     loss_avg=loss_avg,
+                    loss_ema=step_fn.loss_average.item(),
                     train_top1=train_top1,
                     lr=schedule.at(step - 1),
                     examples_per_sec=global_batch / sec_per_batch,

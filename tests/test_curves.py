@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from fasttrain.config import ConfigError, make_config
@@ -65,10 +66,33 @@ def test_loss_avg_is_the_mean_over_the_log_window(tmp_path):
     assert windows == pytest.approx({2: (losses[1] + losses[2]) / 2, 4: (losses[3] + losses[4]) / 2})
 
 
+def test_loss_ema_is_the_seeds_exponential_moving_average(tmp_path):
+    """The Inception seed's smoothed loss: ExponentialMovingAverage(0.9) of each step's loss, shadow from
+    0 (no zero-debiasing), shadow -= 0.1 * (shadow - loss), in float32; recomputed here from the raw
+    per-step losses (log_every 1), then read at log_every 2 from a second run of the same steps."""
+    every_step = tmp_path / "a"
+    train(_cfg(every_step, max_steps=6))
+    records = [r for r in _metrics(every_step / "run") if "loss" in r]
+    shadow, expected = np.float32(0), {}
+    for r in records:
+        shadow = np.float32(shadow - (shadow - np.float32(r["loss"])) * np.float32(0.1))
+        expected[r["step"]] = float(shadow)
+    assert {r["step"]: r["loss_ema"] for r in records} == expected
+    assert _scalars(_curves(every_step / "run"), "train/loss_ema") == [
+        (step, pytest.approx(value, rel=1e-6)) for step, value in expected.items()
+    ]
+    every_second = tmp_path / "b"
+    train(_cfg(every_second, max_steps=6, log_every=2))
+    assert {r["step"]: r["loss_ema"] for r in _metrics(every_second / "run") if "loss" in r} == {
+        step: expected[step] for step in (2, 4, 6)
+    }
+
+
 def test_a_resumed_run_continues_the_curves_without_duplicates(tmp_path):
     run_dir = tmp_path / "run"
     train(_cfg(tmp_path))
     first = _scalars(_curves(run_dir), "train/loss")
+    first_ema = _scalars(_curves(run_dir), "train/loss_ema")
     # As if the first run had died after logging step 6 but before its checkpoint: resume from step 3.
     (run_dir / "ckpt-6.pt").unlink()
     (run_dir / "ckpt-6.pt.sha256").unlink()
@@ -81,6 +105,8 @@ def test_a_resumed_run_continues_the_curves_without_duplicates(tmp_path):
     # ...and the points 4-6 come from the second run's file (the first run's are purged)
     lr = _scalars(_curves(run_dir), "train/lr")
     assert [s for s, _ in lr] == [1, 2, 3, 4, 5, 6]
+    # The seed's moving average of the loss resumes from the checkpoint, not from 0.
+    assert _scalars(_curves(run_dir), "train/loss_ema") == first_ema
 
 
 def test_histograms_only_when_asked_and_only_at_their_steps(tmp_path):

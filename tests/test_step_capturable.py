@@ -200,8 +200,8 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
     expected = [
         "step.optimizer.flat.params", "step.optimizer.flat.grad", "step.optimizer._buffers['ema']",
         "step.optimizer._buffers['momentum_buffer']", "step.optimizer.applied_steps", "step.lr",
-        "step.scaler.scale", "step.step_count", "step.last_loss", "step.bn_ema.shadows[0]",
-        "model.fc.weight", "model.fc.weight.grad",
+        "step.scaler.scale", "step.step_count", "step.last_loss", "step.loss_average",
+        "step.bn_ema.shadows[0]", "model.fc.weight", "model.fc.weight.grad",
     ]  # fmt: skip
     assert set(expected) <= set(buffers), sorted(set(expected) - set(buffers))
 
