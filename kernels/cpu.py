@@ -3,9 +3,11 @@
 The references (rmsprop_tf.rmsprop_tf_update_reference, momentum.momentum_update_reference) are
 transcribed element by element, in their order of float32 operations with their float32 constants,
 and compiled without fast-math: no reassociation, no fused multiply-add, IEEE sqrt and division. So
-each element gets exactly the reference's bits (tests/test_chunked.py compares with `==`), in one
-pass that reads w, g, the states and ema once and writes them once (36 B per parameter for RMSProp +
-EMA, 28 for momentum + EMA), where torch.optim's foreach ops stream each buffer several times.
+each element gets exactly the bits of those equations evaluated one IEEE float32 operation at a time
+(tests/test_chunked.py compares with a NumPy transcription using `==`; the torch reference itself is
+an ulp away on some elements, its vectorised CPU sqrt not being correctly rounded), in one pass that
+reads w, g, the states and ema once and writes them once (36 B per parameter for RMSProp + EMA, 28
+for momentum + EMA), where torch.optim's foreach ops stream each buffer several times.
 
 The caller (kernels/chunked.py) has already read found_inf on the host and returns before calling
 here when the step is skipped. The flat buffers are split into blocks that one thread per torch
