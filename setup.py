@@ -22,7 +22,7 @@ setup(
         # library's TurboJPEG 3 ABI, not on the wheel's Python API. x86-64 Linux is where the GPU nodes
         # are; elsewhere the window is cut from the full decode.
         'turbojpeg==0.0.2; platform_system == "Linux" and platform_machine == "x86_64"',
-        "numba>=0.59",  # TF1's resize and colour kernels, compiled (fasttrain/data/resize.py, color.py)
+        "numba>=0.59",  # TF1 resize + colour kernels (fasttrain/data), the CPU optimizer (kernels/cpu.py)
         "google-crc32c>=1.5",
         "protobuf>=4.21",
         "tqdm>=4.60",
