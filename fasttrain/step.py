@@ -125,6 +125,10 @@ class TrainStep:
         # The Inception seed's smoothed loss curve: tf.train.ExponentialMovingAverage(0.9) of each
         # step's loss, its shadow starting at 0 (no zero-debiasing, the seed's default).
         self.loss_average = torch.zeros((), dtype=torch.float32, device=device)
+        # Sums of every step's loss and top-1 since the trainer last read them (it zeroes them at its
+        # log steps), added inside the step so the graph captures them: the log window's means.
+        self.loss_sum = torch.zeros((), dtype=torch.float32, device=device)
+        self.top1_sum = torch.zeros((), dtype=torch.float32, device=device)
         self.nonfinite_streak = torch.zeros((), dtype=torch.int64, device=device)
         for group in optimizer.param_groups:
             group["lr"] = self.lr
@@ -192,6 +196,8 @@ class TrainStep:
         self.nonfinite_streak.add_(1).mul_(found_inf.to(torch.int64))
         self.last_loss.copy_(loss)
         self.last_top1.copy_(total_top1 / len(batches))
+        self.loss_sum.add_(self.last_loss)
+        self.top1_sum.add_(self.last_top1)
         # TF's update, shadow -= (1 - decay) * (shadow - loss); a non-finite loss (a skipped fp16
         # step) is left out rather than turning the curve into NaN for good.
         average = self.loss_average - (self.loss_average - loss) * LOSS_AVERAGE_WEIGHT

@@ -155,11 +155,9 @@ def train(cfg: Config) -> dict:
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
-    # Every step's loss and top-1 summed on the device, read at the log steps (no host sync between):
-    # their means since the last log line. The seed's own smoothed curve, an exponential moving
-    # average, is kept by the step (loss_average).
-    window_loss = torch.zeros((), dtype=torch.float32, device=info.device)
-    window_top1 = torch.zeros((), dtype=torch.float32, device=info.device)
+    # The means of the loss and top-1 since the last log line come from the step's device-side sums
+    # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
+    # smoothed curve, an exponential moving average, is the step's loss_average.
     eval_loader = None  # built at the first evaluation
 
     def evaluate_now() -> dict:
@@ -180,17 +178,15 @@ def train(cfg: Config) -> dict:
     try:
         while step < max_steps:
             step_fn(next(batches))
-            window_loss += step_fn.last_loss
-            window_top1 += step_fn.last_top1
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
                 # note: CPU-GPU sync point, once per log_every steps
                 loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
-                loss_avg = window_loss.item() / (step - tick_step)
-                train_top1 = window_top1.item() / (step - tick_step)
-                window_loss.zero_()
-                window_top1.zero_()
+                loss_avg = step_fn.loss_sum.item() / (step - tick_step)
+                train_top1 = step_fn.top1_sum.item() / (step - tick_step)
+                step_fn.loss_sum.zero_()
+                step_fn.top1_sum.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
                 tick_step = step

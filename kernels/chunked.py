@@ -36,9 +36,6 @@ On CUDA one thread launches everything and the chunk is larger (CUDA_CHUNK): the
 bounded scratch and few launches, not cache residency. Not measured on a GPU (this project has none).
 """
 
-import functools
-from concurrent.futures import ThreadPoolExecutor
-
 import torch
 
 from . import cpu
@@ -87,23 +84,11 @@ def rmsprop_tf_update_chunked(
     lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
     if _compiled_on_cpu(w, g, ms, mom, ema):
         if not _skipped(found_inf):
-            workers = _workers(scratch)
             cpu.rmsprop_tf_update(
-                _pool(workers),
-                workers,
-                w,
-                g,
-                ms,
-                mom,
-                ema,
-                lr=lr,
-                decay=decay,
-                momentum=momentum,
-                eps=eps,
-                weight_decay=weight_decay,
-                grad_scale=grad_scale,
-                ema_weight=None if ema is None else float(ema_weight),  # note: a host read (free)
-            )
+                w, g, ms, mom, ema, lr=lr, decay=decay, momentum=momentum, eps=eps,
+                weight_decay=weight_decay, grad_scale=grad_scale, ema_weight=_on_host(ema_weight),
+                workers=_workers(scratch),
+            )  # fmt: skip
         return
 
     def update(lo, hi, s, t, new_w, new_ms, new_mom, new_ema):
@@ -144,21 +129,10 @@ def momentum_update_chunked(
     lr, grad_scale = _on_host_if_free(w.device, lr, grad_scale)
     if _compiled_on_cpu(w, g, acc, ema):
         if not _skipped(found_inf):
-            workers = _workers(scratch)
             cpu.momentum_update(
-                _pool(workers),
-                workers,
-                w,
-                g,
-                acc,
-                ema,
-                lr=lr,
-                momentum=momentum,
-                nesterov=nesterov,
-                weight_decay=weight_decay,
-                grad_scale=grad_scale,
-                ema_weight=None if ema is None else float(ema_weight),  # note: a host read (free)
-            )
+                w, g, acc, ema, lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+                grad_scale=grad_scale, ema_weight=_on_host(ema_weight), workers=_workers(scratch),
+            )  # fmt: skip
         return
 
     def update(lo, hi, s, t, new_w, new_acc, new_ema):
@@ -200,6 +174,10 @@ def _skipped(found_inf) -> bool:
     return found_inf is not None and bool(found_inf != 0)  # note: a host read (NaN counts: skip)
 
 
+def _on_host(ema_weight) -> float | None:
+    return None if ema_weight is None else float(ema_weight)  # note: a host read (free on the CPU)
+
+
 def _workers(scratch) -> int:
     return torch.get_num_threads() if scratch is None else scratch.shape[0]
 
@@ -237,17 +215,14 @@ def _run_chunks(update, buffers: list, found_inf, scratch) -> None:
     runs = [starts[i : i + per_worker] for i in range(0, len(starts), per_worker)]
     # The first run on this thread, the others on the pool; result() re-raises a worker's error.
     pending = [
-        _pool(workers).submit(_run, update, buffers, run, scratch[i], ok) for i, run in enumerate(runs) if i
+        cpu.thread_pool(workers).submit(_run, update, buffers, run, scratch[i], ok)
+        for i, run in enumerate(runs)
+        if i
     ]
     if runs:
         _run(update, buffers, runs[0], scratch[0], ok)
     for future in pending:
         future.result()
-
-
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="fasttrain-chunked")
 
 
 @torch.no_grad()  # grad mode is per thread: the pool's threads start with it on

@@ -17,7 +17,9 @@ Scalars arrive as np.float32, computed from the Python floats exactly as the ref
 round them (a float scalar in a float32 op is rounded to float32 first).
 """
 
+import functools
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -28,48 +30,25 @@ _JIT = dict(nogil=True, cache=True, error_model="numpy")  # no fastmath: the ref
 
 @numba.njit(**_JIT)
 def _rmsprop(w, g, ms, mom, ema, lo, hi, lr, one_minus_decay, momentum, eps, weight_decay, scale, ema_w):
-    # Two copies of the loop, so that neither tests for the EMA per element (and both vectorise).
-    if ema.shape[0]:
-        for i in range(lo, hi):
-            x = w[i]
-            gi = g[i] * scale + weight_decay * x
-            m = ms[i] + one_minus_decay * (gi * gi - ms[i])
-            v = momentum * mom[i] + (gi * lr) / np.sqrt(m + eps)
-            x = x - v
-            ms[i], mom[i], w[i] = m, v, x
+    for i in range(lo, hi):
+        gi = g[i] * scale + weight_decay * w[i]
+        m = ms[i] + one_minus_decay * (gi * gi - ms[i])
+        v = momentum * mom[i] + (gi * lr) / np.sqrt(m + eps)
+        x = w[i] - v
+        ms[i], mom[i], w[i] = m, v, x
+        if ema.shape[0]:
             ema[i] = ema[i] - ema_w * (ema[i] - x)
-    else:
-        for i in range(lo, hi):
-            x = w[i]
-            gi = g[i] * scale + weight_decay * x
-            m = ms[i] + one_minus_decay * (gi * gi - ms[i])
-            v = momentum * mom[i] + (gi * lr) / np.sqrt(m + eps)
-            ms[i], mom[i], w[i] = m, v, x - v
 
 
 @numba.njit(**_JIT)
 def _momentum(w, g, acc, ema, lo, hi, lr, momentum, nesterov, weight_decay, scale, ema_w):
-    # One copy of the loop per combination of Nesterov and EMA, none testing a flag per element.
-    if nesterov:
-        _momentum_loop(w, g, acc, ema, lo, hi, lr, momentum, True, weight_decay, scale, ema_w)
-    else:
-        _momentum_loop(w, g, acc, ema, lo, hi, lr, momentum, False, weight_decay, scale, ema_w)
-
-
-@numba.njit(inline="always", **_JIT)
-def _momentum_loop(w, g, acc, ema, lo, hi, lr, momentum, nesterov, weight_decay, scale, ema_w):
-    if ema.shape[0]:
-        for i in range(lo, hi):
-            gi = g[i] * scale + weight_decay * w[i]
-            a = momentum * acc[i] + gi
-            x = w[i] - lr * (gi + momentum * a if nesterov else a)
-            acc[i], w[i] = a, x
+    for i in range(lo, hi):
+        gi = g[i] * scale + weight_decay * w[i]
+        a = momentum * acc[i] + gi
+        x = w[i] - lr * (gi + momentum * a if nesterov else a)
+        acc[i], w[i] = a, x
+        if ema.shape[0]:
             ema[i] = ema[i] - ema_w * (ema[i] - x)
-    else:
-        for i in range(lo, hi):
-            gi = g[i] * scale + weight_decay * w[i]
-            a = momentum * acc[i] + gi
-            acc[i], w[i] = a, w[i] - lr * (gi + momentum * a if nesterov else a)
 
 
 def supported(*buffers) -> bool:
@@ -81,6 +60,12 @@ def supported(*buffers) -> bool:
     )
 
 
+@functools.cache
+def thread_pool(workers: int) -> ThreadPoolExecutor:
+    """The threads both CPU routes of the chunked path share (one per torch thread)."""
+    return ThreadPoolExecutor(workers, thread_name_prefix="fasttrain-chunked")
+
+
 _NO_EMA = np.empty(0, np.float32)
 
 
@@ -89,9 +74,9 @@ def _arrays(*buffers):
 
 
 def rmsprop_tf_update(
-    pool, workers, w, g, ms, mom, ema, *, lr, decay, momentum, eps, weight_decay, grad_scale, ema_weight
+    w, g, ms, mom, ema, *, lr, decay, momentum, eps, weight_decay, grad_scale, ema_weight, workers
 ) -> None:
-    """One RMSProp + EMA update; lr, grad_scale and ema_weight are Python floats or None."""
+    """One RMSProp + EMA update on `workers` threads; lr, grad_scale, ema_weight: floats or None."""
     arrays = _arrays(w, g, ms, mom, ema)
     scalars = (
         np.float32(lr),
@@ -102,13 +87,13 @@ def rmsprop_tf_update(
         np.float32(1.0 if grad_scale is None else grad_scale),
         np.float32(0.0 if ema_weight is None else ema_weight),
     )
-    _split(pool, workers, _rmsprop, arrays, scalars)
+    _split(workers, _rmsprop, arrays, scalars)
 
 
 def momentum_update(
-    pool, workers, w, g, acc, ema, *, lr, momentum, nesterov, weight_decay, grad_scale, ema_weight
+    w, g, acc, ema, *, lr, momentum, nesterov, weight_decay, grad_scale, ema_weight, workers
 ) -> None:
-    """One momentum + EMA update; lr, grad_scale and ema_weight are Python floats or None."""
+    """One momentum + EMA update on `workers` threads; lr, grad_scale, ema_weight: floats or None."""
     arrays = _arrays(w, g, acc, ema)
     scalars = (
         np.float32(lr),
@@ -118,7 +103,7 @@ def momentum_update(
         np.float32(1.0 if grad_scale is None else grad_scale),
         np.float32(0.0 if ema_weight is None else ema_weight),
     )
-    _split(pool, workers, _momentum, arrays, scalars)
+    _split(workers, _momentum, arrays, scalars)
 
 
 # Elements per block (1 MiB per fp32 buffer): the threads take blocks from a shared counter rather
@@ -130,9 +115,9 @@ def momentum_update(
 BLOCK = 1 << 18
 
 
-def _split(pool, workers: int, kernel, arrays, scalars) -> None:
+def _split(workers: int, kernel, arrays, scalars) -> None:
     """kernel(*arrays, lo, hi, *scalars) over blocks of BLOCK elements, on `workers` threads (this
-    one and workers - 1 from `pool`), each taking the next block until none is left."""
+    one and workers - 1 from thread_pool), each taking the next block until none is left."""
     n = arrays[0].shape[0]
     blocks = itertools.count()  # next() on a count is atomic under the GIL
 
@@ -141,7 +126,7 @@ def _split(pool, workers: int, kernel, arrays, scalars) -> None:
             kernel(*arrays, lo, min(lo + BLOCK, n), *scalars)
 
     helpers = min(workers, -(-n // BLOCK)) - 1
-    pending = [pool.submit(work) for _ in range(helpers)]
+    pending = [thread_pool(workers).submit(work) for _ in range(helpers)]
     work()
     for future in pending:
         future.result()
