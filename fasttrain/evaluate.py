@@ -158,18 +158,13 @@ class _Evaluator:
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
-        from fasttrain.resume import _STATE_SHAPING, changed_settings
+        from fasttrain.resume import changed_settings, load_weights, shaping_changes
 
         state = load_checkpoint(path, map_location="cpu")
         try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.bn_ema is not None and state.get("bn_ema"):
-                self.bn_ema.load_state_dict(state["bn_ema"])
+            load_weights(state, self.model, self.optimizer, self.bn_ema)
         except (KeyError, RuntimeError, ValueError) as exc:
-            changes = [
-                c for c in changed_settings(state.get("config"), self.cfg) if c.split()[0] in _STATE_SHAPING
-            ]
+            changes = shaping_changes(changed_settings(state.get("config"), self.cfg))
             reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
             raise CheckpointError(
                 f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "

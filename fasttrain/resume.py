@@ -36,6 +36,20 @@ _STATE_SHAPING = {
 }  # fmt: skip
 
 
+def shaping_changes(changes: list[str]) -> list[str]:
+    """Those of changed_settings' lines whose setting shapes the checkpoint (why a load failed)."""
+    return [c for c in changes if c.split()[0] in _STATE_SHAPING]
+
+
+def load_weights(state: dict, model, optimizer, bn_ema) -> None:
+    """A checkpoint's model, optimizer and BN EMA (when both have one) into this run's objects;
+    KeyError, RuntimeError or ValueError when they do not fit."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if bn_ema is not None and state.get("bn_ema"):
+        bn_ema.load_state_dict(state["bn_ema"])
+
+
 def save_config(cfg: Config, run_dir: Path) -> None:
     """Write run_dir/config.json whole or not at all."""
     ckpt.write_atomic(run_dir / "config.json", lambda f: f.write((cfg.to_json() + "\n").encode()))
@@ -112,13 +126,10 @@ def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, l
         now = cfg.batch_size * cfg.grad_accum_steps * info.world_size
         changes.append(f"world size {saved_world} -> {info.world_size} (global batch {was} -> {now})")
     try:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if bn_ema is not None and state.get("bn_ema"):
-            bn_ema.load_state_dict(state["bn_ema"])
+        load_weights(state, model, optimizer, bn_ema)
         step_fn.load_state_dict(state["train_step"])
     except (KeyError, RuntimeError, ValueError) as exc:
-        shaping = [c for c in changes if c.split()[0] in _STATE_SHAPING]
+        shaping = shaping_changes(changes)
         reason = "; ".join(shaping or changes) or str(exc).strip().splitlines()[0]
         raise ckpt.CheckpointError(
             f"{path} does not fit this run's model/optimizer ({reason}): run with the settings it was "
