@@ -11,11 +11,25 @@ import os
 import sys
 
 
-def _error(err) -> None:
+def _error(err: BaseException) -> None:
+    """One line on stderr, the settings the error names written as flags (fasttrain.errors)."""
+    from fasttrain.errors import flag_text
+
     # One write, newline included: print() writes the text and the newline separately, and under
     # torchrun two ranks' lines on one pipe then ran together ("...firstfasttrain: error: ...").
-    sys.stderr.write(f"fasttrain: error: {err}\n")
+    sys.stderr.write(f"fasttrain: error: {flag_text(err)}\n")
     sys.stderr.flush()
+
+
+def exit_code(err: BaseException) -> int | None:
+    """2 for a bad flag or setting, 1 for the other errors a user can fix (data, checkpoints, a run that
+    cannot continue), None for anything else (a bug: let its traceback through)."""
+    from fasttrain.config import ConfigError
+    from fasttrain.errors import FasttrainError, SettingError
+
+    if isinstance(err, (ConfigError, SettingError)):
+        return 2
+    return 1 if isinstance(err, FasttrainError) else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.reconfigure(line_buffering=True)
         return selfcheck(argv[1:])
-    from fasttrain.checkpoint import CheckpointError
     from fasttrain.config import ConfigError, parse_args
-    from fasttrain.data import DataError
 
     # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
     sys.stdout.reconfigure(line_buffering=True)
@@ -46,16 +58,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     from fasttrain.distributed import cleanup
-    from fasttrain.train import TrainingStopped, train
+    from fasttrain.train import train
 
     try:
         train(cfg)
-    except ConfigError as err:
+    except Exception as err:
+        if (code := exit_code(err)) is None:
+            raise
         _error(err)
-        return 2
-    except (DataError, CheckpointError, TrainingStopped) as err:
-        _error(err)
-        return 1
+        return code
     finally:
         # Leave the process group on the error paths too: a gloo group still alive while Python
         # exits aborted a rank ("terminate called without an active exception", SIGABRT) after its

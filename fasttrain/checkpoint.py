@@ -30,11 +30,13 @@ from pathlib import Path
 
 import torch
 
+from fasttrain.errors import FasttrainError
+
 _NAME = re.compile(r"^ckpt-(\d+)\.pt$")
 _TEMPORARY = re.compile(r"^\.ckpt-\d+\.pt(\.sha256)?\.tmp$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(FasttrainError, RuntimeError):
     """A checkpoint that cannot be used or written: printed in one line."""
 
 

@@ -15,10 +15,11 @@ import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+from fasttrain.errors import SettingError
 from fasttrain.recipes import RECIPES
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingError):
     """A user error in flags or configuration; the CLI prints it in one line and exits 2."""
 
 

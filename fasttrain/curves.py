@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fasttrain.config import ConfigError
+from fasttrain.errors import SettingError
 
 
 class Curves:
@@ -30,9 +30,10 @@ class Curves:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError(
-                "--tensorboard needs the tensorboard package: pip install tensorboard, "
-                "or pass --no-tensorboard"
+            raise SettingError(
+                "tensorboard needs the tensorboard package: pip install tensorboard, "
+                "or pass tensorboard=false",
+                settings=("tensorboard",),
             ) from None
         # purge_step also for a fresh start (S = 0): event files of a run killed before its first
         # checkpoint hold points this run writes again.

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fasttrain.buckets import GradBuckets, GradSyncError
-from fasttrain.config import ConfigError
+from fasttrain.errors import SettingError
 
 __all__ = [
     "DistInfo",
@@ -76,27 +76,27 @@ def _env_int(name: str) -> int | None:
     try:
         return int(text)
     except ValueError:
-        raise ConfigError(
+        raise SettingError(
             f"environment variable {name}={text!r} is not an integer; {_TORCHRUN_HINT}"
         ) from None
 
 
 def _pick_device(device: str, local_rank: int, distributed: bool) -> torch.device:
     if device not in ("auto", "cuda", "cpu"):
-        raise ConfigError(f"device {device!r} is not one of auto, cuda, cpu")
+        raise SettingError(f"device {device!r} is not one of auto, cuda, cpu", settings=("device",))
     use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if not use_cuda:
         return torch.device("cpu")
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        raise ConfigError(
+        raise SettingError(
             "CUDA was requested but no CUDA device is visible (check CUDA_VISIBLE_DEVICES "
             "and the driver), or run on the CPU"
         )
     if not distributed:
         return torch.device("cuda", torch.cuda.current_device())
     if local_rank >= count:
-        raise ConfigError(
+        raise SettingError(
             f"LOCAL_RANK={local_rank} but only {count} CUDA device(s) are visible on this "
             f"node: start torchrun with --nproc_per_node={count} or fewer"
         )
@@ -114,17 +114,17 @@ def init_distributed(device: str = "auto", timeout_s: float | None = None) -> Di
     rank, local_rank = _env_int("RANK"), _env_int("LOCAL_RANK")
     if world_size is None:
         if rank is not None or local_rank is not None:
-            raise ConfigError(f"RANK or LOCAL_RANK is set but WORLD_SIZE is not; {_TORCHRUN_HINT}")
+            raise SettingError(f"RANK or LOCAL_RANK is set but WORLD_SIZE is not; {_TORCHRUN_HINT}")
         dev = _pick_device(device, 0, distributed=False)
         return DistInfo(rank=0, world_size=1, local_rank=0, device=dev, backend="none", is_main=True)
     for name, value in (("RANK", rank), ("LOCAL_RANK", local_rank)):
         if value is None:
-            raise ConfigError(f"WORLD_SIZE is set but {name} is not; {_TORCHRUN_HINT}")
+            raise SettingError(f"WORLD_SIZE is set but {name} is not; {_TORCHRUN_HINT}")
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if not os.environ.get(name):
-            raise ConfigError(f"{name} is not set; {_TORCHRUN_HINT}, or set it to rank 0's address/port")
+            raise SettingError(f"{name} is not set; {_TORCHRUN_HINT}, or set it to rank 0's address/port")
     if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
-        raise ConfigError(
+        raise SettingError(
             f"inconsistent torchrun environment: RANK={rank}, LOCAL_RANK={local_rank}, "
             f"WORLD_SIZE={world_size}"
         )
@@ -184,7 +184,7 @@ _TRUE_VALUES = ("y", "yes", "1", "t", "true")
 
 
 def check_graph_capture_env(info: DistInfo, cuda_graph: bool) -> None:
-    """ConfigError if the environment stops NCCL collectives from being captured in a CUDA graph.
+    """SettingError if the environment stops NCCL collectives from being captured in a CUDA graph.
 
     With blocking wait on, every NCCL wait() blocks the host until the collective has finished,
     which a stream under capture cannot do: the capture fails, and without this check the user sees
@@ -194,16 +194,17 @@ def check_graph_capture_env(info: DistInfo, cuda_graph: bool) -> None:
         return
     name = next((n for n in _BLOCKING_WAIT_VARS if os.environ.get(n) is not None), None)
     if name is not None and os.environ[name].strip().lower() in _TRUE_VALUES:
-        raise ConfigError(
+        raise SettingError(
             f"{name}={os.environ[name]} makes every NCCL wait block the host, which a CUDA graph "
-            f"capture cannot contain: unset {name} (or set it to 0), or run with --no-cuda_graph"
+            f"capture cannot contain: unset {name} (or set it to 0), or run with cuda_graph=false",
+            settings=("cuda_graph",),
         )
 
 
 def per_rank_batch(global_batch: int, info: DistInfo) -> int:
     """The per-rank batch for a requested global batch, which must divide evenly over the ranks."""
     if global_batch % info.world_size:
-        raise ConfigError(
+        raise SettingError(
             f"the global batch {global_batch} is not divisible by the world size "
             f"{info.world_size}: choose a multiple of {info.world_size}"
         )
@@ -262,7 +263,7 @@ _DDP_DEFAULT_CAP_MB = 25.0  # torch DDP's default bucket_cap_mb
 def wrap_ddp(
     model: nn.Module, info: DistInfo, bucket_cap_mb: float = 25.0, stream: torch.cuda.Stream | None = None
 ) -> nn.Module:
-    """torch DistributedDataParallel around model, for --grad_sync ddp (averages the gradients).
+    """torch DistributedDataParallel around model, for grad_sync ddp (averages the gradients).
 
     No buffer broadcast in forward keeps BatchNorm statistics per rank, as fasttrain's buckets do, so both
     modes train identically. gradient_as_bucket_view stays False: True would re-point every p.grad
@@ -270,7 +271,9 @@ def wrap_ddp(
     DDP copies the averaged gradients back into the existing p.grad views.
     """
     if not info.distributed:
-        raise ConfigError("--grad_sync ddp needs a process group: launch with torchrun")
+        raise SettingError(
+            "grad_sync ddp needs a process group: launch with torchrun", settings=("grad_sync",)
+        )
     device_ids = [info.device.index] if info.device.type == "cuda" else None
     # torch 2.13 renamed broadcast_buffers to forward_sync_buffers (which still syncs once at
     # construction: harmless, broadcast_module has done the same).
@@ -303,12 +306,13 @@ def wrap_ddp(
 
 
 def maybe_sync_bn(model: nn.Module, enabled: bool, info: DistInfo | None = None) -> nn.Module:
-    """The model with its BatchNorm layers converted to SyncBatchNorm when enabled (--sync_bn)."""
+    """The model with its BatchNorm layers converted to SyncBatchNorm when enabled (sync_bn)."""
     if not enabled:
         return model
     if info is not None and info.distributed and info.device.type != "cuda":
-        raise ConfigError(
-            "--sync_bn needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
-            "drop --sync_bn for CPU runs"
+        raise SettingError(
+            "sync_bn needs CUDA devices (torch's SyncBatchNorm does not run on the CPU); "
+            "drop sync_bn for CPU runs",
+            settings=("sync_bn",),
         )
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)

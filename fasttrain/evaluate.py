@@ -20,17 +20,24 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasttrain.precision import Precision
-from fasttrain.step import model_input
+from fasttrain.step import BufferEMA, model_input
+
+if TYPE_CHECKING:
+    from fasttrain.config import Config
+    from fasttrain.data import Loader
+    from fasttrain.optim import FlatOptimizer
 
 
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
-    loader,
+    loader: Loader,
+    *,
     precision: Precision,
     device: torch.device,
     preprocess: str,
@@ -61,14 +68,30 @@ def evaluate(
     return {"top1": correct1 / count, "top5": correct5 / count, "count": int(count)}
 
 
-def evaluate_raw_and_ema(model, optimizer, bn_ema, loader, precision, device, cfg, world_size) -> dict:
+def evaluate_raw_and_ema(
+    model: torch.nn.Module,
+    loader: Loader,
+    *,
+    optimizer: FlatOptimizer,
+    bn_ema: BufferEMA | None,
+    precision: Precision,
+    device: torch.device,
+    cfg: Config,
+    world_size: int,
+) -> dict:
     """{'top1', 'top5', 'count'} of the raw weights, and 'ema_top1', 'ema_top5' when EMA is on."""
-    args = (loader, precision, device, cfg.preprocess, cfg.max_eval_batches, world_size)
-    raw = evaluate(model, *args)
+    settings = dict(
+        precision=precision,
+        device=device,
+        preprocess=cfg.preprocess,
+        max_batches=cfg.max_eval_batches,
+        world_size=world_size,
+    )
+    raw = evaluate(model, loader, **settings)
     result = {"top1": raw["top1"], "top5": raw["top5"], "count": raw["count"]}
     if cfg.ema_decay:
         with ema_weights(optimizer, bn_ema):
-            ema = evaluate(model, *args)
+            ema = evaluate(model, loader, **settings)
         result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
     return result
 
@@ -143,7 +166,6 @@ class _Evaluator:
         from fasttrain.data import build_loader
         from fasttrain.monitor import MetricsLog
         from fasttrain.precision import resolve_precision
-        from fasttrain.step import BufferEMA
         from fasttrain.train import build_model, build_optimizer
 
         self.run_dir, self.cfg, self.info = run_dir, cfg, info
@@ -152,7 +174,15 @@ class _Evaluator:
         self.model = build_model(cfg).to(info.device, memory_format=layout)
         self.optimizer = build_optimizer(cfg, self.model)
         self.bn_ema = BufferEMA(self.model, cfg.ema_decay) if cfg.ema_decay else None
-        self.loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+        self.loader = build_loader(
+            cfg,
+            "validation",
+            training=False,
+            rank=info.rank,
+            world_size=info.world_size,
+            device=info.device,
+            precision=self.precision,
+        )
         self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
         self.curves = Curves(run_dir / "eval", cfg.tensorboard and info.is_main, start_step=None)
 
@@ -176,13 +206,13 @@ class _Evaluator:
         step = self.load(path)
         result = evaluate_raw_and_ema(
             self.model,
-            self.optimizer,
-            self.bn_ema,
             self.loader,
-            self.precision,
-            self.info.device,
-            self.cfg,
-            self.info.world_size,
+            optimizer=self.optimizer,
+            bn_ema=self.bn_ema,
+            precision=self.precision,
+            device=self.info.device,
+            cfg=self.cfg,
+            world_size=self.info.world_size,
         )
         self.metrics.write(step=step, split="validation", source="evaluate", checkpoint=str(path), **result)
         self.curves.scalars(step, eval_scalars(result))
@@ -233,21 +263,17 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.__main__ import _error
-    from fasttrain.checkpoint import CheckpointError
-    from fasttrain.config import ConfigError
-    from fasttrain.data import DataError
+    from fasttrain.__main__ import _error, exit_code
     from fasttrain.distributed import cleanup
 
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         evaluate_run(args)
-    except ConfigError as err:
+    except Exception as err:
+        if (code := exit_code(err)) is None:
+            raise
         _error(err)
-        return 2
-    except (DataError, CheckpointError) as err:
-        _error(err)
-        return 1
+        return code
     except KeyboardInterrupt:  # Ctrl-C ends --watch
         return 0
     finally:

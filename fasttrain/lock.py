@@ -30,22 +30,23 @@ import time
 from pathlib import Path
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import ConfigError
+from fasttrain.errors import SettingError
 
 LOCK_NAME = "run.lock"
 
 
 def claim_run_dir(run_dir: Path, log=print) -> RunLock:
     """Create and lock run_dir, check it can be written, and delete temporary files of saves that a
-    dead trainer never finished; ConfigError (one line) if it cannot be written or is in use."""
+    dead trainer never finished; SettingError (one line) if it cannot be written or is in use."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint
         probe.touch()
         probe.unlink()
     except OSError as exc:
-        raise ConfigError(
-            f"--train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory"
+        raise SettingError(
+            f"train_dir {run_dir} cannot be written ({exc.strerror}); pass a writable directory",
+            settings=("train_dir",),
         ) from None
     lock = RunLock.acquire(run_dir, log)
     if removed := ckpt.remove_temporaries(run_dir):  # only now: a live trainer's save would lose them
@@ -61,7 +62,7 @@ class RunLock:
 
     @classmethod
     def acquire(cls, run_dir: Path, log=print) -> RunLock:
-        """Lock run_dir, or raise ConfigError naming the trainer that holds it.
+        """Lock run_dir, or raise SettingError naming the trainer that holds it.
 
         A file system without lock support gets a note and an unlocked run, not a refusal: the
         trainer still works there, only two of them on one directory are not caught.
@@ -70,7 +71,9 @@ class RunLock:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # no O_TRUNC: the holder's record stays
         except OSError as exc:
-            raise ConfigError(f"cannot open {path} ({exc.strerror}); pass another --train_dir") from None
+            raise SettingError(
+                f"cannot open {path} ({exc.strerror}); pass another train_dir", settings=("train_dir",)
+            ) from None
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -83,9 +86,10 @@ class RunLock:
                 return cls(None, path)
             holder = _read_record(fd)
             os.close(fd)
-            raise ConfigError(
-                f"--train_dir {run_dir} is in use by another trainer ({_describe(holder)}, per "
-                f"{path}); wait for it to end or stop it, or pass another --train_dir"
+            raise SettingError(
+                f"train_dir {run_dir} is in use by another trainer ({_describe(holder)}, per "
+                f"{path}); wait for it to end or stop it, or pass another train_dir",
+                settings=("train_dir",),
             ) from None
         started = time.strftime("%Y-%m-%d %H:%M:%S")
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": started}

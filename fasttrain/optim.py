@@ -59,7 +59,7 @@ def select_impl(impl: str, device: torch.device) -> str:
     return "triton" if HAVE_TRITON and supported else "chunked"
 
 
-class _FlatOptimizer(torch.optim.Optimizer):
+class FlatOptimizer(torch.optim.Optimizer):
     """Shared machinery; subclasses set `_state_fills`, `_updates` and `_update_group`."""
 
     _state_fills: dict[str, float]
@@ -202,7 +202,7 @@ class _FlatOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
 
-class FusedRMSPropTF(_FlatOptimizer):
+class FusedRMSPropTF(FlatOptimizer):
     """TensorFlow's RMSPropOptimizer (ms starts at ones, eps inside the sqrt, lr inside the momentum)
     with L2 weight decay and an EMA of the weights, one fused pass per group.
     State names: "square_avg" (ms), "momentum_buffer" (mom), "ema"."""
@@ -241,7 +241,7 @@ class FusedRMSPropTF(_FlatOptimizer):
         )  # fmt: skip
 
 
-class FusedMomentum(_FlatOptimizer):
+class FusedMomentum(FlatOptimizer):
     """TensorFlow's MomentumOptimizer (= torch.optim.SGD with dampening 0, optional Nesterov) with L2
     weight decay and an optional EMA of the weights, one fused pass per group.
     State names: "momentum_buffer", "ema"."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fasttrain.config import Config, ConfigError
+from fasttrain.config import Config
+from fasttrain.errors import SettingError
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,9 +61,14 @@ def resolve_precision(cfg: Config, device: torch.device) -> Precision:
     channels_last = tensor_cores if cfg.channels_last is None else cfg.channels_last
     graph = device.type == "cuda" if cfg.cuda_graph is None else cfg.cuda_graph
     if graph and device.type != "cuda":
-        raise ConfigError("--cuda_graph needs a CUDA device; drop the flag or pass --no-cuda_graph")
+        raise SettingError(
+            "cuda_graph needs a CUDA device; leave it unset or pass cuda_graph=false",
+            settings=("cuda_graph",),
+        )
     if name == "fp16" and device.type == "cpu":
-        raise ConfigError("--precision=fp16 is for CUDA devices; use bf16 or fp32 on the CPU")
+        raise SettingError(
+            "precision=fp16 is for CUDA devices; use bf16 or fp32 on the CPU", settings=("precision",)
+        )
     return Precision(name=name, channels_last=channels_last, cuda_graph=graph)
 
 

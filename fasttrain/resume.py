@@ -11,15 +11,20 @@ uninterrupted one.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
-from fasttrain.distributed import rank0_error
+from fasttrain.data import Loader
+from fasttrain.distributed import DistInfo, rank0_error
 from fasttrain.models import classifier_names, reset_classifier
+from fasttrain.optim import FlatOptimizer
 from fasttrain.rng import get_rng_state, set_rng_state
+from fasttrain.step import BufferEMA, TrainStep
 
 # Settings that only say where and how long to run, or how often to report: changing them between a
 # run and its resume changes nothing in the numbers.
@@ -34,6 +39,48 @@ _STATE_SHAPING = {
     "model", "resnet_size", "base_channels", "num_classes", "optimizer", "ema_decay", "no_decay_bn_bias",
     "sync_bn",
 }  # fmt: skip
+
+
+@dataclass
+class Run:
+    """This rank's share of a training run: what a checkpoint saves and a resume restores.
+
+    The model's state (weights, optimizer buffers, BN EMA, the step's device state) is the same on
+    every rank and rank 0 writes it (`state_dict`); the data position and RNG states are per rank
+    (`rank_state`), gathered into the checkpoint by save_run.
+    """
+
+    info: DistInfo
+    model: torch.nn.Module
+    optimizer: FlatOptimizer
+    bn_ema: BufferEMA | None
+    step: TrainStep
+    loader: Loader
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "bn_ema": self.bn_ema.state_dict() if self.bn_ema is not None else {},
+            "ema": ema_state(self.model, self.optimizer),
+            "train_step": self.step.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """KeyError, RuntimeError or ValueError when the checkpoint does not fit this run."""
+        load_weights(state, self.model, self.optimizer, self.bn_ema)
+        self.step.load_state_dict(state["train_step"])
+
+    def rank_state(self) -> dict:
+        return {"data": self.loader.state_dict(), "rng": get_rng_state()}
+
+    def load_rank_state(self, data: list[dict], rng: list) -> None:
+        """This rank's entries of a checkpoint's per-rank lists: its own when the world size is the
+        same, else rank 0's data position (and the RNG states as they are)."""
+        rank, world_size = self.info.rank, self.info.world_size
+        self.loader.load_state_dict(data[rank] if len(data) == world_size else data[0])
+        if len(rng) == world_size:
+            set_rng_state(rng[rank])
 
 
 def shaping_changes(changes: list[str]) -> list[str]:
@@ -85,9 +132,10 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
             if mismatched
             else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
         )
-        hint = "" if cfg.fine_tune else " (pass --fine_tune to re-initialise the classifier)"
+        hint = "" if cfg.fine_tune else " (pass fine_tune to re-initialise the classifier)"
         raise ckpt.CheckpointError(
-            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}"
+            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}",
+            settings=("fine_tune",),
         )
     model.load_state_dict(wanted, strict=False)
     if cfg.fine_tune:
@@ -98,85 +146,81 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
     )
 
 
-def restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, loader, info, log) -> int:
-    """Resume from the newest usable checkpoint (train_dir, or --checkpoint_dir); returns the step."""
+def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
+    """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
+    continues from (0 when there is none)."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and not source.is_dir():
-        raise ckpt.CheckpointError(f"--checkpoint_dir {source} is not a directory")
+        raise ckpt.CheckpointError(
+            f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)
+        )
     # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
     # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
     found = ckpt.load_latest(source, log=log, map_location="cpu")
     if found is None:
         if cfg.checkpoint_dir:
-            raise ckpt.CheckpointError(f"--checkpoint_dir {source} holds no usable ckpt-<step>.pt")
+            raise ckpt.CheckpointError(
+                f"checkpoint_dir {source} holds no usable ckpt-<step>.pt", settings=("checkpoint_dir",)
+            )
         if unusable := [path.name for _, path in ckpt.list_checkpoints(source)]:
             # Starting over would spend the compute again and, in time, overwrite those files.
             raise ckpt.CheckpointError(
                 f"{source} holds checkpoints but none is usable ({', '.join(unusable)}; reasons above); "
-                "move them elsewhere, or pass another --train_dir, to start this run over"
+                "move them elsewhere, or pass another train_dir, to start this run over",
+                settings=("train_dir",),
             )
         return 0
     state, path = found
+    world_size = run.info.world_size
     changes = changed_settings(state.get("config"), cfg)
-    if (saved_world := state.get("world_size", info.world_size)) != info.world_size:
+    if (saved_world := state.get("world_size", world_size)) != world_size:
         # Not a flag, so not in the config: the global batch, the steps per epoch and what each rank
         # reads all change with it.
         saved = {**dataclasses.asdict(cfg), **(state.get("config") or {})}
         was = saved["batch_size"] * saved["grad_accum_steps"] * saved_world
-        now = cfg.batch_size * cfg.grad_accum_steps * info.world_size
-        changes.append(f"world size {saved_world} -> {info.world_size} (global batch {was} -> {now})")
+        now = cfg.batch_size * cfg.grad_accum_steps * world_size
+        changes.append(f"world size {saved_world} -> {world_size} (global batch {was} -> {now})")
     try:
-        load_weights(state, model, optimizer, bn_ema)
-        step_fn.load_state_dict(state["train_step"])
+        run.load_state_dict(state)
     except (KeyError, RuntimeError, ValueError) as exc:
         shaping = shaping_changes(changes)
         reason = "; ".join(shaping or changes) or str(exc).strip().splitlines()[0]
         raise ckpt.CheckpointError(
             f"{path} does not fit this run's model/optimizer ({reason}): run with the settings it was "
-            "written with, or pass a new --train_dir"
+            "written with, or pass a new train_dir",
+            settings=("train_dir",),
         ) from None
-    loader.load_state_dict(
-        state["data"][info.rank] if len(state["data"]) == info.world_size else state["data"][0]
-    )
-    rng = state.get("rng", [])
-    if len(rng) == info.world_size:
-        set_rng_state(rng[info.rank])
+    run.load_rank_state(state["data"], state.get("rng", []))
     log(f"resuming from step {state['step']} ({path})")
     if changes:
         log(f"note: settings changed since that checkpoint: {', '.join(changes)}")
     return int(state["step"])
 
 
-def save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, loader, info) -> None:
-    """Every rank contributes its data position and RNG state; rank 0 writes the file."""
-    per_rank = {"data": loader.state_dict(), "rng": get_rng_state()}
+def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config) -> None:
+    """Write run_dir/ckpt-<step>.pt: every rank contributes its data position and RNG state, rank 0
+    writes the file (and keeps cfg.keep_checkpoints of them)."""
+    info = run.info
+    per_rank = run.rank_state()
     gathered = [per_rank] * info.world_size
     if info.world_size > 1:
         torch.distributed.all_gather_object(gathered, per_rank)
     error = ""
     if info.is_main:
+        state = {
+            **run.state_dict(),
+            "step": step,
+            "data": [g["data"] for g in gathered],
+            "rng": [g["rng"] for g in gathered],
+            "config": dataclasses.asdict(cfg),
+            "world_size": info.world_size,
+        }
         try:
-            _write_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, gathered, info)
+            ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
         except ckpt.CheckpointError as exc:  # disk full, EIO, read-only: the message names what is left
             error = str(exc)
     if error := rank0_error(error, info):
         raise ckpt.CheckpointError(error if info.is_main else "stopping with rank 0, which could not save")
-
-
-def _write_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, gathered, info) -> None:
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "step": step,
-        "bn_ema": bn_ema.state_dict() if bn_ema is not None else {},
-        "ema": ema_state(model, optimizer),
-        "train_step": step_fn.state_dict(),
-        "data": [g["data"] for g in gathered],
-        "rng": [g["rng"] for g in gathered],
-        "config": dataclasses.asdict(cfg),
-        "world_size": info.world_size,
-    }
-    ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)
 
 
 def ema_state(model: torch.nn.Module, optimizer) -> dict:

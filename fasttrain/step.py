@@ -89,6 +89,13 @@ class BufferEMA:
 
 
 LOSS_AVERAGE_WEIGHT = 0.1  # 1 - decay of the Inception seed's loss_averages (decay 0.9)
+# Eager steps on the side stream before the whole step is captured: PyTorch's CUDA-graph notes warm
+# up with three iterations (lazy initialisation, cuBLAS/cuDNN workspaces, autograd's streams), and the
+# bucketer re-lays the gradient buffer in the backward order it saw in the first one.
+GRAPH_WARMUP_STEPS = 3
+# The same notes, "Usage with DistributedDataParallel": "your warmup must run at least 11
+# DDP-enabled eager iterations before capture".
+DDP_GRAPH_WARMUP_STEPS = 11
 
 
 class TrainStep:
@@ -98,6 +105,7 @@ class TrainStep:
     def __init__(
         self,
         model: torch.nn.Module,
+        *,
         optimizer,
         precision: Precision,
         device: torch.device,
@@ -108,9 +116,11 @@ class TrainStep:
         buckets=None,
         ddp_model: torch.nn.Module | None = None,
         bn_ema: BufferEMA | None = None,
-        warmup_steps: int = 3,
+        warmup_steps: int | None = None,
         stream: torch.cuda.Stream | None = None,
     ):
+        """warmup_steps: eager steps before the CUDA-graph capture (default: GRAPH_WARMUP_STEPS, or
+        DDP_GRAPH_WARMUP_STEPS with a ddp_model)."""
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.device, self.schedule, self.loss_fn = device, schedule, loss_fn
         self.preprocess, self.buckets, self.bn_ema = preprocess, buckets, bn_ema
@@ -133,6 +143,8 @@ class TrainStep:
         for group in optimizer.param_groups:
             group["lr"] = self.lr
         self.flat_grad = optimizer.flat.grad
+        if warmup_steps is None:
+            warmup_steps = DDP_GRAPH_WARMUP_STEPS if ddp_model is not None else GRAPH_WARMUP_STEPS
         self.warmup_steps = warmup_steps if precision.cuda_graph else 0
         self.eager_steps_done = 0
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -256,7 +268,7 @@ class TrainStep:
                 self._body(self.static_batches)
         except Exception as exc:
             raise RuntimeError(
-                f"this training step cannot be captured in a CUDA graph ({exc}); run with --no-cuda_graph"
+                f"this training step cannot be captured in a CUDA graph ({exc}); run with cuda_graph=false"
             ) from exc
         self.graph = graph
 

@@ -10,16 +10,18 @@ import dataclasses
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, ConfigError, default_cache_dir
+from fasttrain.config import Config, default_cache_dir
 from fasttrain.curves import Curves
-from fasttrain.data import build_loader
+from fasttrain.data import Loader, build_loader
 from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
+    DistInfo,
     GradBuckets,
     broadcast_module,
     check_graph_capture_env,
@@ -29,13 +31,14 @@ from fasttrain.distributed import (
     rank0_error,
     wrap_ddp,
 )
+from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.lock import claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
-from fasttrain.precision import resolve_precision
-from fasttrain.resume import has_checkpoint, restore_pretrained, restore_run, save_config, save_run
+from fasttrain.precision import Precision, resolve_precision
+from fasttrain.resume import Run, has_checkpoint, restore_pretrained, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
@@ -43,7 +46,7 @@ from fasttrain.step import BufferEMA, TrainStep, classification_loss
 DEMO_DATA = dict(train_shards=4, val_shards=2, per_shard=640, classes=10, seed=1234)
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(FasttrainError, RuntimeError):
     """The run cannot continue (non-finite loss): printed in one line, exit code 1."""
 
 
@@ -52,9 +55,10 @@ def train(cfg: Config) -> dict:
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
     if cfg.profile_comm and precision.cuda_graph:
-        raise ConfigError(
-            "--profile_comm times each all-reduce from Python hooks, which a CUDA graph "
-            "replay skips: add --no-cuda_graph"
+        raise SettingError(
+            "profile_comm times each all-reduce from Python hooks, which a CUDA graph "
+            "replay skips: add cuda_graph=false",
+            settings=("profile_comm", "cuda_graph"),
         )
     check_graph_capture_env(info, precision.cuda_graph)
     torch.manual_seed(cfg.seed)
@@ -71,7 +75,15 @@ def train(cfg: Config) -> dict:
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
     cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
-    train_loader = build_loader(cfg, cfg.subset, True, info.rank, info.world_size, info.device)
+    train_loader = build_loader(
+        cfg,
+        cfg.subset,
+        training=True,
+        rank=info.rank,
+        world_size=info.world_size,
+        device=info.device,
+        precision=precision,
+    )
     if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
         open_split(cfg, "validation", False, info.rank, info.world_size)
     global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
@@ -86,52 +98,21 @@ def train(cfg: Config) -> dict:
     if info.is_main:  # only rank 0 writes there, so only rank 0 locks it (see fasttrain/lock.py)
         try:
             lock = claim_run_dir(run_dir, log)
-        except ConfigError as exc:
+        except SettingError as exc:
             problem = str(exc)
     if problem := rank0_error(problem, info):
-        raise ConfigError(problem if info.is_main else "stopping with rank 0, which cannot use --train_dir")
+        raise SettingError(
+            problem if info.is_main else "stopping with rank 0, which cannot use train_dir",
+            settings=("train_dir",),
+        )
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
-    # --- model, optimizer, step --------------------------------------------------------------
-    model = build_model(cfg)
-    if cfg.pretrained_model_checkpoint_path and not has_checkpoint(cfg, run_dir):
-        restore_pretrained(model, cfg, log)
-    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
-    memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
-    model = model.to(info.device, memory_format=memory_format)
-    broadcast_module(model)
-    optimizer = build_optimizer(cfg, model)
-    bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
-    buckets, ddp_model = None, None
-    # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.
-    capture_stream = torch.cuda.Stream(info.device) if precision.cuda_graph else None
-    if info.world_size > 1 and cfg.grad_sync == "ddp":
-        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb, stream=capture_stream)
-    elif info.world_size > 1:
-        names = {p: n for n, p in model.named_parameters()}
-        buckets = GradBuckets(
-            optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb, profile=cfg.profile_comm, names=names
-        )
+    # --- model, optimizer, step; then resume ----------------------------------------------------
     schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
-    loss_fn = make_loss(cfg)
-    step_fn = TrainStep(
-        model,
-        optimizer,
-        precision,
-        info.device,
-        schedule,
-        loss_fn,
-        cfg.preprocess,
-        info.world_size,
-        buckets,
-        ddp_model,
-        bn_ema,
-        warmup_steps=11 if ddp_model is not None else 3,
-        stream=capture_stream,
+    run = build_run(
+        cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
     )
-
-    # --- resume ------------------------------------------------------------------------------
-    step = restore_run(cfg, run_dir, model, optimizer, bn_ema, step_fn, train_loader, info, log)
+    step = restore_run(cfg, run, run_dir=run_dir, log=log)
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
     log(
@@ -147,6 +128,7 @@ def train(cfg: Config) -> dict:
         )
 
     curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
+    step_fn = run.step
 
     # --- the loop ------------------------------------------------------------------------------
     # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
@@ -166,9 +148,24 @@ def train(cfg: Config) -> dict:
         nonlocal eval_loader
         rng = get_rng_state()
         if eval_loader is None:
-            eval_loader = build_loader(cfg, "validation", False, info.rank, info.world_size, info.device)
+            eval_loader = build_loader(
+                cfg,
+                "validation",
+                training=False,
+                rank=info.rank,
+                world_size=info.world_size,
+                device=info.device,
+                precision=precision,
+            )
         result = evaluate_raw_and_ema(
-            model, optimizer, bn_ema, eval_loader, precision, info.device, cfg, info.world_size
+            run.model,
+            eval_loader,
+            optimizer=run.optimizer,
+            bn_ema=run.bn_ema,
+            precision=precision,
+            device=info.device,
+            cfg=cfg,
+            world_size=info.world_size,
         )
         set_rng_state(rng)
         metrics.write(step=step, split="validation", **result)
@@ -206,14 +203,14 @@ def train(cfg: Config) -> dict:
                     step=step,
                     **record,
                     epoch=train_loader.epoch,
-                    skipped_records=getattr(train_loader, "skipped", 0),
+                    skipped_records=train_loader.skipped,
                 )
                 curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
                 if cfg.histogram_every and step % cfg.histogram_every == 0:
                     grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
-                    curves.histograms(step, model, grad_scale)
+                    curves.histograms(step, run.model, grad_scale)
                 check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
-                if buckets is not None and (comm := buckets.comm_stats()) is not None:
+                if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
                     log(
                         f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
                         f"{comm['hidden_fraction']:.0%} hidden behind backward, "
@@ -226,7 +223,7 @@ def train(cfg: Config) -> dict:
                         comm_exposed_ms=comm["exposed_ms"],
                     )
             if step % cfg.checkpoint_every == 0 or step == max_steps:
-                save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+                save_run(run_dir, step, run, cfg=cfg)
                 last_saved = step
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
                 started = time.perf_counter()
@@ -234,7 +231,7 @@ def train(cfg: Config) -> dict:
                 tick += time.perf_counter() - started  # not counted in the next line's images/s
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
-                    save_run(run_dir, step, cfg, model, optimizer, bn_ema, step_fn, train_loader, info)
+                    save_run(run_dir, step, run, cfg=cfg)
                 progress.close()
                 log(
                     f"stopped by {stop.signal_name} at step {step}; checkpoint "
@@ -280,10 +277,15 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
     if cfg.data_dir:
         path = Path(cfg.data_dir)
         if not path.is_dir():
-            raise ConfigError(f"--data_dir {path} does not exist or is not a directory")
+            raise SettingError(
+                f"data_dir {path} does not exist or is not a directory", settings=("data_dir",)
+            )
         return path
     if cfg.recipe != "demo":
-        raise ConfigError(f"--data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)")
+        raise SettingError(
+            f"data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)",
+            settings=("data_dir",),
+        )
     from fasttrain.data.synthetic import ensure_synthetic
 
     cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
@@ -293,13 +295,62 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
         try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
             ensure_synthetic(target, **DEMO_DATA)
         except OSError as e:
-            raise ConfigError(
-                f"cannot build the demo data set in {cache} ({e.strerror}); set --data_cache_dir "
-                "to a writable directory"
+            raise SettingError(
+                f"cannot build the demo data set in {cache} ({e.strerror}); set data_cache_dir "
+                "to a writable directory",
+                settings=("data_cache_dir",),
             ) from None
     if info.world_size > 1:
         torch.distributed.barrier()
     return target
+
+
+def build_run(
+    cfg: Config,
+    info: DistInfo,
+    precision: Precision,
+    schedule: LRSchedule,
+    loader: Loader,
+    *,
+    pretrained: bool,
+    log: Callable[[str], None],
+) -> Run:
+    """The model on this rank's device (pretrained_model_checkpoint_path's weights when `pretrained`),
+    its optimizer and BN EMA, the gradient sync, and the step that runs them."""
+    model = build_model(cfg)
+    if cfg.pretrained_model_checkpoint_path and pretrained:
+        restore_pretrained(model, cfg, log)
+    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
+    memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
+    model = model.to(info.device, memory_format=memory_format)
+    broadcast_module(model)
+    optimizer = build_optimizer(cfg, model)
+    bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
+    buckets, ddp_model = None, None
+    # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.
+    capture_stream = torch.cuda.Stream(info.device) if precision.cuda_graph else None
+    if info.world_size > 1 and cfg.grad_sync == "ddp":
+        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb, stream=capture_stream)
+    elif info.world_size > 1:
+        names = {p: n for n, p in model.named_parameters()}
+        buckets = GradBuckets(
+            optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb, profile=cfg.profile_comm, names=names
+        )
+    step = TrainStep(
+        model,
+        optimizer=optimizer,
+        precision=precision,
+        device=info.device,
+        schedule=schedule,
+        loss_fn=make_loss(cfg),
+        preprocess=cfg.preprocess,
+        world_size=info.world_size,
+        buckets=buckets,
+        ddp_model=ddp_model,
+        bn_ema=bn_ema,
+        stream=capture_stream,
+    )
+    return Run(info=info, model=model, optimizer=optimizer, bn_ema=bn_ema, step=step, loader=loader)
 
 
 def build_model(cfg: Config) -> torch.nn.Module:
@@ -365,5 +416,6 @@ def check_finite(
     raise TrainingStopped(
         f"the loss was not finite for the last {streak} step(s) at step {step} "
         f"(updates were skipped, weights are unchanged){kept}; lower "
-        "--initial_learning_rate or use --precision=fp32"
+        "initial_learning_rate or use precision=fp32",
+        settings=("initial_learning_rate", "precision"),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 
 
 def run_cli(*args, cache: Path, timeout=600):

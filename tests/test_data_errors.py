@@ -17,13 +17,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fasttrain.config import ConfigError, make_config
+from fasttrain.config import make_config
 from fasttrain.data import DataError, build_loader
 from fasttrain.data import imagenet as imagenet_module
 from fasttrain.data import tfrecord as tfr
 from fasttrain.data.__main__ import main as data_main
-from fasttrain.data.imagenet import list_shards, verify
+from fasttrain.data.imagenet import list_shards
 from fasttrain.data.synthetic import converter_example, ensure_synthetic
+from fasttrain.data.verify import verify_dataset
+from fasttrain.errors import SettingError, flag_text
 
 # --- a small data set with chosen labels -----------------------------------------------------------
 
@@ -82,8 +84,8 @@ def test_a_missing_shard_is_named_in_training_and_by_verify(tmp_path, capsys):
     data = _data(tmp_path)
     (data / "train-00001-of-00003").unlink()
     with pytest.raises(DataError, match=r"1 of 3 train shards missing from .*: train-00001-of-00003;"):
-        build_loader(_cfg(data), "train", True)
-    report = verify(data, workers=1, label_offset=-1, num_classes=4)
+        build_loader(_cfg(data), "train", training=True)
+    report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4)
     assert not report.ok and report.records == 8 * 2 + 8
     assert data_main(["verify", str(data), "--workers", "1"]) == 1
     out = capsys.readouterr().out
@@ -101,7 +103,7 @@ def test_mixed_shard_counts_are_one_error(tmp_path, capsys):
     data = _data(tmp_path)
     _write_set(data, "train", [[1] * 8] * 2, count=2)  # a second conversion into the same directory
     with pytest.raises(DataError, match=r"train shards in .* mix set sizes \(-of-00002, -of-00003\)"):
-        build_loader(_cfg(data), "train", True)
+        build_loader(_cfg(data), "train", training=True)
     assert data_main(["verify", str(data), "--workers", "1"]) == 1
     assert "mix set sizes" in capsys.readouterr().out
 
@@ -117,7 +119,7 @@ def test_an_empty_shard_is_an_error_not_a_shorter_epoch(tmp_path, capsys):
     data = _data(tmp_path)
     (data / "train-00001-of-00003").write_bytes(b"")
     with pytest.raises(DataError, match=r"shard .*train-00001-of-00003 is empty \(0 bytes\); re-copy it"):
-        build_loader(_cfg(data), "train", True)
+        build_loader(_cfg(data), "train", training=True)
     assert data_main(["verify", str(data), "--workers", "1"]) == 1
     assert "empty shard" in capsys.readouterr().out
 
@@ -127,7 +129,7 @@ def test_a_dangling_symlink_shard_is_one_line(tmp_path, capsys):
     (data / "train-00002-of-00003").unlink()
     os.symlink(tmp_path / "elsewhere" / "train-00002-of-00003", data / "train-00002-of-00003")
     with pytest.raises(DataError, match=r"train-00002-of-00003 is a broken symbolic link \(to .*elsewhere"):
-        build_loader(_cfg(data), "train", True)
+        build_loader(_cfg(data), "train", training=True)
     # verify reads it in a worker: a finding in the report, not a FileNotFoundError traceback.
     assert data_main(["verify", str(data), "--workers", "2"]) == 1
     out = capsys.readouterr().out
@@ -145,14 +147,14 @@ def test_an_unreadable_data_directory_is_one_line(tmp_path, monkeypatch, capsys)
 
     monkeypatch.setattr(imagenet_module.os, "listdir", refuse)
     with pytest.raises(DataError, match=f"cannot list the data directory {data} \\(Permission denied\\)"):
-        build_loader(_cfg(data), "train", True)
+        build_loader(_cfg(data), "train", training=True)
     assert "cannot list" in _one_line_error(["verify", str(data)], capsys)
 
 
 def test_a_data_directory_that_is_a_file(tmp_path, capsys):
     (tmp_path / "file").write_text("")
     with pytest.raises(DataError, match="is not a directory"):
-        build_loader(_cfg(tmp_path / "file"), "train", True)
+        build_loader(_cfg(tmp_path / "file"), "train", training=True)
     assert "is not a directory" in _one_line_error(["verify", str(tmp_path / "file")], capsys)
 
 
@@ -167,7 +169,7 @@ def test_a_shard_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sharding, "load_index", refuse)
     with pytest.raises(DataError, match=r"cannot read shard .*train-00000-of-00003 \(Permission denied\)"):
-        build_loader(_cfg(data), "train", True)
+        build_loader(_cfg(data), "train", training=True)
 
 
 # --- labels that do not fit the flags ------------------------------------------------------------------
@@ -179,11 +181,11 @@ def test_a_shard_that_cannot_be_read_is_one_line(tmp_path, monkeypatch):
 )
 def test_label_range_is_a_config_error_before_training_even_with_skip_corrupt(tmp_path, flags, label):
     data = _data(tmp_path)  # labels 1..4 in every shard's first records
-    with pytest.raises(ConfigError) as e:
-        build_loader(_cfg(data, **flags), "train", True)
-    message = str(e.value)
+    with pytest.raises(SettingError) as e:
+        build_loader(_cfg(data, **flags), "train", training=True)
+    message = flag_text(e.value)  # as the command line prints it
     assert isinstance(e.value, DataError) and "skip_corrupt" not in message
-    assert f"label {label} + label_offset" in message and "--num_classes=" in message
+    assert f"label {label} + --label_offset" in message and "--num_classes=" in message
     assert "--label_offset=" in message and "train-0000" in message
 
 
@@ -207,8 +209,8 @@ def test_the_cli_exits_2_for_a_label_range_error_with_skip_corrupt(tmp_path):
 def test_a_bad_label_past_the_first_records_is_not_skipped(tmp_path):
     # The pre-training check reads 8 records per shard; a misfit label further in is found mid-epoch.
     data = _write_set(tmp_path / "data", "train", [[1] * 12 + [5] + [1] * 3])
-    loader = build_loader(_cfg(data, skip_corrupt=True, batch_size=16), "train", True)
-    with pytest.raises(ConfigError, match=r"label 5 \+ label_offset -1"):
+    loader = build_loader(_cfg(data, skip_corrupt=True, batch_size=16), "train", training=True)
+    with pytest.raises(SettingError, match=r"label 5 \+ label_offset -1"):
         list(loader)
 
 
@@ -282,7 +284,7 @@ def test_verify_refreshes_an_equal_index_older_than_its_shard(tmp_path):
     index_path = tfr.ensure_index(shard, cache_dir=tmp_path / "cache")
     os.utime(index_path, ns=(10**18, 10**18))
     os.utime(shard, ns=(10**18 + 10**9, 10**18 + 10**9))
-    report = verify(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
+    report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
     assert report.ok and report.shards[0].index == "rebuilt"
     assert not tfr.index_is_older(shard, index_path)
 
@@ -313,7 +315,7 @@ def test_two_processes_building_the_demo_set_at_once(tmp_path):
         "train-00001-of-00002",
         "validation-00000-of-00001",
     ]
-    assert verify(target, workers=1, label_offset=-1, num_classes=3).ok
+    assert verify_dataset(target, workers=1, label_offset=-1, num_classes=3).ok
     assert [p.name for p in target.parent.iterdir() if p.name != "demo"] == ["demo.lock"]  # no leftovers
 
 

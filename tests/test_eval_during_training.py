@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fasttrain.config import make_config
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.train import train
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from fasttrain.config import make_config
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.evaluate import main
 from fasttrain.train import train
 

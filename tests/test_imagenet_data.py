@@ -11,9 +11,11 @@ from PIL import Image
 from fasttrain.data import DataError
 from fasttrain.data.__main__ import main
 from fasttrain.data.example import encode_example, parse_example
-from fasttrain.data.imagenet import decode_record, list_shards, make_synthetic, verify
+from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import iter_records, write_records
 from fasttrain.data.transforms import eval_transform, train_transform
+from fasttrain.data.verify import verify_dataset
 
 # --- protobuf wire format, written out by hand from the encoding spec ------------------------------
 
@@ -237,7 +239,7 @@ def _copy(src, dst):
 
 def test_verify_clean_data_writes_indexes(synthetic, tmp_path, capsys):
     data = _copy(synthetic, tmp_path / "data")
-    report = verify(data, decode=True, workers=1, label_offset=-1, num_classes=4)
+    report = verify_dataset(data, decode=True, workers=1, label_offset=-1, num_classes=4)
     assert report.ok and report.records == 200
     assert {s.index for s in report.shards} == {"written"}
     assert report.split_summary("train") == "train: 120 records in 3 shards, labels 1..4"
@@ -271,7 +273,7 @@ def test_verify_reports_every_bad_record(synthetic, tmp_path, capsys):
     assert f"record at offset 0 in {bad_label}: label 9 + label_offset -1 is outside [0, 4)" in out
     assert f"empty shard {empty}" in out
     assert "train: 85 records in 3 shards" in out  # 40 (2 with bad CRCs) + 5 before the cut + 40
-    report = verify(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
+    report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
     assert {s.index for s in report.shards} == {"ok", "not written (broken framing)"}
 
 
@@ -281,8 +283,8 @@ def test_verify_decode_finds_a_bad_jpeg(tmp_path):
     write_records(
         tmp_path / "d" / "train-00000-of-00001", [encode_example(_features(**{"image/encoded": bad}))]
     )
-    assert verify(tmp_path / "d", workers=1).ok  # without --decode the JPEG is not looked at
-    report = verify(tmp_path / "d", decode=True, workers=1)
+    assert verify_dataset(tmp_path / "d", workers=1).ok  # without --decode the JPEG is not looked at
+    report = verify_dataset(tmp_path / "d", decode=True, workers=1)
     assert len(report.bad) == 1 and "undecodable JPEG in record at offset 0" in report.bad[0].bad[0]
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fasttrain.config import ConfigError
+from fasttrain.errors import SettingError
 from fasttrain.models import MODEL_NAMES, classifier_names, create_model, param_groups, reset_classifier
 
 CL = torch.channels_last
@@ -267,9 +267,9 @@ def test_reset_classifier_touches_only_the_classifier(name):
 
 
 def test_create_model_rejects_bad_options_in_one_sentence():
-    with pytest.raises(ConfigError, match="unknown model 'resnet49'"):
+    with pytest.raises(SettingError, match="unknown model 'resnet49'"):
         create_model("resnet49", 10)
-    with pytest.raises(ConfigError, match="base_channels"):
+    with pytest.raises(SettingError, match="base_channels"):
         create_model("inception_v3", 10, base_channels=16)
 
 

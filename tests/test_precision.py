@@ -60,5 +60,5 @@ def test_cpu_policy():
     assert (p.name, p.channels_last, p.cuda_graph, p.autocast) == ("fp32", False, False, False)
     p = resolve_precision(make_config(precision="bf16", channels_last=True), torch.device("cpu"))
     assert (p.dtype, p.channels_last) == (torch.bfloat16, True)
-    with pytest.raises(ValueError, match="--no-cuda_graph"):
+    with pytest.raises(ValueError, match="cuda_graph=false"):
         resolve_precision(make_config(cuda_graph=True), torch.device("cpu"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 from launch_helpers import reached_step, trainer, trainer_args, trainer_env, wait_for_step
 
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ import pytest
 import torch
 from launch_helpers import reached_step
 
-from fasttrain.data.imagenet import list_shards, make_synthetic
+from fasttrain.data.imagenet import list_shards
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import build_index
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # PYTHONPATH: conftest.py

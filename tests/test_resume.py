@@ -7,7 +7,7 @@ import subprocess
 from launch_helpers import run_torchrun, trainer, trainer_args, trainer_env
 
 from fasttrain.config import make_config
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.resume import changed_settings
 
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 from launch_helpers import kill_tree, run_torchrun, trainer, trainer_args, trainer_env, wait_for_step
 
-from fasttrain.config import ConfigError
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
+from fasttrain.errors import SettingError
 from fasttrain.lock import LOCK_NAME, RunLock
 
 
@@ -82,7 +82,7 @@ def test_the_lock_dies_with_its_process_even_while_its_children_live(tmp_path):
     children = subprocess.CompletedProcess([], 0, "")
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(ConfigError, match=f"pid {holder.pid} on host {socket.gethostname()}"):
+        with pytest.raises(SettingError, match=f"pid {holder.pid} on host {socket.gethostname()}"):
             RunLock.acquire(tmp_path)
         children = subprocess.run(["pgrep", "-P", str(holder.pid)], capture_output=True, text=True)
         child = int(children.stdout.split()[0])

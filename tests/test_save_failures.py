@@ -18,7 +18,7 @@ import torch
 from launch_helpers import run_torchrun, trainer, trainer_args, trainer_env
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,15 @@ def _step_fn(model, precision, device, lr=0.05, wd=1e-4, ema=None, impl="torch",
         # Small buckets so that a small net still has several, all-reduced as backward fills them.
         buckets = GradBuckets(opt.flat, dist_info, bucket_cap_mb=0.25, first_bucket_mb=0.05, enabled=True)
     step = TrainStep(
-        model, opt, precision, device, schedule, loss_fn, "resnet", buckets=buckets, bn_ema=bn_ema
+        model,
+        optimizer=opt,
+        precision=precision,
+        device=device,
+        schedule=schedule,
+        loss_fn=loss_fn,
+        preprocess="resnet",
+        buckets=buckets,
+        bn_ema=bn_ema,
     )
     return step, opt
 

@@ -143,9 +143,17 @@ def _meta_step(recipe: str, buckets: bool = False, **overrides) -> tuple[TrainSt
         )
         grad_buckets = GradBuckets(optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb)
     step = TrainStep(
-        model, optimizer, _LOSS_SCALED_FP32, META, schedule, make_loss(cfg), cfg.preprocess,
-        world_size=WORLD_SIZE, buckets=grad_buckets, bn_ema=BufferEMA(model, cfg.ema_decay),
-    )  # fmt: skip
+        model,
+        optimizer=optimizer,
+        precision=_LOSS_SCALED_FP32,
+        device=META,
+        schedule=schedule,
+        loss_fn=make_loss(cfg),
+        preprocess=cfg.preprocess,
+        world_size=WORLD_SIZE,
+        buckets=grad_buckets,
+        bn_ema=BufferEMA(model, cfg.ema_decay),
+    )
     size = cfg.image_size
     batches = [
         (

@@ -14,7 +14,7 @@ import pytest
 import torch
 from launch_helpers import free_port
 
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}  # PYTHONPATH: conftest.py
 

@@ -20,7 +20,7 @@ from launch_helpers import free_port, loopback_env
 import fasttrain.evaluate
 import fasttrain.train
 from fasttrain.config import make_config
-from fasttrain.data.imagenet import make_synthetic
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.step import TrainStep
 from fasttrain.train import TrainingStopped, train
 

@@ -53,7 +53,15 @@ def test_last_top1_is_the_trained_batches_top1_before_the_update(accum):
     opt = FusedMomentum(model.parameters(), lr=0.5, momentum=0.9, impl="torch")
     schedule = LRSchedule(make_config(initial_learning_rate=0.5), 100, 64, CPU)
     loss_fn = lambda out, y: classification_loss(out, y, aux_weight=0.4)
-    step = TrainStep(model, opt, Precision("fp32", False, False), CPU, schedule, loss_fn, "resnet")
+    step = TrainStep(
+        model,
+        optimizer=opt,
+        precision=Precision("fp32", False, False),
+        device=CPU,
+        schedule=schedule,
+        loss_fn=loss_fn,
+        preprocess="resnet",
+    )
     seen = set()
     for i in range(6):
         batches = [_batch(10 * i + k) for k in range(accum)]

@@ -1,38 +1,66 @@
 """Input pipelines: one dispatch point (`build_loader`) over the DALI, torch and synthetic backends.
 
-Every loader follows the same protocol, so the trainer never asks which backend it has:
-
-    loader = build_loader(cfg, split, training, rank, world_size, device)
-    loader.set_epoch(epoch)          # reshuffles (shard order, shuffle buffer, augmentation seeds)
-    for images, labels in loader:    # one epoch of this rank's batches
-        ...                          # images: (N, H, W, C); uint8 unless loader.normalized
-    len(loader)                      # batches per epoch on this rank
-    loader.num_records               # records in the split, all ranks together
-    loader.normalized                # True: images are already float, normalised, NHWC
-    loader.state_dict() / loader.load_state_dict(sd)   # {'epoch': e, 'batch': b}: resume exactly
-
+Every loader follows the `Loader` protocol below, so the trainer never asks which backend it has.
 Training loaders drop each rank's last partial batch; evaluation loaders see every record of the split
 exactly once across ranks and keep partial batches.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
+
 import torch
 
-from fasttrain.config import Config, ConfigError
+from fasttrain.config import Config
+from fasttrain.errors import FasttrainError, SettingError
+
+if TYPE_CHECKING:
+    from fasttrain.precision import Precision
 
 
-class DataError(RuntimeError):
+class DataError(FasttrainError, RuntimeError):
     """Bad input data (missing directory, no shards, corrupt record): printed in one line."""
 
 
-class LabelRangeError(DataError, ConfigError):
-    """A stored label outside [0, num_classes) after label_offset: the flags do not fit the data.
+class LabelRangeError(DataError, SettingError):
+    """A stored label outside [0, num_classes) after label_offset: the settings do not fit the data.
 
-    A DataError, so every place that turns data errors into one line handles it, and a ConfigError,
-    so the CLI exits 2 for it; never skipped by --skip_corrupt (a wrong --num_classes or
-    --label_offset would otherwise drop whole classes from training and evaluation without a word).
+    A DataError, so every place that turns data errors into one line handles it, and a SettingError,
+    so the CLI exits 2 for it; never skipped by skip_corrupt (a wrong num_classes or label_offset would
+    otherwise drop whole classes from training and evaluation without a word).
     """
+
+
+class Loader(Protocol):
+    """What the trainer and the evaluator use of a loader, whichever the backend."""
+
+    normalized: bool
+    """True: images are already float, normalised, NHWC (DALI); False: uint8 NHWC."""
+    num_records: int
+    """Records in the split, all ranks together."""
+    epoch: int
+    """The epoch __iter__ yields (set_epoch moves it)."""
+    skipped: int
+    """Corrupt records skipped so far with skip_corrupt (0 for backends that cannot skip)."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches."""
+        ...
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for `epoch` (shard order, shuffle buffer, augmentation seeds)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """{'epoch': e, 'batch': b}: where a resume continues, exactly."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def dali_available() -> bool:
@@ -45,35 +73,39 @@ def dali_available() -> bool:
 
 def resolve_backend(cfg: Config) -> str:
     if cfg.data_backend == "auto":
-        # DALI cannot skip a corrupt record: --skip_corrupt needs the torch pipeline.
+        # DALI cannot skip a corrupt record: skip_corrupt needs the torch pipeline.
         return "dali" if dali_available() and not cfg.skip_corrupt else "torch"
     if cfg.data_backend == "dali" and not dali_available():
-        raise ConfigError("--data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'")
+        raise SettingError(
+            "data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'", settings=("data_backend",)
+        )
     return cfg.data_backend
 
 
 def build_loader(
     cfg: Config,
     split: str,
+    *,
     training: bool,
     rank: int = 0,
     world_size: int = 1,
     device: torch.device | None = None,
-):
+    precision: Precision | None = None,
+) -> Loader:
     """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank.
 
     training=True: shuffled, augmented with the train transform, partial batches dropped.
     training=False: in order, the eval transform, every record exactly once across ranks.
+    precision: the run's resolved policy; DALI writes fp16 batches for an fp16 run (fp32 otherwise).
     """
     backend = resolve_backend(cfg)
     if backend == "synthetic":
         return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
     if backend == "dali":
         from fasttrain.data.dali_pipeline import DaliLoader
-        from fasttrain.precision import resolve_precision
 
-        # DALI writes fp16 directly; it has no bf16 output, so bf16 runs take fp32 and autocast casts.
-        fp16 = device is not None and resolve_precision(cfg, device).name == "fp16"
+        # DALI has no bf16 output: bf16 runs take fp32 and autocast casts.
+        fp16 = precision is not None and precision.name == "fp16"
         dtype = torch.float16 if fp16 else torch.float32
         return DaliLoader(cfg, split, training, rank, world_size, device, dtype=dtype)
     from fasttrain.data.torch_pipeline import TorchLoader
@@ -89,6 +121,7 @@ class EpochPosition:
     """
 
     epoch = 0
+    skipped = 0  # the torch backend counts skip_corrupt's skipped records; the others never skip
     _position = 0  # batches of this epoch handed out so far
     _resume = 0  # where the next __iter__ starts (set by load_state_dict)
 

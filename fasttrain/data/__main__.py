@@ -24,8 +24,10 @@ import sys
 import time
 
 from fasttrain.data import DataError
-from fasttrain.data.imagenet import SPLITS, decode_record, list_shards, make_synthetic, verify
+from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
+from fasttrain.data.verify import verify_dataset
 
 
 def _count(minimum: int):
@@ -82,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _verify(args) -> int:
-    report = verify(
+    report = verify_dataset(
         args.data_dir,
         decode=args.decode,
         splits=[args.split] if args.split else None,

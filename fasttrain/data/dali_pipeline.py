@@ -64,13 +64,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fasttrain.config import Config, ConfigError
+from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
+from fasttrain.errors import SettingError
 
 # Decoder buffers sized for ImageNet's largest JPEGs, so nvJPEG does not reallocate mid-run (the
 # values of NVIDIA's DeepLearningExamples ResNet-50 DALI pipeline).
@@ -83,6 +84,7 @@ _MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHA
 # pipe.run(stream), with `__dlpack__` on its tensors (DALI 1.44 release notes; NVIDIA/DALI #5704,
 # #5684). setup.py's floor is this version (tests/test_dali_pipeline.py checks that they agree).
 DALI_MIN_VERSION = (1, 44)
+_DECODE_HINT_SETTINGS = ("data_backend", "skip_corrupt")  # what a decode error's hint names
 
 
 class DaliLoader(EpochPosition):
@@ -101,8 +103,9 @@ class DaliLoader(EpochPosition):
         dtype: torch.dtype = torch.float32,
     ):
         if cfg.skip_corrupt:
-            raise ConfigError(
-                "--skip_corrupt needs --data_backend=torch: DALI cannot skip a record it fails to decode"
+            raise SettingError(
+                "skip_corrupt needs data_backend=torch: DALI cannot skip a record it fails to decode",
+                settings=("skip_corrupt", "data_backend"),
             )
         if dtype not in _DALI_DTYPES:
             raise ValueError(f"DALI outputs float32 or float16, not {dtype} (cast to bf16 on the device)")
@@ -243,7 +246,7 @@ class DaliLoader(EpochPosition):
         """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
         hint = (
             f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad "
-            "record, then re-create those shards or train with --data_backend=torch --skip_corrupt"
+            "record, then re-create those shards or train with data_backend=torch skip_corrupt"
         )
         for position in positions[: 3 * self.cfg.batch_size]:
             shard, offset = self._where(position)
@@ -251,7 +254,8 @@ class DaliLoader(EpochPosition):
             problem = _record_problem(shard, offset, int(self.table.sizes[position]))
             if problem:
                 return DataError(
-                    f"DALI cannot decode record {number} (offset {offset}) of {shard}: {problem}; {hint}"
+                    f"DALI cannot decode record {number} (offset {offset}) of {shard}: {problem}; {hint}",
+                    settings=_DECODE_HINT_SETTINGS,
                 )
         near = self._where(positions[0])[0]
         found = re.search(r"encountered:(.*?)(C\+\+ context|Current pipeline|$)", str(exc), re.S)
@@ -260,13 +264,17 @@ class DaliLoader(EpochPosition):
             return DataError(
                 f"the {self.split} records near {near} have the image/object/bbox keys in some records but "
                 "not in others, which DALI's reader cannot batch; write them in every record (empty lists "
-                "when there are no boxes, as build_imagenet_data.py does) or use --data_backend=torch"
+                "when there are no boxes, as build_imagenet_data.py does) or use data_backend=torch",
+                settings=("data_backend",),
             )
-        return DataError(f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}")
+        return DataError(
+            f"DALI failed on a batch of {self.split} records near {near} ({detail}); {hint}",
+            settings=_DECODE_HINT_SETTINGS,
+        )
 
 
 def check_dali_version(version: str | None = None) -> None:
-    """ConfigError unless the installed DALI (or `version`) is DALI_MIN_VERSION or newer."""
+    """SettingError unless the installed DALI (or `version`) is DALI_MIN_VERSION or newer."""
     if version is None:
         import nvidia.dali
 
@@ -275,10 +283,11 @@ def check_dali_version(version: str | None = None) -> None:
     if found and (int(found.group(1)), int(found.group(2))) >= DALI_MIN_VERSION:
         return
     floor = ".".join(map(str, DALI_MIN_VERSION))
-    raise ConfigError(
+    raise SettingError(
         f"NVIDIA DALI {version} is older than {floor}, the first release whose pipelines hand their "
         f"outputs to a CUDA stream (exec_dynamic): pip install 'nvidia-dali-cuda120>={floor}', or "
-        "train with --data_backend=torch"
+        "train with data_backend=torch",
+        settings=("data_backend",),
     )
 
 

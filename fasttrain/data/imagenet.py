@@ -64,7 +64,10 @@ def find_shards(data_dir, split: str) -> list[Path]:
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; use train or validation")
     if not str(data_dir or ""):  # Path("") would silently mean the current directory
-        raise DataError("no data directory given; set --data_dir to the directory of the TFRecord shards")
+        raise DataError(
+            "no data directory given; set data_dir to the directory of the TFRecord shards",
+            settings=("data_dir",),
+        )
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         what = "is not a directory" if data_dir.exists() else "does not exist"
@@ -157,7 +160,8 @@ class ImageRecord:
 
 def _bad(file, offset, what: str) -> DataError:
     return DataError(
-        f"record at offset {offset} in {file}: {what}; re-create the shard or use --skip_corrupt"
+        f"record at offset {offset} in {file}: {what}; re-create the shard or use skip_corrupt",
+        settings=("skip_corrupt",),
     )
 
 
@@ -221,25 +225,10 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
 
 
 def label_range_error(file, offset: int, stored: int, label_offset: int, num_classes: int) -> LabelRangeError:
-    """The error for a stored label that --label_offset and --num_classes put outside the classifier."""
+    """The error for a stored label that label_offset and num_classes put outside the classifier."""
     return LabelRangeError(
         f"record at offset {offset} in {file}: label {stored} + label_offset {label_offset} is outside "
-        f"[0, {num_classes}): --label_offset={label_offset} and --num_classes={num_classes} do not fit "
-        "this data set (the converter's labels run 1..1000: use -1 and 1000, or 0 and 1001 with background)"
+        f"[0, {num_classes}): label_offset={label_offset} and num_classes={num_classes} do not fit "
+        "this data set (the converter's labels run 1..1000: use -1 and 1000, or 0 and 1001 with background)",
+        settings=("label_offset", "num_classes"),
     )
-
-
-def make_synthetic(
-    out_dir, train_shards: int, val_shards: int, per_shard: int, classes: int, seed: int
-) -> None:
-    """Write a small ImageNet-layout data set; see fasttrain.data.synthetic."""
-    from fasttrain.data.synthetic import make_synthetic as _make
-
-    _make(out_dir, train_shards, val_shards, per_shard, classes, seed)
-
-
-def verify(data_dir, decode: bool = False, **kwargs):
-    """Check every record of data_dir; see fasttrain.data.verify.verify_dataset for the options."""
-    from fasttrain.data.verify import verify_dataset
-
-    return verify_dataset(data_dir, decode=decode, **kwargs)

@@ -39,7 +39,8 @@ from fasttrain.data import DataError
 def undecodable(file, offset, error) -> DataError:
     return DataError(
         f"undecodable JPEG in record at offset {offset} in {file} ({error}); re-create the shard "
-        "or train with --skip_corrupt"
+        "or train with skip_corrupt",
+        settings=("skip_corrupt",),
     )
 
 

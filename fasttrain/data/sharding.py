@@ -160,6 +160,7 @@ def open_split(cfg, split: str, training: bool, rank: int, world_size: int) -> t
     if training and batches == 0:
         raise DataError(
             f"the {split} split of {cfg.data_dir} has {len(table)} records, fewer than "
-            f"one batch per rank ({cfg.batch_size} x {world_size}); lower --batch_size"
+            f"one batch per rank ({cfg.batch_size} x {world_size}); lower batch_size",
+            settings=("batch_size",),
         )
     return table, batches

@@ -78,7 +78,8 @@ def write_records(path, records: Iterable[bytes]) -> list[tuple[int, int]]:
 def _corrupted(offset: int, path, what: str) -> DataError:
     return DataError(
         f"corrupted record at offset {offset} in {path} ({what}); re-create the shard, "
-        "or train with --skip_corrupt"
+        "or train with skip_corrupt",
+        settings=("skip_corrupt",),
     )
 
 
@@ -268,7 +269,8 @@ def save_index(path, entries, candidates: list[Path]) -> Path:
             errors.append(f"{candidate.parent}: {e.strerror}")
     raise DataError(
         f"cannot write an index file for {path} ({'; '.join(errors)}); "
-        "set --data_cache_dir to a writable directory"
+        "set data_cache_dir to a writable directory",
+        settings=("data_cache_dir",),
     )
 
 

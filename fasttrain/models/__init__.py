@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fasttrain.config import ConfigError
+from fasttrain.errors import SettingError
 from fasttrain.models.inception_v3 import Inception3
 from fasttrain.models.resnet import DEPTHS, ResNet
 
@@ -46,24 +46,32 @@ def create_model(
     0.9997), eps 0.001. bn_momentum is torch's: running = (1 - momentum) * running + momentum * batch.
     """
     if name not in MODEL_NAMES:
-        raise ConfigError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+        raise SettingError(
+            f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}", settings=("model",)
+        )
     if num_classes < 1:
-        raise ConfigError(f"num_classes must be positive, got {num_classes}")
+        raise SettingError(f"num_classes must be positive, got {num_classes}", settings=("num_classes",))
     if bn_momentum is not None and not 0.0 <= bn_momentum <= 1.0:
-        raise ConfigError(f"bn_momentum is torch's (1 - TF decay) and must be in [0, 1], got {bn_momentum}")
+        raise SettingError(
+            f"bn_momentum is torch's (1 - TF decay) and must be in [0, 1], got {bn_momentum}",
+            settings=("bn_momentum",),
+        )
     if bn_eps is not None and bn_eps <= 0.0:
-        raise ConfigError(f"bn_eps must be positive, got {bn_eps}")
+        raise SettingError(f"bn_eps must be positive, got {bn_eps}", settings=("bn_eps",))
     bn = {k: v for k, v in (("bn_momentum", bn_momentum), ("bn_eps", bn_eps)) if v is not None}
     if name == "inception_v3":
         if base_channels != 64:
-            raise ConfigError(
-                f"--base_channels={base_channels} applies to ResNets only; leave it at 64 for inception_v3"
+            raise SettingError(
+                f"base_channels={base_channels} applies to ResNets only; leave it at 64 for inception_v3",
+                settings=("base_channels",),
             )
         if not 0.0 < dropout_keep <= 1.0:
-            raise ConfigError(f"dropout_keep must be in (0, 1], got {dropout_keep}")
+            raise SettingError(f"dropout_keep must be in (0, 1], got {dropout_keep}")
         return Inception3(num_classes, aux_logits=aux_logits, dropout_keep=dropout_keep, **bn)
     if base_channels < 1:
-        raise ConfigError(f"--base_channels must be positive, got {base_channels}")
+        raise SettingError(
+            f"base_channels must be positive, got {base_channels}", settings=("base_channels",)
+        )
     return ResNet(
         int(name[len("resnet") :]),
         num_classes,

@@ -69,9 +69,17 @@ def train_step(model, precision, device, impl="auto", dist_info=None, ddp_model=
         )
     world = dist_info.world_size if dist_info is not None else 1
     step = TrainStep(
-        model, opt, precision, device, schedule, loss_fn, "resnet",
-        world_size=world, buckets=buckets, ddp_model=ddp_model,
-    )  # fmt: skip
+        model,
+        optimizer=opt,
+        precision=precision,
+        device=device,
+        schedule=schedule,
+        loss_fn=loss_fn,
+        preprocess="resnet",
+        world_size=world,
+        buckets=buckets,
+        ddp_model=ddp_model,
+    )
     return step
 
 
