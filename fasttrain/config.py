@@ -290,7 +290,7 @@ _SEED_LIMIT = 2**32
 
 def _check_triton(device: str) -> None:
     """--optimizer_impl=triton needs Triton and a CUDA device (or Triton's CPU interpreter, for tests)."""
-    from fasttrain.kernels._common import HAVE_TRITON, interpreter_enabled
+    from fasttrain.kernels.common import HAVE_TRITON, interpreter_enabled
 
     if not HAVE_TRITON:
         raise ConfigError(

@@ -34,7 +34,7 @@ from fasttrain.flat import FlatParameters
 from fasttrain.kernels import chunked
 from fasttrain.kernels import momentum as momentum_kernel
 from fasttrain.kernels import rmsprop_tf as rmsprop_tf_kernel
-from fasttrain.kernels._common import HAVE_TRITON, ema_one_minus_decay, interpreter_enabled
+from fasttrain.kernels.common import HAVE_TRITON, ema_one_minus_decay, interpreter_enabled
 
 IMPLS = ("auto", "triton", "chunked", "torch")
 

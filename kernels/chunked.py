@@ -39,7 +39,7 @@ bounded scratch and few launches, not cache residency. Not measured on a GPU (th
 import torch
 
 from . import cpu
-from ._common import check_args, f32
+from .common import check_args, f32
 
 # 32,000 elements (125 KiB per buffer): just below torch's intra-op grain size (32,768), so each op
 # runs serially on the thread that calls it; 7 buffers of a chunk (w, g, states, ema, 2 scratch

@@ -7,7 +7,7 @@ Per element, in float32 (g may be stored as fp32, fp16 or bf16; w, acc, ema are 
     acc = momentum * acc + g                     # acc starts at zeros
     w   = w - lr * acc                           # plain
     w   = w - lr * (g + momentum * acc)          # nesterov (TF use_nesterov=True, torch nesterov=True)
-    ema = ema - ema_weight * (ema - w)           # ema_weight = 1 - d, see _common.ema_one_minus_decay
+    ema = ema - ema_weight * (ema - w)           # ema_weight = 1 - d, see common.ema_one_minus_decay
 
 This is torch.optim.SGD(momentum, dampening=0, weight_decay, nesterov) exactly: torch's first step
 sets acc = g, which equals momentum * 0 + g.
@@ -22,7 +22,7 @@ EMA), the floor for this update.
 
 import torch
 
-from ._common import (
+from .common import (
     check_args,
     check_triton_launch,
     f32,

@@ -8,7 +8,7 @@ Per element, in float32 (g may be stored as fp32, fp16 or bf16; w, ms, mom, ema 
                                                  # ms starts at ONES
     mom = momentum * mom + (g * lr) / sqrt(ms + eps)   # eps inside the sqrt, lr inside the momentum
     w   = w - mom
-    ema = ema - ema_weight * (ema - w)           # ema_weight = 1 - d, see _common.ema_one_minus_decay
+    ema = ema - ema_weight * (ema - w)           # ema_weight = 1 - d, see common.ema_one_minus_decay
 
 How it differs from torch.optim.RMSprop: ms starts at 1 (torch: 0), eps is inside the sqrt (torch:
 added to sqrt(ms)), lr scales the momentum input (torch: applied to the buffer), so an LR change
@@ -24,7 +24,7 @@ Memory traffic: reads w, g, ms, mom, ema and writes w, ms, mom, ema: 36 B/param 
 
 import torch
 
-from ._common import (
+from .common import (
     check_args,
     check_triton_launch,
     f32,

@@ -288,7 +288,7 @@ def test_bad_flag_is_one_line(capsys):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_rows_on_cuda_use_graph_policy_and_kernels():
-    from fasttrain.kernels._common import HAVE_TRITON
+    from fasttrain.kernels.common import HAVE_TRITON
     from throughput import MeasureOptions, RowSpec, measure_row
 
     from fasttrain.precision import default_precision

@@ -18,9 +18,7 @@ import pytest
 import torch
 from fasttrain.kernels import chunked, rmsprop_tf
 from fasttrain.kernels import momentum as momentum_kernel
-from fasttrain.kernels._common import ema_one_minus_decay
-
-import fasttrain  # noqa: F401  (maps the checkout's kernels/ as fasttrain.kernels)
+from fasttrain.kernels.common import ema_one_minus_decay
 
 ATOL, RTOL = 2e-6, 1e-6
 LRS = [0.1 * 0.8**i for i in range(10)]  # the LR changes every step

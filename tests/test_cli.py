@@ -131,6 +131,8 @@ def test_default_demo_builds_its_data_once_in_the_cache(tmp_path):
         (["--recipe", "resnet9000"], "unknown recipe 'resnet9000'"),
         (["--data_dir", "/nonexistent/imagenet"], "--data_dir /nonexistent/imagenet does not exist"),
         (["--recipe", "inception_v3"], "--data_dir is required"),
+        # raised by fasttrain.precision with the setting's plain name; the CLI writes it as the flag
+        (["--precision=fp16", "--device=cpu"], "error: --precision=fp16 is for CUDA devices"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_code_2(args, words, tmp_path):

@@ -21,7 +21,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
 
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
-from fasttrain.config import ConfigError, make_config  # noqa: E402
+from fasttrain.config import make_config  # noqa: E402
 from fasttrain.data import DataError  # noqa: E402
 from fasttrain.data.dali_pipeline import DALI_MIN_VERSION, DaliLoader, check_dali_version  # noqa: E402
 from fasttrain.data.example import encode_example  # noqa: E402
@@ -29,6 +29,7 @@ from fasttrain.data.imagenet import decode_record, list_shards  # noqa: E402
 from fasttrain.data.normalize import normalize_images  # noqa: E402
 from fasttrain.data.tfrecord import iter_records, write_index_file, write_records  # noqa: E402
 from fasttrain.data.transforms import apply_eval  # noqa: E402
+from fasttrain.errors import SettingError
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = {"train": (23, 17, 29), "validation": (13, 10)}  # records per shard: uneven on purpose
@@ -299,7 +300,7 @@ def test_out_of_range_label_names_the_record(data_dir):
 
 
 def test_skip_corrupt_is_refused(data_dir):
-    with pytest.raises(ConfigError, match="--data_backend=torch"):
+    with pytest.raises(SettingError, match="skip_corrupt needs data_backend=torch"):
         DaliLoader(_cfg(data_dir, skip_corrupt=True), "train", True)
 
 
@@ -328,12 +329,12 @@ def test_the_dali_floor_is_setup_pys_and_older_releases_are_refused(data_dir, mo
     for ok in (floor, f"{floor}.0", "1.51.2", "2.4.0", "10.0.0"):
         check_dali_version(ok)
     for old in ("1.40.0", "1.43.0", "0.31.0"):
-        with pytest.raises(ConfigError, match=rf"NVIDIA DALI {old} is older than {floor}.*>={floor}"):
+        with pytest.raises(SettingError, match=rf"NVIDIA DALI {old} is older than {floor}.*>={floor}"):
             check_dali_version(old)
     import nvidia.dali
 
     monkeypatch.setattr(nvidia.dali, "__version__", "1.43.0")
-    with pytest.raises(ConfigError, match="NVIDIA DALI 1.43.0 is older than"):
+    with pytest.raises(SettingError, match="NVIDIA DALI 1.43.0 is older than"):
         DaliLoader(_cfg(data_dir), "validation", False)
 
 

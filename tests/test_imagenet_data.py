@@ -143,7 +143,7 @@ def test_list_shards(tmp_path):
 def test_list_shards_errors(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         list_shards(tmp_path / "missing", "train")
-    with pytest.raises(DataError, match="no data directory given; set --data_dir"):
+    with pytest.raises(DataError, match="no data directory given; set data_dir"):
         list_shards("", "train")
     with pytest.raises(DataError, match=f"no train-NNNNN-of-NNNNN shards in {tmp_path}"):
         list_shards(tmp_path, "train")

@@ -24,9 +24,7 @@ import pytest
 import torch
 from fasttrain.kernels import chunked, rmsprop_tf
 from fasttrain.kernels import momentum as momentum_kernel
-from fasttrain.kernels._common import HAVE_TRITON, ema_one_minus_decay
-
-import fasttrain  # noqa: F401  (maps the checkout's kernels/ as fasttrain.kernels)
+from fasttrain.kernels.common import HAVE_TRITON, ema_one_minus_decay
 
 ATOL, RTOL = 2e-6, 1e-6
 STEPS = 10
@@ -65,7 +63,7 @@ MOMENTUM_IMPLS = [
 @pytest.fixture(autouse=True)
 def _triton_interpreter(request, monkeypatch):
     # CPU tensors run under Triton's interpreter, CUDA tensors compiled. The kernels pick compile vs
-    # interpret at launch time (kernels/_common.lazy_jit), so this works whatever imported triton first.
+    # interpret at launch time (kernels/common.lazy_jit), so this works whatever imported triton first.
     callspec = getattr(request.node, "callspec", None)
     if callspec is None or callspec.params.get("device", "cpu") == "cpu":
         monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -329,7 +327,7 @@ for launch in ("bulk", "tail"):
     for has_ema in (True, False):
         flags = dict(LR_FROM_PTR=True, SCALE_FROM_PTR=True, CHECK_INF=True, HAS_EMA=has_ema,
                      BLOCK_SIZE=1024, **extra)
-        # What the launcher's runtime specialization sees (kernels/_common.launches): 16-byte
+        # What the launcher's runtime specialization sees (kernels/common.launches): 16-byte
         # aligned pointers in both launches (the tail starts at a multiple of 16 elements), a length
         # divisible by 16 only in the bulk.
         aligned = ["g_ptr", *streams, *(["numel"] if launch == "bulk" else [])]

@@ -15,7 +15,7 @@ import io
 import numpy as np
 import pytest
 import torch
-from fasttrain.kernels._common import HAVE_TRITON
+from fasttrain.kernels.common import HAVE_TRITON
 from torch import nn
 
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF, select_impl

@@ -189,7 +189,7 @@ def test_read_only_data_dir_uses_the_cache(shard, tmp_path, monkeypatch):
     )
     other = shard.with_name("validation-00000-of-00001")
     tfr.write_records(other, [b"z"])
-    with pytest.raises(DataError, match="--data_cache_dir"):
+    with pytest.raises(DataError, match="set data_cache_dir to a writable directory"):
         tfr.ensure_index(other, cache_dir=tmp_path / "cache2")
 
 

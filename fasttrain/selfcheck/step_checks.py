@@ -84,7 +84,7 @@ def check_optimizer_chunked(ctx: Context) -> str:
 
 
 def check_optimizer_triton(ctx: Context) -> str:
-    from fasttrain.kernels._common import HAVE_TRITON
+    from fasttrain.kernels.common import HAVE_TRITON
 
     if not HAVE_TRITON:
         raise Skip("triton is not installed: the chunked torch path is used")
