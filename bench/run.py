@@ -288,7 +288,7 @@ class Suite:
                 why = f"time budget ({left:.0f} s left, --compile_timeout {self.args.compile_timeout:.0f} s)"
                 result = dict(spec=vars(spec), title=ROW_TITLES["d"], status="skipped", error=why)
             else:
-                result = self._compile_subprocess(spec, self.args.compile_timeout, name)
+                result = self._compile_subprocess(spec, self.args.compile_timeout)
             self.results["rows"].append(result)
             self.log(f"{name}: {self._summary(result)}")
 
@@ -297,7 +297,7 @@ class Suite:
             spec = vars(self.spec(row, config, compile_mode=self.args.compile_mode))
             self.results["rows"].append(dict(spec=spec, title=ROW_TITLES[row], status="not run", error=why))
 
-    def _compile_subprocess(self, spec: RowSpec, limit: float, name: str) -> dict:
+    def _compile_subprocess(self, spec: RowSpec, limit: float) -> dict:
         result_path = self.out / f".{spec.model}-{spec.batch}-d.json"
         log_path = self.out / f"compile-{spec.model}-{spec.batch}.log"
         cmd = [
