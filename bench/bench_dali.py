@@ -16,17 +16,17 @@ side and batch (224 / 256 for ResNet-50 numbers on a GPU).
 """
 
 import os
-import platform
 
 import pytest
 import torch
 
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
 
+from bench.common import synchronize  # noqa: E402
 from fasttrain.config import make_config  # noqa: E402
+from fasttrain.data import build_loader  # noqa: E402
 from fasttrain.data.dali_pipeline import DaliLoader  # noqa: E402
-from fasttrain.data.imagenet import make_synthetic  # noqa: E402
-from fasttrain.data.torch_pipeline import TorchLoader  # noqa: E402
+from fasttrain.data.synthetic import make_synthetic  # noqa: E402
 
 WORKERS = int(os.environ.get("FASTTRAIN_BENCH_WORKERS", "2"))
 SIZE = int(os.environ.get("FASTTRAIN_BENCH_SIZE", "64"))
@@ -43,8 +43,9 @@ def data_dir(tmp_path_factory):
     return str(root)
 
 
-def _cfg(data_dir, recipe: str):
+def _cfg(data_dir, recipe: str, backend: str):
     return make_config(
+        data_backend=backend,
         data_dir=data_dir,
         batch_size=BATCH,
         image_size=SIZE,
@@ -58,59 +59,43 @@ def _cfg(data_dir, recipe: str):
     )
 
 
-def _environment(device: torch.device) -> dict:
-    import nvidia.dali
-
-    env = {
-        "torch": torch.__version__,
-        "dali": nvidia.dali.__version__,
-        "device": str(device),
-        "workers": WORKERS,
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "image_size": SIZE,
-        "batch": BATCH,
-        "data": os.environ.get("FASTTRAIN_BENCH_DATA", "synthetic"),
-    }
-    if device.type == "cuda":
-        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
-    return env
-
-
-def _measure(benchmark, loader, device: torch.device) -> None:
+def _measure(benchmark, env_info, loader, device: torch.device) -> None:
     """Time whole epochs of `loader` (one untimed first) and record images per second."""
     epochs = iter(range(1_000_000))
 
     def epoch() -> int:
         loader.set_epoch(next(epochs))
         images = sum(len(labels) for _, labels in loader)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # the batches' device work is part of the epoch
+        synchronize(device)  # the batches' device work is part of the epoch
         return images
 
     per_epoch = epoch()  # warm-up: page cache, decoder and allocator set-up
     benchmark.pedantic(epoch, rounds=3, iterations=1)
-    benchmark.extra_info.update(_environment(device))
+    benchmark.extra_info.update(env_info, workers=WORKERS, image_size=SIZE, batch=BATCH)
+    benchmark.extra_info["data"] = os.environ.get("FASTTRAIN_BENCH_DATA", "synthetic")
     benchmark.extra_info["images_per_epoch"] = per_epoch
     benchmark.extra_info["images_per_sec"] = per_epoch / benchmark.stats.stats.mean
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_dali_cpu_train_images_per_second(benchmark, data_dir, recipe):
-    loader = DaliLoader(_cfg(data_dir, recipe), "train", True)
-    _measure(benchmark, loader, torch.device("cpu"))
+def test_dali_cpu_train_images_per_second(benchmark, env_info, data_dir, recipe):
+    cpu = torch.device("cpu")  # DALI's CPU-only mode
+    loader = build_loader(_cfg(data_dir, recipe, "dali"), split="train", training=True, device=cpu)
+    _measure(benchmark, env_info, loader, cpu)
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_torch_train_images_per_second(benchmark, data_dir, recipe):
-    loader = TorchLoader(_cfg(data_dir, recipe), "train", True)
-    _measure(benchmark, loader, torch.device("cpu"))
+def test_torch_train_images_per_second(benchmark, env_info, data_dir, recipe):
+    cpu = torch.device("cpu")
+    loader = build_loader(_cfg(data_dir, recipe, "torch"), split="train", training=True, device=cpu)
+    _measure(benchmark, env_info, loader, cpu)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_dali_mixed_decode_train_images_per_second(benchmark, data_dir, recipe):
+def test_dali_mixed_decode_train_images_per_second(benchmark, env_info, data_dir, recipe):
     device = torch.device("cuda", torch.cuda.current_device())
-    loader = DaliLoader(_cfg(data_dir, recipe), "train", True, device=device, dtype=torch.float16)
-    _measure(benchmark, loader, device)
+    cfg = _cfg(data_dir, recipe, "dali")
+    loader = DaliLoader(cfg, split="train", training=True, device=device, dtype=torch.float16)
+    _measure(benchmark, env_info, loader, device)

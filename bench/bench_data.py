@@ -4,42 +4,26 @@
 
 Each test reports its rate (records/s, MB/s or images/s for one process) in `extra_info` together with
 the environment. Data: synthetic ImageNet-layout shards written to a temporary directory (48..160 px
-JPEGs), plus for the transforms a set of 500 x 375 JPEGs, the size of an average ImageNet image, so
-the per-image cost is close to the real one. FASTTRAIN_BENCH_DATA=<dir of real shards> reads real
-data instead (only its first train shard).
+JPEGs), plus for the transforms a set of 500 x 375 JPEGs (bench/input_rows.py's synthetic_jpeg), the
+size of an average ImageNet image, so the per-image cost is close to the real one.
+FASTTRAIN_BENCH_DATA=<dir of real shards> reads real data instead (only its first train shard).
 """
 
-import io
 import os
-import platform
 import time
 
 import google_crc32c
 import numpy as np
-import PIL
 import pytest
-import torch
-from PIL import Image
 
-from fasttrain.data.imagenet import decode_record, list_shards, make_synthetic
-from fasttrain.data.synthetic import _class_styles, _image
+from bench.input_rows import synthetic_jpeg
+from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import iter_records
 from fasttrain.data.transforms import eval_transform, train_transform
 from fasttrain.data.verify import verify_dataset
 
 REAL = os.environ.get("FASTTRAIN_BENCH_DATA")
-
-
-def _environment() -> dict:
-    return {
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "pillow": PIL.__version__,
-        "crc32c": google_crc32c.implementation,
-        "data": REAL or "synthetic",
-    }
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +40,7 @@ def shard(data_dir):
     return list_shards(data_dir, "train")[0]
 
 
-def test_reader_records_per_second_with_crc(benchmark, shard):
+def test_reader_records_per_second_with_crc(benchmark, env_info, shard):
     size = os.path.getsize(shard)
 
     def read():
@@ -64,12 +48,13 @@ def test_reader_records_per_second_with_crc(benchmark, shard):
 
     records = benchmark.pedantic(read, rounds=5, warmup_rounds=1)
     seconds = benchmark.stats.stats.median
+    benchmark.extra_info.update(env_info, data=REAL or "synthetic", crc32c=google_crc32c.implementation)
     benchmark.extra_info.update(
-        _environment(), records=records, records_per_s=records / seconds, mb_per_s=size / seconds / 1e6
+        records=records, records_per_s=records / seconds, mb_per_s=size / seconds / 1e6
     )
 
 
-def test_verify_records_per_second_one_worker(benchmark, data_dir, tmp_path):
+def test_verify_records_per_second_one_worker(benchmark, env_info, data_dir, tmp_path):
     shards = list_shards(data_dir, "train")[:2]
     size = sum(os.path.getsize(s) for s in shards)
 
@@ -78,8 +63,8 @@ def test_verify_records_per_second_one_worker(benchmark, data_dir, tmp_path):
 
     report = benchmark.pedantic(run, rounds=3, warmup_rounds=1)
     seconds = benchmark.stats.stats.median
+    benchmark.extra_info.update(env_info, data=REAL or "synthetic", crc32c=google_crc32c.implementation)
     benchmark.extra_info.update(
-        _environment(),
         records=report.records,
         records_per_s=report.records / seconds,
         mb_per_s=sum(s.bytes for s in report.shards) / seconds / 1e6 if not REAL else size / seconds / 1e6,
@@ -89,13 +74,7 @@ def test_verify_records_per_second_one_worker(benchmark, data_dir, tmp_path):
 def _imagenet_sized_records(n=48):
     """(jpeg, boxes) pairs of 500 x 375 synthetic images, ImageNet's average size."""
     rng = np.random.default_rng(0)
-    styles = _class_styles(10, 0)
-    out = []
-    for i in range(n):
-        buf = io.BytesIO()
-        Image.fromarray(_image(rng, styles[i % 10], 375, 500)).save(buf, "JPEG", quality=90)
-        out.append((buf.getvalue(), np.zeros((0, 4), np.float32)))
-    return out
+    return [(synthetic_jpeg(rng, 500, 375), np.zeros((0, 4), np.float32)) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +95,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_train_transform_images_per_second_per_worker(benchmark, records, case):
+def test_train_transform_images_per_second_per_worker(benchmark, env_info, records, case):
     kwargs = CASES[case]
 
     def run():
@@ -124,13 +103,12 @@ def test_train_transform_images_per_second_per_worker(benchmark, records, case):
             train_transform(jpeg, boxes, np.random.default_rng(i), **kwargs)
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
-    benchmark.extra_info.update(
-        _environment(), images_per_s=len(records) / benchmark.stats.stats.median, **kwargs
-    )
+    benchmark.extra_info.update(env_info, data=REAL or "synthetic", **kwargs)
+    benchmark.extra_info["images_per_s"] = len(records) / benchmark.stats.stats.median
 
 
 @pytest.mark.parametrize("case", ["resnet224", "inception299+colour"])
-def test_eval_transform_images_per_second_per_worker(benchmark, records, case):
+def test_eval_transform_images_per_second_per_worker(benchmark, env_info, records, case):
     kwargs = {k: v for k, v in CASES[case].items() if k != "color_distort"}
 
     def run():
@@ -138,16 +116,15 @@ def test_eval_transform_images_per_second_per_worker(benchmark, records, case):
             eval_transform(jpeg, **kwargs)
 
     benchmark.pedantic(run, rounds=3, warmup_rounds=1)
-    benchmark.extra_info.update(
-        _environment(), images_per_s=len(records) / benchmark.stats.stats.median, **kwargs
-    )
+    benchmark.extra_info.update(env_info, data=REAL or "synthetic", **kwargs)
+    benchmark.extra_info["images_per_s"] = len(records) / benchmark.stats.stats.median
 
 
-def test_make_synthetic_demo_size(benchmark, tmp_path):
+def test_make_synthetic_demo_size(benchmark, env_info, tmp_path):
     # The demo's set: 4 x 750 train + 750 validation images; must stay well under 20 s on one core.
     def run():
         start = time.perf_counter()
         make_synthetic(tmp_path / str(start), 4, 1, 750, 10, 0)
 
     benchmark.pedantic(run, rounds=1, warmup_rounds=0)
-    benchmark.extra_info.update(_environment(), images_per_s=3750 / benchmark.stats.stats.median)
+    benchmark.extra_info.update(env_info, images_per_s=3750 / benchmark.stats.stats.median)

@@ -19,15 +19,17 @@ all-reduce is a small share of the step; the ratio mostly measures the Python-si
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import statistics
-import time
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from bench.common import timed
 
 WORLD = 2
 STEPS = 3  # training steps per benchmark call
@@ -165,9 +167,8 @@ def test_buckets_vs_ddp_ratio(benchmark, ranks, env_info):
 
     def interleaved_pair():
         for mode in times:
-            start = time.perf_counter()
-            ranks.ask("run", (mode, STEPS))
-            times[mode].append((time.perf_counter() - start) / STEPS)
+            seconds = timed(functools.partial(ranks.ask, "run", (mode, STEPS)), 1, torch.device("cpu"))
+            times[mode].append(seconds / STEPS)
 
     benchmark.pedantic(interleaved_pair, rounds=ROUNDS, warmup_rounds=1)
     buckets_ms = statistics.median(times["buckets"][1:]) * 1e3  # [0]: the warm-up round

@@ -21,10 +21,12 @@ uses no CPU once its buffers are full (measured: 0.0 CPU-seconds per row over 20
 rows, process trees included), so the row being timed has the cores to itself. Reported per row:
 the median images/s over rounds, min and max, and median / the tf-data row's median in the same run
 (and that ratio round by round). Conditions recorded: CPU, cores, load average before and after each
-setting, versions, the data set's statistics, git commit. Writes results.json and results.md to --out.
+setting, versions (bench/common.py's environment), the data set's statistics, git commit. Writes
+results.json and results.md to --out. From the repository root (the rows run as `python -m bench.<row>`
+there, the tf-data row under --tf-python):
 
-    python bench/bench_input.py --out DIR [--tf-python /tmp/tfenv/bin/python] [--seconds 20] [--rounds 3]
-    python bench/bench_input.py --smoke --out DIR   (batch 8, one-batch windows: a check, not a measurement)
+    python -m bench.bench_input --out DIR [--tf-python /tmp/tfenv/bin/python] [--seconds 20] [--rounds 3]
+    python -m bench.bench_input --smoke --out DIR   (batch 8, one-batch windows: a check, not a measurement)
 """
 
 from __future__ import annotations
@@ -38,16 +40,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+import torch
 
-import torch  # noqa: E402
-from photo_shards import cached_photo_shards  # noqa: E402
-from report import environment  # noqa: E402
+from bench.common import ROOT, environment
+from bench.photo_shards import cached_photo_shards
 
 SETTINGS = {"resnet224": ("resnet", 224), "inception299+colour": ("inception", 299)}
 ROWS = ("fasttrain-torch", "fasttrain-dali", "tf-data", "plain-pytorch")
@@ -63,7 +61,13 @@ class Row:
         self.batches = 0
         self._log = open(log, "w")
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, bufsize=1
+            cmd,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
         )
         self._pending = b""
 
@@ -132,8 +136,8 @@ def row_command(
         str(batch),
     ]
     if name == REFERENCE:
-        return None if tf_python is None else [tf_python, str(HERE / "tf_input.py"), *common]
-    return [sys.executable, str(HERE / "torch_input.py"), "--row", name, *common]
+        return None if tf_python is None else [tf_python, "-m", "bench.tf_input", *common]
+    return [sys.executable, "-m", "bench.torch_input", "--row", name, *common]
 
 
 def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, logs: Path) -> dict:
@@ -189,37 +193,6 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
             r["vs_tf_data_per_round"] = [round(a / b, 3) for a, b in pairs]
             r["per_core"] = r["median"] / (os.cpu_count() or 1)
     return dict(setting=setting, rows=out)
-
-
-def versions() -> dict:
-    found = {}
-    for dist in (
-        "torch",
-        "numpy",
-        "pillow",
-        "nvidia-dali-cuda120",
-        "tfrecord",
-        "simplejpeg",
-        "numba",
-        "scikit-image",
-    ):
-        try:
-            found[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            found[dist] = None
-    from PIL import features
-
-    found["libjpeg_turbo"] = features.version("jpg")
-    return found
-
-
-def lscpu() -> dict:
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=20).stdout
-    except OSError:
-        return {}
-    keep = ("Model name", "CPU(s)", "Thread(s) per core", "CPU max MHz", "L2 cache", "L3 cache")
-    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines()) if k in keep}
 
 
 def write_markdown(results: dict, path: Path) -> None:
@@ -305,9 +278,9 @@ def main(argv=None) -> None:
         )
         data = cached_photo_shards(data_dir, args.images, args.records, args.shards)
     tf_python = tf_interpreter(args.tf_python) if REFERENCE in args.rows else None
-    env = environment(torch.device("cpu"), ["bench/bench_input.py", *(argv or sys.argv[1:])], HERE.parent)
+    env = environment(torch.device("cpu"), ["-m", "bench.bench_input", *(argv or sys.argv[1:])])
     results = dict(
-        environment=dict(env, lscpu=lscpu(), versions=versions(), tf_python=tf_python),
+        environment=dict(env, tf_python=tf_python),
         data=dict(data, data_dir=data_dir),
         batch=args.batch,
         workers=2,

@@ -12,12 +12,12 @@ FASTTRAIN_BENCH_SIZE / FASTTRAIN_BENCH_BATCH override the image side and batch (
 """
 
 import os
-import platform
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.common import synchronize
 from fasttrain.models import create_model
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -25,22 +25,8 @@ SIZE = int(os.environ.get("FASTTRAIN_BENCH_SIZE", "64"))
 BATCH = int(os.environ.get("FASTTRAIN_BENCH_BATCH", "8"))
 
 
-def _environment() -> dict:
-    env = {
-        "torch": torch.__version__,
-        "device": str(DEVICE),
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "image_size": SIZE,
-        "batch": BATCH,
-    }
-    if DEVICE.type == "cuda":
-        env.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
-    return env
-
-
 @pytest.mark.parametrize("name", ["resnet18", "resnet50"])
-def test_forward_backward_per_image(benchmark, name):
+def test_forward_backward_per_image(benchmark, env_info, name):
     torch.manual_seed(0)
     model = create_model(name, 1000).to(DEVICE).train()
     x = torch.randn(BATCH, 3, SIZE, SIZE, device=DEVICE)
@@ -49,10 +35,9 @@ def test_forward_backward_per_image(benchmark, name):
     def step():
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize()  # time the device work, not the launch
+        synchronize(DEVICE)  # time the device work, not the launch
 
     step()  # warm-up, not timed
     benchmark.pedantic(step, rounds=5, iterations=1)
-    benchmark.extra_info.update(_environment())
+    benchmark.extra_info.update(env_info, image_size=SIZE, batch=BATCH)
     benchmark.extra_info["ms_per_image"] = 1e3 * benchmark.stats.stats.mean / BATCH

@@ -32,22 +32,23 @@ bench/report.py lists it as one more row.
 
 Reported in extra_info: ms per update; `bytes_per_param`, the minimum traffic of a one-pass update
 (RMSProp+EMA 36 B: w, g, ms, mom, ema read, w, ms, mom, ema written; Momentum+EMA 28 B); effective
-GB/s at that traffic; the copy bandwidth measured in the same run (dst.copy_(src) of 256 MiB on the
-CPU, 1 GiB on CUDA, read + write counted) and the fraction of it reached; `copy_equivalent_bytes_per_param`,
-the bytes per parameter a copy would move in the update's time (the floor, 36 or 28, means the update
-runs at copy speed); the load average before and after (the machine may be shared); the environment.
-Timing: CUDA events around CALLS updates after warm-up rounds (compilation excluded); on the CPU
-time.perf_counter around CALLS updates.
+GB/s at that traffic; the copy bandwidth measured in the same run (bench/common.py's copy_bandwidth
+of 256 MiB on the CPU, 1 GiB on CUDA, read + write counted) and the fraction of it reached;
+`copy_equivalent_bytes_per_param`, the bytes per parameter a copy would move in the update's time
+(the floor, 36 or 28, means the update runs at copy speed); the load average before and after (the
+machine may be shared); the environment.
+Timing: bench/common.py's timer, CUDA events around CALLS updates after warm-up rounds (compilation
+excluded); on the CPU time.perf_counter around CALLS updates.
 """
 
 import functools
 import os
 import statistics
-import time
 
 import pytest
 import torch
 
+from bench.common import copy_bandwidth, synchronize, timed
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 
@@ -98,36 +99,10 @@ def _params(model: str) -> list[torch.nn.Parameter]:
     return params
 
 
-def _synchronize() -> None:
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()  # note: the host waits for the device: its work belongs to the call
-
-
-def _seconds(fn, calls: int) -> float:
-    """Seconds for `calls` calls of fn, device work included."""
-    if DEVICE.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()  # note: host waits for the device, after the timed window closed
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return time.perf_counter() - t0
-
-
 @pytest.fixture(scope="module")
 def copy_gb_per_s() -> float:
     """Device copy bandwidth in GB/s (read + write), median of 3 windows, once per run."""
-    src = torch.ones(COPY_BYTES // 4, device=DEVICE)
-    dst = torch.empty_like(src)
-    copy = lambda: dst.copy_(src)
-    _seconds(copy, 3)
-    windows = sorted(_seconds(copy, 5) for _ in range(3))
-    return 2 * COPY_BYTES / (windows[1] / 5) / 1e9
+    return copy_bandwidth(DEVICE, COPY_BYTES, calls=5)["gb_per_s"]
 
 
 def _with_foreach_ema(params, optimizer):
@@ -211,7 +186,7 @@ def _measure(benchmark, env_info, kind: str, name: str, model: str, copy_gb_per_
     def calls():
         for _ in range(CALLS):
             step()
-        _synchronize()
+        synchronize(DEVICE)  # the device work belongs to the call
 
     benchmark.pedantic(calls, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     if benchmark.disabled:  # --benchmark-disable: ran once as a smoke test, nothing measured
@@ -240,7 +215,7 @@ def test_momentum_ema(benchmark, env_info, name, model, copy_gb_per_s):
     _measure(benchmark, env_info, "momentum", name, model, copy_gb_per_s)
 
 
-def _interleaved(benchmark, env_info, kind: str, model: str, copy_gb_per_s: float) -> None:
+def _interleaved(benchmark, env_info, kind: str, model: str) -> None:
     load_before = os.getloadavg()
     steps, skipped = {}, {}
     for name in CONTENDERS[kind]:
@@ -250,22 +225,19 @@ def _interleaved(benchmark, env_info, kind: str, model: str, copy_gb_per_s: floa
             skipped[name] = str(why)
     num_params = sum(shape.numel() for shape, _ in parameter_shapes(model))
     times = {name: [] for name in steps}
-    # The copy bandwidth is timed in every round too, under the same load as the contenders.
-    src = torch.ones(COPY_BYTES // 4, device=DEVICE)
-    dst = torch.empty_like(src)
-    copy_seconds = []
+    copy_rates = []  # the copy bandwidth is timed in every round too, under the same load
 
     def one_round():
         for name, step in steps.items():
-            times[name].append(_seconds(step, CALLS) / CALLS)
-        copy_seconds.append(_seconds(lambda: dst.copy_(src), 3) / 3)
+            times[name].append(timed(step, CALLS, DEVICE) / CALLS)
+        copy_rates.append(copy_bandwidth(DEVICE, COPY_BYTES, calls=3, windows=1)["gb_per_s"])
 
     benchmark.pedantic(one_round, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     if benchmark.disabled:
         return
     # The warm-up rounds also appended: keep the timed ones.
     median = {name: statistics.median(t[WARMUP_ROUNDS:]) for name, t in times.items()}
-    copy_gb_per_s = 2 * COPY_BYTES / statistics.median(copy_seconds[WARMUP_ROUNDS:]) / 1e9
+    copy_gb_per_s = statistics.median(copy_rates[WARMUP_ROUNDS:])
     base = median.get("torch-foreach")
     interleaved = {
         name: dict(
@@ -301,12 +273,12 @@ def _interleaved(benchmark, env_info, kind: str, model: str, copy_gb_per_s: floa
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_interleaved_rmsprop_ema(benchmark, env_info, model, copy_gb_per_s):
+def test_interleaved_rmsprop_ema(benchmark, env_info, model):
     benchmark.group = f"rmsprop+ema {model} interleaved"
-    _interleaved(benchmark, env_info, "rmsprop", model, copy_gb_per_s)
+    _interleaved(benchmark, env_info, "rmsprop", model)
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_interleaved_momentum_ema(benchmark, env_info, model, copy_gb_per_s):
+def test_interleaved_momentum_ema(benchmark, env_info, model):
     benchmark.group = f"momentum+ema {model} interleaved"
-    _interleaved(benchmark, env_info, "momentum", model, copy_gb_per_s)
+    _interleaved(benchmark, env_info, "momentum", model)

@@ -2,7 +2,7 @@
 
     python -m pytest bench/bench_throughput.py --benchmark-only   # --benchmark-json=... keeps numbers
 
-The same step functions bench/run.py measures (fasttrain's TrainStep; eager PyTorch with foreach
+The same step functions `python -m bench.run` measures (fasttrain's TrainStep; eager PyTorch with foreach
 optimizer and EMA; plain fp32 NCHW), one step per round after untimed warm-up steps (graph capture on
 CUDA), synchronised inside the timed function on CUDA. Defaults are tiny so the CPU runs in seconds:
 ResNet-18 at 16 channels, 32 px, batch 4. FASTTRAIN_BENCH_MODEL / _SIZE / _BATCH override them (e.g.
@@ -14,7 +14,9 @@ import os
 
 import pytest
 import torch
-from throughput import RowSpec, build_row, input_stream, synchronize
+
+from bench.common import synchronize
+from bench.throughput import RowSpec, build_row, input_stream
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MODEL = os.environ.get("FASTTRAIN_BENCH_MODEL", "resnet18")

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
-from throughput import RowSpec, config_for, summarize, synchronize
 
+from bench.common import one_line, summarize, synchronize
+from bench.throughput import RowSpec, config_for
 from fasttrain.data import build_loader
 from fasttrain.data.imagenet import decode_record, list_shards
 from fasttrain.data.synthetic import converter_example
@@ -42,7 +43,8 @@ from fasttrain.data.transforms import sample_distorted_bounding_box
 from fasttrain.train import batch_stream
 
 
-def _jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
+def synthetic_jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
+    """A quality-90 JPEG of a smooth random colour field plus uniform noise in [-20, 20]."""
     field = rng.integers(0, 256, (max(2, height // 32), max(2, width // 32), 3), dtype=np.uint8)
     img = np.asarray(Image.fromarray(field).resize((width, height), Image.BICUBIC), dtype=np.int16)
     img = img + rng.integers(-20, 21, img.shape, dtype=np.int16)
@@ -63,7 +65,7 @@ def write_dataset(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    jpegs = [_jpeg(rng, width, height) for _ in range(unique)]
+    jpegs = [synthetic_jpeg(rng, width, height) for _ in range(unique)]
     examples = []
     for i in range(unique):
         y0, x0 = rng.uniform(0, 0.5, size=2)
@@ -91,7 +93,7 @@ def pipeline_rate(spec: RowSpec, device: torch.device, warmup: int, repeats: int
     result = dict(spec=vars(spec).copy(), status="ok")
     try:
         cfg = config_for(spec, device)
-        loader = build_loader(cfg, "train", True, 0, 1, device)
+        loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=device)
         stream = batch_stream(loader, 1)
         t0 = time.perf_counter()
         for _ in range(warmup):
@@ -110,7 +112,7 @@ def pipeline_rate(spec: RowSpec, device: torch.device, warmup: int, repeats: int
         result["batch_device"] = images.device.type
     except Exception as exc:  # DALI missing a GPU decoder, a bad --data_dir, ...: reported, not fatal
         result["status"] = "failed"
-        result["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        result["error"] = one_line(exc)
     return result
 
 
@@ -124,7 +126,7 @@ def nvjpeg_rate(
         if device.type != "cuda":
             raise RuntimeError("nvJPEG decoding needs a CUDA device")
     except Exception as exc:  # torchvision missing or built for another torch, no CUDA
-        error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        error = one_line(exc)
         return dict(spec=vars(spec).copy(), status="failed", error=error)
     # RGB: ImageNet holds some grayscale and CMYK JPEGs; the crop/resize stacks 3-channel images.
     decode = lambda jpegs: decode_jpeg(jpegs, mode=ImageReadMode.RGB, device=device)
@@ -175,7 +177,7 @@ def decode_rate(
         result["note"] = "decode + crop + resize only, bytes in host memory, one host thread"
     except Exception as exc:  # an undecodable JPEG, too few records, out of memory: reported, not fatal
         result["status"] = "failed"
-        result["error"] = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        result["error"] = one_line(exc)
     return result
 
 

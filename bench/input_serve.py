@@ -1,5 +1,6 @@
 """The timing loop every row of bench/bench_input.py runs in its own process (stdlib only: the
-TensorFlow row imports it without torch).
+TensorFlow row imports it without torch, so it times with time.perf_counter rather than
+bench/common.py's `timed`; every row yields host batches, so the wall clock is the measure).
 
 The driver writes one JSON command per line to the row's stdin; the row answers each with one line
 `@@ {json}` on stdout (other output, such as library warnings, is ignored by the driver):

@@ -1,6 +1,6 @@
 """A real-photo ImageNet-like shard set for input-pipeline benchmarks (generated, never committed).
 
-Synthetic JPEGs (bench/input_rows.write_dataset: smooth colour fields plus noise) decode at a
+Synthetic JPEGs (bench/input_rows.py's write_dataset: smooth colour fields plus noise) decode at a
 different cost from photographs. This writes `images` distinct JPEGs cut from the photographs that
 scikit-image ships (skimage.data; no download), laid out exactly as TensorFlow models'
 build_imagenet_data.py writes ImageNet: shards train-%05d-of-%05d, one tf.train.Example per record
@@ -29,7 +29,7 @@ shards, plus the DALI/tfrecord index file `<shard>.idx` beside each shard.
 Deterministic for a seed with a given Pillow/libjpeg (their versions go into photo_shards.json, with
 the set's statistics: mean size, mean bytes, the count of each kind).
 
-    python bench/photo_shards.py OUT_DIR [--images 2048] [--records 8192] [--shards 8] [--seed 0]
+    python -m bench.photo_shards OUT_DIR [--images 2048] [--records 8192] [--shards 8] [--seed 0]
 """
 
 from __future__ import annotations
@@ -37,16 +37,13 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, features
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's fasttrain
-
-from fasttrain.data.synthetic import converter_example  # noqa: E402
-from fasttrain.data.tfrecord import write_index_file, write_records  # noqa: E402
+from fasttrain.data.synthetic import converter_example
+from fasttrain.data.tfrecord import write_index_file, write_records
 
 COLOUR_SOURCES = (
     "astronaut",
@@ -72,7 +69,7 @@ def load_sources() -> tuple[list[np.ndarray], list[np.ndarray]]:
     try:
         import skimage.data as skdata
     except ImportError:
-        raise SystemExit("bench/photo_shards.py needs scikit-image: pip install 'fasttrain[bench]'") from None
+        raise SystemExit("bench.photo_shards needs scikit-image: pip install 'fasttrain[bench]'") from None
     colour = []
     for name in COLOUR_SOURCES:
         img = getattr(skdata, name)()
@@ -221,7 +218,7 @@ def main(argv=None) -> None:
     try:
         manifest = write_photo_shards(args.out_dir, args.images, args.records, args.shards, args.seed)
     except ValueError as exc:
-        raise SystemExit(f"bench/photo_shards.py: {exc}") from None
+        raise SystemExit(f"bench.photo_shards: {exc}") from None
     print(json.dumps(manifest))
 
 

@@ -1,8 +1,9 @@
-"""The report of a bench/run.py run: environment, derived figures, Markdown table, PNG plot.
+"""The report of a bench.run run: derived figures, merging of runs, Markdown tables, PNG plot.
 
 results.json (everything below; numbers are only ever measured in this run, or are context rows):
     environment   GPU, driver, CUDA, cuDNN, torch, triton, DALI versions, CPU, date, command, commit
-    rates         {"matmul": bf16 TFLOP/s, "copy": GB/s} measured by bench/device_rates.py
+                  (bench/common.py's `environment`)
+    rates         {"matmul": bf16 TFLOP/s (bench/mfu.py), "copy": GB/s (bench/common.py)}
     flops         {"<model>@<px>": {"counted", "nominal", "used", "source"}} per image
     rows          training rows (bench/throughput.py): spec, setting, seconds per window, images/s
                   {median, min, max, stdev}, and `derived` (added by `derive`):
@@ -18,20 +19,17 @@ results.json (everything below; numbers are only ever measured in this run, or a
                   optimizer, parameter set and contender: ms per update, effective GB/s, fraction of
                   the copy bandwidth measured in that run, speed-up over torch-foreach
     context       published figures on other hardware (DESIGN.md), never measured here
+    merged_runs   the environments of later runs merged in (`merge`)
+
+    python -m bench.report DIR [MORE_DIR ...]   re-render DIR's results.md and throughput.png, first
+                                                merging the results of MORE_DIR into DIR
 """
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
-import os
-import platform
-import shlex
-import subprocess
+import json
 import sys
 from pathlib import Path
-
-import torch
 
 CONTEXT = [
     # (source, hardware, model, setting, images/s) as DESIGN.md quotes them: other hardware.
@@ -46,73 +44,34 @@ CONTEXT = [
 ]
 
 
-def _version(*distributions: str) -> str | None:
-    for name in distributions:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+class MergeError(ValueError):
+    """Results that cannot be merged (measured on another GPU)."""
 
 
-def _run(cmd: list[str], cwd=None) -> str | None:
-    try:
-        out = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment(device: torch.device, argv: list[str], root: Path) -> dict:
-    """Where and how the numbers were measured."""
-    try:
-        import nvidia.dali
-
-        dali = nvidia.dali.__version__
-    except ImportError:
-        dali = None
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
-    dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
-    env = dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=shlex.join(["python", *argv]),
-        git_commit=None if commit is None else commit + ("-dirty" if dirty else ""),
-        python=platform.python_version(),
-        torch=torch.__version__,
-        triton=_version("triton", "pytorch-triton"),
-        dali=dali,
-        numpy=_version("numpy"),
-        cpu=_cpu_name(),
-        cpu_count=os.cpu_count(),
-        torch_threads=torch.get_num_threads(),
-        device=device.type,
-        triton_interpret=os.environ.get("TRITON_INTERPRET", ""),
-    )
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        driver = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"])
-        env.update(
-            gpu=props.name,
-            gpu_count=torch.cuda.device_count(),
-            compute_capability=f"{props.major}.{props.minor}",
-            gpu_memory_gib=round(props.total_memory / 2**30, 1),
-            driver=driver.splitlines()[0] if driver else None,
-            cuda=torch.version.cuda,
-            cudnn=torch.backends.cudnn.version(),
-            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-            tf32_cudnn=torch.backends.cudnn.allow_tf32,
+def merge(old: dict, new: dict) -> dict:
+    """old's results with new's rows, pipelines and checks replacing those of the same configuration."""
+    if old["environment"].get("gpu") != new["environment"].get("gpu"):
+        raise MergeError(
+            f"{old['environment'].get('gpu') or 'CPU'} results cannot take rows measured on "
+            f"{new['environment'].get('gpu') or 'the CPU'}; use another --out"
         )
-    return env
+    merged = dict(old)
+    # Same configuration: row, model, shape and input (not flags like workers or the compile mode).
+    key = lambda r: tuple(
+        r["spec"][k] for k in ("row", "model", "batch", "image_size", "base_channels", "input")
+    )
+    for part in ("rows", "pipelines"):
+        # A row this run did not measure ("not run") leaves an earlier result in place.
+        had = {key(r) for r in old[part]}
+        fresh = [r for r in new[part] if r["status"] != "not run" or key(r) not in had]
+        replaced = {key(r) for r in fresh}
+        merged[part] = [r for r in old[part] if key(r) not in replaced] + fresh
+    merged["checks"] = {**old.get("checks", {}), **new.get("checks", {})}
+    merged["flops"] = {**old["flops"], **new.get("flops", {})}
+    if new.get("kernels"):
+        merged["kernels"] = new["kernels"]
+    merged["merged_runs"] = old.get("merged_runs", []) + [new["environment"]]
+    return merged
 
 
 def _key(spec: dict) -> tuple:
@@ -452,35 +411,31 @@ def plot(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def default_out_dir(root: Path, env: dict) -> Path:
-    """bench/results/<date>-<gpu or cpu>/."""
-    name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
-    return root / "bench" / "results" / f"{env['date'][:10]}-{name}"
+def write(results: dict, out: Path, plot_too: bool = True) -> None:
+    """Derive, then write results.json (atomically: a run cut short keeps the last whole file),
+    results.md and, with plot_too, throughput.png to out."""
+    derive(results)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
+    tmp.replace(out / "results.json")
+    (out / "results.md").write_text(markdown(results), encoding="utf-8")
+    if plot_too:
+        plot(results, out / "throughput.png")
 
 
 def main(argv: list[str]) -> int:
-    """python bench/report.py DIR [MORE_DIR ...]: re-render DIR's report, first merging into DIR the
-    results of later runs on the same GPU (e.g. a second run that measured row (d))."""
-    import json
-
     if not argv:
-        print("usage: python bench/report.py DIR [MORE_DIR ...]", file=sys.stderr)
+        print("usage: python -m bench.report DIR [MORE_DIR ...]", file=sys.stderr)
         return 2
     out = Path(argv[0])
-    res = json.loads((out / "results.json").read_text())
-    if argv[1:]:
-        import run  # bench/run.py, which owns the merge rules
-
-        for more in argv[1:]:
-            try:
-                res = run.merge(res, json.loads((Path(more) / "results.json").read_text()))
-            except run.UsageError as exc:
-                print(f"bench/report.py: {more}: {exc}", file=sys.stderr)
-                return 2
-        (out / "results.json").write_text(json.dumps(res, indent=1, default=str), encoding="utf-8")
-    derive(res)
-    (out / "results.md").write_text(markdown(res), encoding="utf-8")
-    plot(res, out / "throughput.png")
+    results = json.loads((out / "results.json").read_text())
+    for more in argv[1:]:
+        try:
+            results = merge(results, json.loads((Path(more) / "results.json").read_text()))
+        except MergeError as exc:
+            print(f"bench.report: {more}: {exc}", file=sys.stderr)
+            return 2
+    write(results, out)
     return 0
 
 

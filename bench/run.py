@@ -3,9 +3,11 @@
 On a GPU machine run `python -m fasttrain selfcheck` first: it says in a minute or two whether each
 fast path measured here (Triton kernels, CUDA-graph step, buckets, DALI) is correct on that machine.
 
-    python bench/run.py                     GPU: the full suite (~9 min on one H200); CPU: --smoke
-    python bench/run.py --smoke --out DIR   the tiny CPU configuration CI runs (seconds; 1 thread)
-    python bench/run.py --parts compile --merge --out DIR     add (d) rows to an earlier run's DIR
+    python -m bench.run                     GPU: the full suite (~9 min on one H200); CPU: --smoke
+    python -m bench.run --smoke --out DIR   the tiny CPU configuration CI runs (seconds; 1 thread)
+    python -m bench.run --parts compile --merge --out DIR     add (d) rows to an earlier run's DIR
+
+(from the repository root, so that `bench` and this checkout's fasttrain are the ones imported)
 
 Parts, in this order, each under its share of --time_budget (time a part leaves unused passes on;
 whatever does not fit is recorded as skipped, never estimated):
@@ -18,20 +20,14 @@ whatever does not fit is recorded as skipped, never estimated):
     kernels    python -m pytest bench/bench_optim.py      (CUDA only; bench_optim.txt / .json)
     compile    row (d), each configuration in its own subprocess under --compile_timeout, started
                only while that much of the budget is left (a compile cut short measures nothing)
-Before them: the environment, the measured bf16 matmul rate and copy bandwidth, FLOPs per image.
+Before them: the environment and copy bandwidth (bench/common.py), the measured bf16 matmul rate and
+FLOPs per image (bench/mfu.py).
 
 Output in --out (default bench/results/<date>-<gpu>/):
 results.json (bench/report.py documents it), results.md, throughput.png, run.log, and the parts'
 outputs. results.json and results.md are rewritten after every part, so a run cut short keeps what
 it measured.
 """
-
-import sys
-from pathlib import Path
-
-# The checkout's fasttrain (not an installed copy) and bench/'s modules beside this file.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import argparse
 import contextlib
@@ -41,18 +37,20 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-import report
 import torch
-from device_rates import copy_bandwidth, matmul_rate, training_flops
-from input_rows import nvjpeg_rate, pipeline_rate, write_dataset
-from throughput import ROW_TITLES, MeasureOptions, RowSpec, config_for, measure_row
 
+from bench import report
+from bench.common import ROOT, copy_bandwidth, environment
+from bench.input_rows import nvjpeg_rate, pipeline_rate, write_dataset
+from bench.mfu import matmul_rate, training_flops
+from bench.throughput import ROW_TITLES, MeasureOptions, RowSpec, config_for, measure_row
 from fasttrain.data import dali_available
 
-ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("gpu_tests", "rows", "pipeline", "kernels", "compile")
 # Share of --time_budget each part may use at most; compile gets whatever is left at the end.
 PART_SHARE = {"gpu_tests": 0.3, "rows": 0.35, "pipeline": 0.2, "kernels": 0.1}
@@ -151,11 +149,14 @@ class Suite:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.start = time.monotonic()
         self._allotted = 0.0  # share of the budget given to the parts run so far
-        env = report.environment(self.device, ["bench/run.py", *argv], ROOT)
-        self.out = Path(args.out) if args.out else report.default_out_dir(ROOT, env)
+        env = environment(self.device, ["-m", "bench.run", *argv])
+        self.out = Path(args.out) if args.out else default_out_dir(env)
         earlier = self.out / "results.json"
-        if args.merge and earlier.exists():
-            merge(json.loads(earlier.read_text()), dict(environment=env, rows=[], pipelines=[]))  # GPU check
+        if args.merge and earlier.exists():  # fail now, not after the run, if it was another GPU
+            try:
+                report.merge(json.loads(earlier.read_text()), dict(environment=env, rows=[], pipelines=[]))
+            except report.MergeError as exc:
+                raise UsageError(f"--merge: {exc}") from None
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.out / "run.log", "a", encoding="utf-8")
         self.results = dict(
@@ -287,7 +288,7 @@ class Suite:
                 why = f"time budget ({left:.0f} s left, --compile_timeout {self.args.compile_timeout:.0f} s)"
                 result = dict(spec=vars(spec), title=ROW_TITLES["d"], status="skipped", error=why)
             else:
-                result = self._compile_subprocess(spec, self.args.compile_timeout, name)
+                result = self._compile_subprocess(spec, self.args.compile_timeout)
             self.results["rows"].append(result)
             self.log(f"{name}: {self._summary(result)}")
 
@@ -296,11 +297,11 @@ class Suite:
             spec = vars(self.spec(row, config, compile_mode=self.args.compile_mode))
             self.results["rows"].append(dict(spec=spec, title=ROW_TITLES[row], status="not run", error=why))
 
-    def _compile_subprocess(self, spec: RowSpec, limit: float, name: str) -> dict:
+    def _compile_subprocess(self, spec: RowSpec, limit: float) -> dict:
         result_path = self.out / f".{spec.model}-{spec.batch}-d.json"
         log_path = self.out / f"compile-{spec.model}-{spec.batch}.log"
         cmd = [
-            sys.executable, str(ROOT / "bench" / "throughput.py"),
+            sys.executable, "-m", "bench.throughput",
             "--spec", json.dumps(vars(spec)), "--opts", json.dumps(vars(self.opts())),
             "--result", str(result_path), "--threads", str(torch.get_num_threads()),
         ]  # fmt: skip
@@ -342,50 +343,22 @@ class Suite:
     def save(self, plot: bool = True) -> None:
         results = self.results
         if self.args.merge and (self.out / "results.json").exists():
-            results = merge(json.loads((self.out / "results.json").read_text()), self.results)
-        report.derive(results)
-        tmp = self.out / "results.json.tmp"
-        tmp.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
-        os.replace(tmp, self.out / "results.json")
-        (self.out / "results.md").write_text(report.markdown(results), encoding="utf-8")
-        if plot:
-            report.plot(results, self.out / "throughput.png")
+            results = report.merge(json.loads((self.out / "results.json").read_text()), self.results)
+        report.write(results, self.out, plot_too=plot)
 
 
-def merge(old: dict, new: dict) -> dict:
-    """old's results with new's rows, pipelines and checks replacing those of the same configuration."""
-    if old["environment"].get("gpu") != new["environment"].get("gpu"):
-        raise UsageError(
-            f"--merge: {old['environment'].get('gpu') or 'CPU'} results cannot take rows measured on "
-            f"{new['environment'].get('gpu') or 'the CPU'}; use another --out"
-        )
-    merged = dict(old)
-    # Same configuration: row, model, shape and input (not flags like workers or the compile mode).
-    key = lambda r: tuple(
-        r["spec"][k] for k in ("row", "model", "batch", "image_size", "base_channels", "input")
-    )
-    for part in ("rows", "pipelines"):
-        # A row this run did not measure ("not run") leaves an earlier result in place.
-        had = {key(r) for r in old[part]}
-        fresh = [r for r in new[part] if r["status"] != "not run" or key(r) not in had]
-        replaced = {key(r) for r in fresh}
-        merged[part] = [r for r in old[part] if key(r) not in replaced] + fresh
-    merged["checks"] = {**old.get("checks", {}), **new.get("checks", {})}
-    merged["flops"] = {**old["flops"], **new.get("flops", {})}
-    if new.get("kernels"):
-        merged["kernels"] = new["kernels"]
-    merged["merged_runs"] = old.get("merged_runs", []) + [new["environment"]]
-    return merged
+def default_out_dir(env: dict) -> Path:
+    """bench/results/<date>-<gpu or cpu>/."""
+    name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
+    return ROOT / "bench" / "results" / f"{env['date'][:10]}-{name}"
 
 
 def run_limited(cmd: list[str], limit: float, log_path: Path) -> dict:
     """Run cmd (in its own process group) with output to log_path; kill the group after `limit` s."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+        # cwd at the root: `python -m bench.throughput` and `-m pytest` import this checkout.
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             returncode, timed_out = proc.wait(timeout=limit), False
         except subprocess.TimeoutExpired:
@@ -406,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.set_num_threads(1)
         suite = Suite(args, argv)
     except UsageError as exc:
-        print(f"bench/run.py: {exc}", file=sys.stderr)
+        print(f"bench.run: {exc}", file=sys.stderr)
         return 2
     budget, parts = args.time_budget, args.parts
     suite.log(f"results in {suite.out}; parts {', '.join(parts)}; budget {budget:.0f} s")

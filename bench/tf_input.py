@@ -1,6 +1,7 @@
 """TensorFlow's tf.data running the seeds' own training preprocessing: the peer row of
-bench/bench_input.py. Imports tensorflow and numpy only (never torch or fasttrain), so it runs in a
-TensorFlow-only interpreter; the driver starts it as a subprocess with --tf-python.
+bench/bench_input.py. Imports tensorflow and bench/input_serve.py (the standard library) only, never
+torch or fasttrain, so it runs in a TensorFlow-only interpreter; the driver starts it as a subprocess
+with --tf-python, as `python -m bench.tf_input` with the repository root as the working directory.
 
 resnet (TF official ResNet, tensorflow/models
 official/vision/image_classification/resnet/imagenet_preprocessing.py: input_fn,
@@ -28,7 +29,7 @@ inception (the Inception seed, tensorflow/models research/inception/inception/im
 Both use TF's default thread pools (no private threadpool, the seeds' default); on this machine
 AUTOTUNE's parallelism is bounded by the 2 cores.
 
-    python bench/tf_input.py --data_dir DIR --setting resnet|inception --image_size S --batch 32
+    python -m bench.tf_input --data_dir DIR --setting resnet|inception --image_size S --batch 32
     (then the stdin protocol of bench/input_serve.py)
 """
 
@@ -38,13 +39,12 @@ import argparse
 import functools
 import glob
 import os
-import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads: its C++ info lines
 
 import tensorflow as tf  # noqa: E402
-from input_serve import serve  # noqa: E402
+
+from bench.input_serve import serve  # noqa: E402
 
 AUTOTUNE = tf.data.AUTOTUNE
 CHANNEL_MEANS = [123.68, 116.78, 103.94]

@@ -29,7 +29,7 @@ over repeated calls on the model's gradients; the effective bandwidth counts the
 a one-pass update, 4 bytes x (3 + 2 x states + 2 x ema) per parameter: w and g read, w written, every
 state and the EMA read and written. RMSProp+EMA: 36 B/param, Momentum+EMA: 28 B/param.
 
-    python bench/throughput.py --spec JSON --opts JSON --result FILE   (one row; run.py's subprocess)
+    python -m bench.throughput --spec JSON --opts JSON --result FILE   (one row; bench.run's subprocess)
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import dataclasses
 import gc
 import json
 import math
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bench.common import one_line, summarize, synchronize, timed
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
 from fasttrain.data.normalize import normalize_images
@@ -70,7 +70,7 @@ EMA_DECAY = 0.9999
 
 @dataclass
 class RowSpec:
-    """What one row trains; JSON-able so that run.py can hand it to a subprocess."""
+    """What one row trains; JSON-able so that bench.run can hand it to a subprocess."""
 
     row: str
     model: str
@@ -142,7 +142,15 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
     step_fn = TrainStep(
-        model, optimizer, precision, device, schedule, make_loss(cfg), cfg.preprocess, 1, None, None, bn_ema
+        model,
+        optimizer=optimizer,
+        precision=precision,
+        device=device,
+        schedule=schedule,
+        loss_fn=make_loss(cfg),
+        preprocess=cfg.preprocess,
+        world_size=1,
+        bn_ema=bn_ema,
     )
     one = torch.ones((), dtype=torch.float32, device=device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -271,42 +279,12 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
 def input_stream(spec: RowSpec, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """next_batch() for the row's input: the same device batch (synthetic) or the loader's batches."""
     cfg = config_for(spec, device)
-    loader = build_loader(cfg, "train", True, 0, 1, device)
+    loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=device)
     if spec.input == "synthetic":
         images, labels = next(iter(loader))  # (N, H, W, 3) uint8 on the device
         return lambda: (images, labels)
     batches = batch_stream(loader, 1)
     return lambda: next(batches)[0]
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], None], calls: int, device: torch.device) -> float:
-    """Seconds for `calls` calls of fn, device work included (events on CUDA)."""
-    if device.type == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()  # note: host waits for the window's device work, outside the window
-        return start.elapsed_time(end) / 1e3
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return time.perf_counter() - t0
-
-
-def summarize(values: list[float]) -> dict:
-    return dict(
-        median=statistics.median(values),
-        min=min(values),
-        max=max(values),
-        stdev=statistics.stdev(values) if len(values) > 1 else 0.0,
-    )
 
 
 def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> dict:
@@ -347,7 +325,7 @@ def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> di
             )
     except Exception as exc:  # a row that cannot run is reported, not fatal (OOM, compile errors)
         result["status"] = "failed"
-        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        result["error"] = one_line(exc)
         result["traceback"] = traceback.format_exc(limit=8)
     finally:
         row = None  # free the model, graph and optimizer state before the next row
@@ -358,7 +336,7 @@ def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One row in this process (run.py uses it for (d), whose compilation can hang or blow up)."""
+    """One row in this process (bench.run uses it for (d), whose compilation can hang or blow up)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="RowSpec as JSON")
     parser.add_argument("--opts", default="{}", help="MeasureOptions as JSON")

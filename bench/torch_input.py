@@ -4,8 +4,8 @@ bench/input_serve.py):
     fasttrain-torch  fasttrain's loader as the trainer builds it: bench/throughput.config_for (the
                      recipe's Config: resnet50's for resnet, inception_v3's, colour distortion
                      included, for inception) with data_backend="torch", num_workers=2, then
-                     fasttrain.data.build_loader(cfg, "train", True, 0, 1, cpu), iterated across
-                     epochs by fasttrain.train.batch_stream. Must deliver (N, S, S, 3) uint8.
+                     fasttrain.data.build_loader(cfg, split="train", training=True, device=cpu),
+                     iterated across epochs by fasttrain.train.batch_stream. Must deliver (N, S, S, 3) uint8.
     fasttrain-dali   the same with data_backend="dali" on the CPU device, which DaliLoader runs in
                      DALI's CPU-only mode (device_id=None, CPU decoder and ops, num_threads=2);
                      (N, S, S, 3) float32, already normalised.
@@ -21,7 +21,7 @@ bench/input_serve.py):
                      (N, 3, S, S) float32. torchvision itself is not installed here, so its
                      transforms are written out with Pillow and NumPy as they do it for PIL images.
 
-    python bench/torch_input.py --row ROW --data_dir DIR --setting resnet|inception --image_size S
+    python -m bench.torch_input --row ROW --data_dir DIR --setting resnet|inception --image_size S
 """
 
 from __future__ import annotations
@@ -30,21 +30,16 @@ import argparse
 import io
 import math
 import random
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's fasttrain
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import numpy as np
+import torch
+from PIL import Image, ImageEnhance
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from input_serve import serve  # noqa: E402
-from PIL import Image, ImageEnhance  # noqa: E402
-from throughput import RowSpec, config_for  # noqa: E402
-
-from fasttrain.data import build_loader  # noqa: E402
-from fasttrain.data.imagenet import list_shards  # noqa: E402
-from fasttrain.train import batch_stream  # noqa: E402
+from bench.input_serve import serve
+from bench.throughput import RowSpec, config_for
+from fasttrain.data import build_loader
+from fasttrain.data.imagenet import list_shards
+from fasttrain.train import batch_stream
 
 ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch")
 MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3"}
@@ -57,7 +52,7 @@ def fasttrain_batches(backend: str, data_dir: str, setting: str, size: int, batc
     cpu = torch.device("cpu")
     spec = RowSpec("a", MODEL_OF[setting], batch, size, input=backend, data_dir=data_dir, num_workers=workers)
     cfg = config_for(spec, cpu)
-    loader = build_loader(cfg, "train", True, 0, 1, cpu)
+    loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=cpu)
     expected = (torch.uint8 if backend == "torch" else torch.float32, (batch, size, size, 3))
     for [(images, _labels)] in batch_stream(loader, 1):
         if (images.dtype, tuple(images.shape)) != expected:

@@ -1,4 +1,5 @@
-"""bench/photo_shards.py and bench/bench_input.py's non-timing parts. No speed is asserted.
+"""bench/photo_shards.py, read back independently, and the plain PyTorch row's transform. No speed
+is asserted.
 
 The shard writer is checked against references it does not use: the PyPI `tfrecord` package reads
 the shards through their .idx files (framing, CRCs, index offsets), the feature keys and types are
@@ -9,8 +10,6 @@ restart interval, EXIF) is read from its markers by a parser written here.
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,15 +19,11 @@ import torch
 pytest.importorskip("skimage")
 tfrecord_reader = pytest.importorskip("tfrecord.reader")
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import bench_input  # noqa: E402  (bench/bench_input.py)
-import photo_shards  # noqa: E402  (bench/photo_shards.py)
-import torch_input  # noqa: E402  (bench/torch_input.py)
-
+from bench import photo_shards, torch_input  # noqa: E402
 from fasttrain.config import make_config  # noqa: E402
 from fasttrain.data import build_loader  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 IMAGES, RECORDS, SHARDS = 200, 400, 3
 
@@ -109,13 +104,11 @@ def test_jpeg_kinds_and_sizes_are_what_the_manifest_says(photos):
         width, height = int(rec["image/width"][0]), int(rec["image/height"][0])
         # the SOF's own size, found independently of the Example's fields
         sof = max(jpeg.find(b"\xff\xc0"), jpeg.find(b"\xff\xc2"))
-        assert (
+        sof_size = (
             int.from_bytes(jpeg[sof + 5 : sof + 7], "big"),
             int.from_bytes(jpeg[sof + 7 : sof + 9], "big"),
-        ) == (
-            height,
-            width,
         )
+        assert sof_size == (height, width)
         sides += [width, height]
         nbytes.append(len(jpeg))
     claimed = {k: v for k, v in manifest["kinds"].items() if not k.endswith("boxes")}
@@ -139,7 +132,8 @@ def test_fasttrain_reads_the_set_and_the_plain_rows_transform(photos):
     cfg = make_config(
         recipe="resnet50", data_dir=str(out), batch_size=8, image_size=64, num_workers=0, data_backend="torch"
     )
-    images, labels = next(iter(build_loader(cfg, "train", True, 0, 1, torch.device("cpu"))))
+    loader = build_loader(cfg, split="train", training=True, device=torch.device("cpu"))
+    images, labels = next(iter(loader))
     assert images.shape == (8, 64, 64, 3) and images.dtype == torch.uint8
     transform = torch_input.PlainTransform(48, colour=True)
     x, label = transform(_records(out)[0])
@@ -154,24 +148,6 @@ def test_random_resized_crop_box_stays_inside_with_torchvision_limits():
             assert 0 <= left and left + w <= width and 0 <= top and top + h <= height and w > 0 and h > 0
             if (w, h) != (width, height) and 3 / 4 <= width / height <= 4 / 3:
                 assert 0.08 * width * height * 0.9 <= w * h  # rounding aside, the scale range's floor
-
-
-def test_tf_row_is_reported_not_run_without_tensorflow(tmp_path):
-    if subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True).returncode == 0:
-        pytest.skip("this interpreter has tensorflow")
-    assert bench_input.tf_interpreter("") is None
-    args = bench_input.parse_args(["--out", str(tmp_path), "--rows", "tf-data"])
-    result = bench_input.measure_setting("resnet224", args, str(tmp_path), None, tmp_path)
-    assert result["rows"] == [dict(row="tf-data", status="not run (tensorflow not installed)")]
-
-
-def test_bad_row_name_is_one_line_error(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench/bench_input.py"), "--out", str(tmp_path), "--rows", "tf"],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 2 and "unknown setting or row tf" in proc.stderr.splitlines()[-1]
 
 
 def test_manifest_is_reused_only_for_the_same_arguments(photos, tmp_path):

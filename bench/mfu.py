@@ -1,9 +1,7 @@
-"""The device's own yardsticks, measured in the same run, and training FLOPs per image.
+"""MFU's two halves: the device's measured matmul rate and training FLOPs per image.
 
     matmul_rate(device):   bf16 (n x n) @ (n x n), 2 n^3 FLOP per product; n = 8192 on CUDA, 512 on
                            the CPU. The denominator of MFU (a measured rate, not the data sheet's).
-    copy_bandwidth(device): dst.copy_(src) of a 1 GiB fp32 buffer on CUDA (64 MiB on the CPU); bytes
-                           moved = 2 x size (read + write). The yardstick for the optimizer's GB/s.
     training_flops(model, size): forward + backward FLOPs per image, counted by
                            torch.utils.flop_counter on the meta device (matmuls and convolutions,
                            2 FLOP per multiply-add), and DESIGN.md's nominal figures scaled by area:
@@ -17,10 +15,12 @@ count otherwise (the smoke run's ResNet-18 at 16 channels). Both are recorded.
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.nn.functional as F
-from throughput import timed
 
+from bench.common import timed
 from fasttrain.models import create_model
 
 NOMINAL_GFLOP = {"resnet50": (24.5, 224), "resnet101": (46.8, 224), "inception_v3": (34.3, 299)}
@@ -35,22 +35,8 @@ def matmul_rate(device: torch.device, n: int | None = None, calls: int | None = 
     out = torch.empty(n, n, device=device, dtype=torch.bfloat16)
     fn = lambda: torch.mm(a, b, out=out)
     timed(fn, 3, device)  # warm-up: cuBLAS heuristics, clocks
-    windows = sorted(timed(fn, calls, device) for _ in range(3))
-    seconds = windows[1] / calls
+    seconds = statistics.median(timed(fn, calls, device) for _ in range(3)) / calls
     return dict(dtype="bfloat16", n=n, tflop_per_s=2 * n**3 / seconds / 1e12)
-
-
-def copy_bandwidth(device: torch.device, nbytes: int | None = None, calls: int | None = None) -> dict:
-    """Measured device-to-device copy GB/s (bytes read + written, median of 3 windows)."""
-    nbytes = nbytes or (2**30 if device.type == "cuda" else 2**26)
-    calls = calls or (20 if device.type == "cuda" else 3)
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    fn = lambda: dst.copy_(src)
-    timed(fn, 3, device)
-    windows = sorted(timed(fn, calls, device) for _ in range(3))
-    seconds = windows[1] / calls
-    return dict(bytes=nbytes, gb_per_s=2 * nbytes / seconds / 1e9)
 
 
 def counted_training_flops(model_name: str, image_size: int, base_channels: int = 64) -> float:
