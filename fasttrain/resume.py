@@ -1,9 +1,13 @@
 """What a run's checkpoint holds, and how a run restores from it (fasttrain.checkpoint writes the files).
 
+    run = Run(info=..., model=..., optimizer=..., bn_ema=..., step=..., loader=...)
+    step = restore_run(cfg, run, run_dir=run_dir, log=log)     # 0 for a fresh run
+    save_run(run_dir, step, run, cfg=cfg)                      # every rank calls it
+
 A checkpoint is rank 0's model, optimizer (flat buffers by parameter), BN-statistics EMA, weight EMA
 by name, the step's device state (step counter, loss scaler), every rank's data position and RNG
 states, and the resolved config. A resume compares that config with this run's: settings that
-change the model or optimizer make the load fail with the flags named; others (batch size, seed,
+change the model or optimizer make the load fail with the settings named; others (batch size, seed,
 schedule, the number of ranks) are allowed and listed, since the run then no longer reproduces an
 uninterrupted one.
 """

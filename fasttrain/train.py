@@ -33,7 +33,7 @@ from fasttrain.distributed import (
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
-from fasttrain.lock import claim_run_dir
+from fasttrain.lock import RunLock, claim_run_dir
 from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
@@ -43,6 +43,9 @@ from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
 
+# The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
+# demo's 300 steps see each image a few times) and 1,280 validation images; a fixed seed, so every
+# machine builds the same files (change them together with the cache name, demo-imagenet-v1).
 DEMO_DATA = dict(train_shards=4, val_shards=2, per_shard=640, classes=10, seed=1234)
 
 
@@ -61,16 +64,7 @@ def train(cfg: Config) -> dict:
             settings=("profile_comm", "cuda_graph"),
         )
     check_graph_capture_env(info, precision.cuda_graph)
-    torch.manual_seed(cfg.seed)
-    if cfg.deterministic:
-        if info.device.type == "cuda":
-            # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
-            # when cuBLAS makes its first handle, which no step has done yet.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    elif info.device.type == "cuda":
-        # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
-        torch.backends.cudnn.benchmark = True
+    seed_torch(cfg, info.device)
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
@@ -94,17 +88,7 @@ def train(cfg: Config) -> dict:
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
-    lock, problem = None, ""
-    if info.is_main:  # only rank 0 writes there, so only rank 0 locks it (see fasttrain/lock.py)
-        try:
-            lock = claim_run_dir(run_dir, log)
-        except SettingError as exc:
-            problem = str(exc)
-    if problem := rank0_error(problem, info):
-        raise SettingError(
-            problem if info.is_main else "stopping with rank 0, which cannot use train_dir",
-            settings=("train_dir",),
-        )
+    lock = claim_on_rank0(run_dir, info, log)
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
@@ -267,6 +251,38 @@ def train(cfg: Config) -> dict:
 
 
 # --- named pieces of the loop -----------------------------------------------------------------
+
+
+def seed_torch(cfg: Config, device: torch.device) -> None:
+    """torch's generator from the seed (model initialisation), and the algorithm choices: deterministic
+    ones with cfg.deterministic, else cuDNN's benchmark search on CUDA."""
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        if device.type == "cuda":
+            # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
+            # when cuBLAS makes its first handle, which no step has done yet.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    elif device.type == "cuda":
+        # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
+        torch.backends.cudnn.benchmark = True
+
+
+def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) -> RunLock | None:
+    """Rank 0 locks run_dir (only rank 0 writes there, see fasttrain/lock.py); every rank stops
+    together with rank 0's SettingError when it cannot."""
+    lock, problem = None, ""
+    if info.is_main:
+        try:
+            lock = claim_run_dir(run_dir, log)
+        except SettingError as exc:
+            problem = str(exc)
+    if problem := rank0_error(problem, info):
+        raise SettingError(
+            problem if info.is_main else "stopping with rank 0, which cannot use train_dir",
+            settings=("train_dir",),
+        )
+    return lock
 
 
 def prepare_data_dir(cfg: Config, info, log) -> Path | None:

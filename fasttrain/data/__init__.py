@@ -149,7 +149,8 @@ class SyntheticLoader(EpochPosition):
     normalized = False
 
     def __init__(self, cfg: Config, training: bool, rank: int, device: torch.device, batches: int = 100):
-        gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+        """batches: the epoch's length (the same batch, made once, handed out that many times)."""
+        gen = torch.Generator().manual_seed(cfg.seed * 1000 + rank)  # a different batch on each rank
         shape = (cfg.batch_size, cfg.image_size, cfg.image_size, 3)
         self._images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen).to(device)
         self._labels = torch.randint(0, cfg.num_classes, (cfg.batch_size,), generator=gen).to(device)
