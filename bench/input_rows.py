@@ -24,7 +24,10 @@ size is recorded), so the decode cost is an estimate: rerun with --data_dir for 
 
 from __future__ import annotations
 
+import contextlib
 import io
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +59,27 @@ def synthetic_jpeg(rng: np.random.Generator, width: int, height: int) -> bytes:
 def _example(jpeg: bytes, width: int, height: int, label: int, box: list[float], name: str) -> bytes:
     synset, text = f"n{label:08d}", f"synthetic class {label}"
     return converter_example(jpeg, height, width, label, synset, text, name, [box])
+
+
+@contextlib.contextmanager
+def pipeline_data(data_dir: str, smoke: bool):
+    """(data_dir, its description for results.json): the given directory, or a synthetic set written to
+    a temporary directory for the run's pipeline part and removed afterwards."""
+    if data_dir:
+        yield data_dir, dict(data_dir=data_dir, synthetic=False)
+        return
+    shape = (
+        dict(records=256, unique=16, width=96, height=72, shards=2)
+        if smoke  # 32 batches of 8, enough for every smoke measurement within one epoch
+        # 192 batches of 256: a fed row's warm-up and timed windows stay inside one epoch
+        # (an epoch's end restarts the loader's workers, seconds that are no training speed).
+        else dict(records=49152, unique=512, width=500, height=375, shards=32)
+    )
+    tmp = tempfile.mkdtemp(prefix="fasttrain-bench-data-")
+    try:
+        yield tmp, write_dataset(tmp, **shape)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_dataset(

@@ -1,4 +1,4 @@
-"""The report of a bench.run run: derived figures, merging of runs, Markdown tables, PNG plot.
+"""The report of a bench.run run: derived figures, merging of runs, Markdown tables (bench/plot.py: the PNG).
 
 results.json (everything below; numbers are only ever measured in this run, or are context rows):
     environment   GPU, driver, CUDA, cuDNN, torch, triton, DALI versions, CPU, date, command, commit
@@ -357,60 +357,6 @@ def _context() -> list[str]:
     return lines
 
 
-# --- plot ---------------------------------------------------------------------------------------
-
-
-def plot(results: dict, path: Path) -> None:
-    """Grouped bars of images/s per configuration, one bar per row, min-max as error bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in results["rows"] if r["status"] == "ok"]
-    labels = sorted(
-        {
-            r["spec"]["row"] + ("" if r["spec"]["input"] == "synthetic" else "+" + r["spec"]["input"])
-            for r in ok
-        }
-    )
-    configs = list(
-        dict.fromkeys(
-            f"{r['spec']['model']}\nbatch {r['spec']['batch']}, {r['spec']['image_size']} px" for r in ok
-        )
-    )
-    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(configs) * max(1, len(labels)) / 3), 4.5))
-    width = 0.8 / max(1, len(labels))
-    for i, label in enumerate(labels):
-        xs, ys, lo, hi = [], [], [], []
-        for r in ok:
-            s = r["spec"]
-            if s["row"] + ("" if s["input"] == "synthetic" else "+" + s["input"]) != label:
-                continue
-            ips = r["images_per_s"]
-            xs.append(
-                configs.index(f"{s['model']}\nbatch {s['batch']}, {s['image_size']} px")
-                + (i - (len(labels) - 1) / 2) * width
-            )
-            ys.append(ips["median"])
-            lo.append(ips["median"] - ips["min"])
-            hi.append(ips["max"] - ips["median"])
-        ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, label=f"({label})")
-    ax.set_xticks(range(len(configs)), configs, fontsize=8)
-    ax.set_ylabel("images/s (median, min-max)")
-    env = results["environment"]
-    ax.set_title(
-        f"fasttrain training throughput, {env.get('gpu') or 'CPU'}, {env['date'][:10]}"
-        + (" (smoke)" if results["smoke"] else ""),
-        fontsize=10,
-    )
-    if ax.get_legend_handles_labels()[0]:  # nothing measured (every row skipped): no legend
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def write(results: dict, out: Path, plot_too: bool = True) -> None:
     """Derive, then write results.json (atomically: a run cut short keeps the last whole file),
     results.md and, with plot_too, throughput.png to out."""
@@ -420,6 +366,8 @@ def write(results: dict, out: Path, plot_too: bool = True) -> None:
     tmp.replace(out / "results.json")
     (out / "results.md").write_text(markdown(results), encoding="utf-8")
     if plot_too:
+        from bench.plot import plot  # matplotlib: only when a plot is asked for
+
         plot(results, out / "throughput.png")
 
 

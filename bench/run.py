@@ -34,11 +34,9 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -46,7 +44,7 @@ import torch
 
 from bench import report
 from bench.common import ROOT, copy_bandwidth, environment
-from bench.input_rows import nvjpeg_rate, pipeline_rate, write_dataset
+from bench.input_rows import nvjpeg_rate, pipeline_data, pipeline_rate
 from bench.mfu import matmul_rate, training_flops
 from bench.throughput import ROW_TITLES, MeasureOptions, RowSpec, config_for, measure_row
 from fasttrain.data import dali_available
@@ -398,26 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         suite.rows(suite.deadline("rows"))
         suite.save(plot=False)
     if "pipeline" in parts:
-        tmp = None
-        data_dir = args.data_dir
-        if not data_dir:
-            tmp = tempfile.mkdtemp(prefix="fasttrain-bench-data-")
-            shape = (
-                dict(records=256, unique=16, width=96, height=72, shards=2)
-                if args.smoke  # 32 batches of 8, enough for every smoke measurement within one epoch
-                # 192 batches of 256: a fed row's warm-up and timed windows stay inside one epoch
-                # (an epoch's end restarts the loader's workers, seconds that are no training speed).
-                else dict(records=49152, unique=512, width=500, height=375, shards=32)
-            )
-            suite.results["data"] = write_dataset(tmp, **shape)
-            data_dir = tmp
-        else:
-            suite.results["data"] = dict(data_dir=data_dir, synthetic=False)
-        try:
+        with pipeline_data(args.data_dir, args.smoke) as (data_dir, description):
+            suite.results["data"] = description
             suite.pipeline(suite.deadline("pipeline"), data_dir)
-        finally:
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
         suite.save(plot=False)
     if "kernels" in parts and cuda:
         limit = min(suite.deadline("kernels") - time.monotonic(), suite.remaining())
