@@ -3,19 +3,21 @@ paths; where several ranks read their stop flag.
 
 train() runs in this process (two spawned gloo ranks for the stop check). A captured CUDA graph
 cannot exist without a GPU; a TrainStep that marks itself captured after its first step stands for
-one, and records when the trainer releases it.
+one, and records when the trainer releases it. Through the CLI: a loss that is no longer finite stops
+the run in one line naming the last good checkpoint, whose weights are all finite.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from launch_helpers import free_port, loopback_env
+from launch_helpers import ENV, command, free_port, loopback_env
 
 import fasttrain.evaluate
 import fasttrain.train
@@ -139,3 +141,38 @@ def test_ranks_agree_on_a_stop_only_at_the_log_steps(tmp_path):
     for rank in range(2):
         # one check after each log line (steps 4, 8, 12), none in between
         assert (tmp_path / f"rank{rank}").read_text() == "4 8 12"
+
+
+# --- end to end through the CLI (tests/launch_helpers.py's `command`) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+def test_nonfinite_loss_stops_with_last_good_checkpoint(data, tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        command(
+            data,
+            run_dir,
+            "--max_steps=50",
+            "--optimizer=momentum",
+            "--initial_learning_rate=1e30",
+            "--checkpoint_every=1",
+        ),
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "the loss was not finite" in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    saved = sorted(int(p.name[5:-3]) for p in run_dir.glob("ckpt-*.pt"))
+    assert saved, "no checkpoint before the loss went bad"
+    state = torch.load(run_dir / f"ckpt-{saved[-1]}.pt", weights_only=True)
+    assert f"ckpt-{saved[-1]}.pt" in out.stderr
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
