@@ -31,3 +31,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    """A synthetic set of 3 train and 2 validation shards of 40 records, 4 classes (test_data_synthetic.py
+    and test_data_verify.py)."""
+    # Imported here: the environment set above (TRITON_INTERPRET) must be in place before fasttrain is.
+    from fasttrain.data.synthetic import make_synthetic
+
+    out = tmp_path_factory.mktemp("synthetic")
+    make_synthetic(out, train_shards=3, val_shards=2, per_shard=40, classes=4, seed=7)
+    return out

@@ -149,6 +149,35 @@ def trainer_env() -> dict[str, str]:
     return {**os.environ, **loopback_env()}  # PYTHONPATH: conftest.py
 
 
+# --- the same trainer, deterministic and checkpointing every 2 steps (the end-to-end reliability tests:
+# resume, stop signals, non-finite losses, corrupt data, one-line CLI errors) ----------------------
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # PYTHONPATH: conftest.py
+
+
+def command(data_dir, run_dir, *extra):
+    """`python -m fasttrain` on the tiny set: deterministic, RMSProp with an EMA, one line a step."""
+    return [
+        sys.executable,
+        "-m",
+        "fasttrain",
+        f"--data_dir={data_dir}",
+        f"--train_dir={run_dir}",
+        "--num_classes=4",
+        "--batch_size=4",
+        "--image_size=32",
+        "--num_workers=0",
+        "--log_every=1",
+        "--checkpoint_every=2",
+        "--deterministic",
+        "--no-eval_at_end",
+        "--optimizer=rmsprop",
+        "--ema_decay=0.9",
+        "--optimizer_impl=torch",
+        *extra,
+    ]
+
+
 def reached_step(run_dir: Path) -> int:
     """The last step metrics.jsonl records (0 before the first log line)."""
     path = run_dir / "metrics.jsonl"

@@ -3,10 +3,12 @@ rounding: every buffer after 10 steps, for RMSProp, momentum and Nesterov, with 
 decay, grad_scale (None, a float, a tensor), lr (a float, a tensor), the EMA on and off, fp32 and bf16
 gradients, sizes 1, 127, 1000 (in chunks of 96 over two workers) and 1000003 (the default chunks), and
 both skip paths (the CPU's host read; the device's torch.where commit, forced on CPU tensors). Its
-agreement with TensorFlow's equations and its bit-identical skip are in test_kernels.py with the
-other implementations.
+agreement with TensorFlow's equations is in test_rmsprop_tf.py and test_momentum.py, its bit-identical
+skip in test_kernels.py, with the other implementations. Its CPU route, the compiled loop of
+kernels/cpu.py, is checked bit for bit against a NumPy float32 transcription of the equations, and
+taken only where it applies.
 
-Tolerances: those of test_kernels.py (atol 2e-6 + rtol 1e-6): a few products and sums are rounded
+Tolerances: those of test_rmsprop_tf.py (atol 2e-6 + rtol 1e-6): a few products and sums are rounded
 once here and twice in the reference. Measured at 1000003 elements after 10 steps: at most 1.9e-6 on
 momentum buffers of magnitude 8-10 and 1.4e-6 on weights of magnitude ~5 (2 ulp).
 """

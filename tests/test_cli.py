@@ -1,7 +1,9 @@
-"""`python -m fasttrain` as a user runs it: a short demo run, resume, and one-line errors."""
+"""`python -m fasttrain` as a user runs it: a short demo run, resume, and one-line errors (among them
+a pickled checkpoint that would run code, a checkpoint of another shape, an empty data directory)."""
 
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -9,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch_helpers import ENV, command
 
 from fasttrain.data.synthetic import make_synthetic
 
@@ -190,3 +193,47 @@ def test_help_into_a_closed_pipe_is_quiet(tmp_path):
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, stderr
     assert stderr == ""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+@pytest.mark.parametrize(
+    "setup, words",
+    [
+        ("empty", "no train-NNNNN-of-NNNNN shards"),
+        ("pickle", "refusing to load"),
+        ("shape", "does not fit model"),
+        ("ckdir", "--checkpoint_dir"),
+    ],
+)
+def test_bad_inputs_give_one_line(data, tmp_path, setup, words):
+    extra = []
+    data_dir = data
+    if setup == "empty":
+        data_dir = tmp_path / "empty"
+        data_dir.mkdir()
+    elif setup == "pickle":
+        with open(tmp_path / "evil.pt", "wb") as f:
+            pickle.dump({"model": _Evil(), "step": 1}, f)
+        extra = [f"--pretrained_model_checkpoint_path={tmp_path / 'evil.pt'}"]
+    elif setup == "shape":
+        torch.save({"model": {"fc.weight": torch.zeros(3, 3)}, "step": 1}, tmp_path / "other.pt")
+        extra = [f"--pretrained_model_checkpoint_path={tmp_path / 'other.pt'}"]
+    else:
+        extra = [f"--checkpoint_dir={tmp_path / 'nowhere'}"]
+    out = subprocess.run(
+        command(data_dir, tmp_path / "run", "--max_steps=2", *extra), env=ENV, capture_output=True, text=True
+    )
+    assert out.returncode in (1, 2) and "Traceback" not in out.stderr, out.stderr
+    assert words in out.stderr and out.stderr.strip().count("\n") == 0, out.stderr
+    assert not (tmp_path / "pwned").exists()
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("touch pwned",))

@@ -3,10 +3,12 @@
 Shard sets are judged by their names' -of-NNNNN count (a missing number, mixed counts, an empty or
 unreadable shard); labels that misfit --num_classes / --label_offset are a configuration error that
 --skip_corrupt does not skip; an index file older than its shard is rebuilt, not blamed on the shard;
-the demo set survives two first runs building it at once.
+the demo set survives two first runs building it at once; a record corrupted in the middle of a
+training run stops it naming the shard and offset, or with --skip_corrupt is counted in metrics.jsonl.
 """
 
 import io
+import json
 import multiprocessing
 import os
 import subprocess
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launch_helpers import ENV, command
 from PIL import Image
 
 from fasttrain.config import make_config
@@ -23,7 +26,8 @@ from fasttrain.data import imagenet as imagenet_module
 from fasttrain.data import tfrecord as tfr
 from fasttrain.data.__main__ import main as data_main
 from fasttrain.data.imagenet import list_shards
-from fasttrain.data.synthetic import converter_example, ensure_synthetic
+from fasttrain.data.synthetic import converter_example, ensure_synthetic, make_synthetic
+from fasttrain.data.tfrecord import build_index
 from fasttrain.data.verify import verify_dataset
 from fasttrain.errors import SettingError, flag_text
 
@@ -326,3 +330,47 @@ def test_a_half_built_demo_set_is_replaced(tmp_path):
     assert ensure_synthetic(target, **_TINY) is True
     assert (target / "DONE").exists() and len(list_shards(target, "train")) == 2
     assert ensure_synthetic(target, **_TINY) is False
+
+
+# --- a corrupt record in the middle of a training run -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+def _corrupt_copy(data: Path, tmp_path: Path) -> tuple[Path, Path, int]:
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for p in data.iterdir():
+        if "-of-" in p.name:
+            (bad / p.name).write_bytes(p.read_bytes())
+    shard = list_shards(bad, "train")[1]
+    offset, size = build_index(shard)[5]
+    raw = bytearray(shard.read_bytes())
+    raw[offset + size // 2] ^= 0x55  # inside the Example payload: its CRC no longer matches
+    shard.write_bytes(bytes(raw))
+    return bad, shard, offset
+
+
+def test_corrupt_shard_mid_run_names_file_and_offset(data, tmp_path):
+    bad, shard, offset = _corrupt_copy(data, tmp_path)
+    out = subprocess.run(
+        command(bad, tmp_path / "run", "--max_steps=14"), env=ENV, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert str(shard) in out.stderr and f"offset {offset}" in out.stderr
+
+
+def test_skip_corrupt_counts_skipped_records(data, tmp_path):
+    bad, _, _ = _corrupt_copy(data, tmp_path)
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        command(bad, run_dir, "--max_steps=14", "--skip_corrupt"), env=ENV, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["skipped_records"] >= 1

@@ -1,15 +1,9 @@
-"""Fused optimizer kernels: Triton (interpreter on the CPU, compiled on CUDA), the chunked torch fast
-path (with its CPU skip by host read and its device skip by torch.where) and the torch reference vs
-an independent float64 NumPy transcription of TensorFlow's update equations; Triton vs the
-reference (the chunked path vs the reference: test_chunked.py).
-
-Tolerances (atol 2e-6 + rtol 1e-6): the kernels compute in fp32. Against float64, 10 steps leave at
-most 1.2e-6 absolute error on weights of magnitude ~5 (2.5 ulp; ms and mom: < 2.3e-7), measured on
-the CPU. Triton vs the reference differ only by rounding too: torch's CPU sqrt is not correctly
-rounded (1 ulp; NumPy's, used by the interpreter, is) and CUDA may contract a*b+c into an FMA, so
-the same tolerances apply rather than bit equality; so does the chunked path, which rounds a few
-products and sums once where the reference rounds twice (see test_chunked.py). Semantic slips (ms from
-zeros, eps outside the sqrt, lr outside the momentum) move values by >= 1e-3.
+"""Every fused optimizer kernel (kernels/), each implementation: a step with found_inf set (1, inf or
+NaN) leaves every buffer bit-identical, and the same call with found_inf 0 does update; the launchers'
+argument checks; Triton on the CPU without its interpreter is a clear error; each Triton kernel
+compiles for V100, A100 and H100 (ptxas from the Triton wheel, no GPU) with 16-byte vector access and
+no flush-to-zero, RMSProp with IEEE sqrt and division. The per-kernel update tests against TensorFlow's
+equations: test_rmsprop_tf.py, test_momentum.py.
 """
 
 import json
@@ -17,220 +11,16 @@ import os
 import re
 import subprocess
 import sys
-from unittest import mock
 
-import numpy as np
 import pytest
 import torch
 from fasttrain.kernels import chunked, rmsprop_tf
 from fasttrain.kernels import momentum as momentum_kernel
-from fasttrain.kernels.common import HAVE_TRITON, ema_one_minus_decay
-
-ATOL, RTOL = 2e-6, 1e-6
-STEPS = 10
-LRS = [0.1 * 0.8**i for i in range(STEPS)]  # the LR changes every step
-
-needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
-needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
-
-
-def _device_skip(update):
-    """`update` taking the chunked path's no-host-read branch (found_inf committed by torch.where, as
-    on CUDA) on CPU tensors too."""
-
-    def call(*args, **kwargs):
-        with mock.patch.object(chunked, "_host_reads_free", lambda device: False):
-            update(*args, **kwargs)
-
-    return call
-
-
-IMPLS = [
-    pytest.param(rmsprop_tf.rmsprop_tf_update_reference, id="torch"),
-    pytest.param(chunked.rmsprop_tf_update_chunked, id="chunked"),
-    pytest.param(_device_skip(chunked.rmsprop_tf_update_chunked), id="chunked-device-skip"),
-    pytest.param(rmsprop_tf.rmsprop_tf_update, id="triton", marks=needs_triton),
-]
-MOMENTUM_IMPLS = [
-    pytest.param(momentum_kernel.momentum_update_reference, id="torch"),
-    pytest.param(chunked.momentum_update_chunked, id="chunked"),
-    pytest.param(_device_skip(chunked.momentum_update_chunked), id="chunked-device-skip"),
-    pytest.param(momentum_kernel.momentum_update, id="triton", marks=needs_triton),
-]
-
-
-@pytest.fixture(autouse=True)
-def _triton_interpreter(request, monkeypatch):
-    # CPU tensors run under Triton's interpreter, CUDA tensors compiled. The kernels pick compile vs
-    # interpret at launch time (kernels/common.lazy_jit), so this works whatever imported triton first.
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is None or callspec.params.get("device", "cpu") == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-
-
-# --- independent float64 transcriptions of TensorFlow's kernels (training_ops.cc, moving_averages.py)
-
-
-def tf_rmsprop(s, g, lr, rho, momentum, eps, wd, scale, ema_decay, num_updates):
-    g = g * scale + wd * s["w"]
-    s["ms"] += (np.square(g) - s["ms"]) * (1 - rho)
-    s["mom"] = s["mom"] * momentum + g * lr / np.sqrt(s["ms"] + eps)
-    s["w"] -= s["mom"]
-    tf_ema(s, ema_decay, num_updates)
-
-
-def tf_momentum(s, g, lr, momentum, wd, scale, nesterov, ema_decay, num_updates):
-    g = g * scale + wd * s["w"]
-    s["acc"] = s["acc"] * momentum + g
-    s["w"] -= g * lr + s["acc"] * momentum * lr if nesterov else s["acc"] * lr
-    tf_ema(s, ema_decay, num_updates)
-
-
-def tf_ema(s, decay, num_updates):
-    if num_updates is not None:
-        decay = min(decay, (1.0 + num_updates) / (10.0 + num_updates))
-    s["ema"] -= (s["ema"] - s["w"]) * (1 - decay)
-
-
-# --- helpers
-
-
-def _random(n, generator, device, scale=1.0):
-    return (torch.randn(n, generator=generator) * scale).to(device)
-
-
-def _compare(torch_state, numpy_state):
-    for key, expected in numpy_state.items():
-        actual = torch_state[key].double().cpu().numpy()
-        np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL, err_msg=f"buffer {key}")
-
-
-def _run_rmsprop(update, n, device, grad_dtype, lr_as_tensor, ema_warmup=True, seed=0):
-    """STEPS updates with `update`; returns its fp32 buffers and the float64 TF transcription's."""
-    gen = torch.Generator().manual_seed(seed)
-    w = _random(n, gen, device)
-    state = {
-        "w": w,
-        "ms": torch.ones(n, device=device),
-        "mom": torch.zeros(n, device=device),
-        "ema": w.clone(),
-    }
-    expected = {key: t.double().cpu().numpy().copy() for key, t in state.items()}
-    step = torch.zeros((), dtype=torch.int64, device=device)
-    lr_tensor = torch.zeros((), device=device)
-    loss_scale = 1024.0
-    grad_scale = torch.tensor(0.37 / loss_scale, device=device)  # 1/loss_scale and a non-power-of-2
-    no_overflow = torch.zeros((), device=device)  # as the trainer passes it (the commit path runs)
-    for i, lr in enumerate(LRS):
-        g = (_random(n, gen, device) * loss_scale).to(grad_dtype)
-        lr_tensor.fill_(lr)
-        ema_weight = ema_one_minus_decay(step, 0.999, ema_warmup)
-        update(
-            state["w"], g, state["ms"], state["mom"], state["ema"],
-            lr=lr_tensor if lr_as_tensor else lr, decay=0.9, momentum=0.9, eps=1.0,
-            weight_decay=4e-5, grad_scale=grad_scale, ema_weight=ema_weight, found_inf=no_overflow,
-        )  # fmt: skip
-        step += 1
-        g64 = g.double().cpu().numpy()  # the values the kernel reads (exact in float64)
-        tf_rmsprop(
-            expected, g64, lr, 0.9, 0.9, 1.0, 4e-5, 0.37 / loss_scale, 0.999, i + 1 if ema_warmup else None
-        )
-    return state, expected
-
-
-# --- RMSProp
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("update", IMPLS)
-@pytest.mark.parametrize("n", [1, 127, 1000003])
-def test_rmsprop_tf_matches_tensorflow_equations(update, n, device):
-    state, expected = _run_rmsprop(update, n, device, torch.float32, lr_as_tensor=True)
-    _compare(state, expected)
-
-
-@pytest.mark.parametrize("grad_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("update", IMPLS)
-def test_rmsprop_tf_half_precision_gradients(update, grad_dtype):
-    state, expected = _run_rmsprop(update, 4099, "cpu", grad_dtype, lr_as_tensor=False)
-    _compare(state, expected)
-
-
-@pytest.mark.parametrize("update", IMPLS)
-def test_rmsprop_tf_plain_ema_decay_without_warmup(update):
-    state, expected = _run_rmsprop(update, 127, "cpu", torch.float32, lr_as_tensor=False, ema_warmup=False)
-    _compare(state, expected)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("n", [127, 1000003])
-@needs_triton
-def test_rmsprop_tf_triton_matches_reference(n, device):
-    kernel, _ = _run_rmsprop(rmsprop_tf.rmsprop_tf_update, n, device, torch.float32, True, seed=1)
-    reference, _ = _run_rmsprop(
-        rmsprop_tf.rmsprop_tf_update_reference, n, device, torch.float32, True, seed=1
-    )
-    for key in kernel:
-        torch.testing.assert_close(kernel[key], reference[key], rtol=RTOL, atol=ATOL, msg=f"buffer {key}")
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("update", IMPLS)
-def test_rmsprop_tf_keeps_subnormal_updates(update, device):
-    # g * lr and the step it yields are subnormal (below 1.18e-38): a flush-to-zero build of the
-    # kernel (Triton <= 3.5's libdevice sqrt/div) leaves mom and w at 0 where TF and torch do not.
-    n = 64
-    g = torch.full((n,), 1e-36, device=device)
-    w, ms, mom = torch.zeros(n, device=device), torch.ones(n, device=device), torch.zeros(n, device=device)
-    update(w, g, ms, mom, None, lr=1e-4, decay=0.9, momentum=0.9, eps=1.0)
-    expected = np.float32(np.float32(1e-36) * np.float32(1e-4)) / np.sqrt(np.float32(0.9) + np.float32(1.0))
-    assert 0 < expected < np.finfo(np.float32).tiny
-    assert torch.all(mom > 0) and torch.all(w < 0), "a subnormal update was flushed to zero"
-    # rtol: a subnormal near 7e-41 has about 16 significant bits, so one unit in its last place is
-    # 2e-5 of it, and torch's CPU sqrt may differ from NumPy's by an ulp.
-    np.testing.assert_allclose(mom.cpu().numpy(), expected, rtol=1e-4)
-
-
-# --- Momentum
-
-
-def _run_momentum(update, n, device, grad_dtype, nesterov, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    w = _random(n, gen, device)
-    state = {"w": w, "acc": torch.zeros(n, device=device), "ema": w.clone()}
-    expected = {key: t.double().cpu().numpy().copy() for key, t in state.items()}
-    step = torch.zeros((), dtype=torch.int64, device=device)
-    no_overflow = torch.zeros((), device=device)
-    for i, lr in enumerate(LRS):
-        g = _random(n, gen, device, scale=0.5).to(grad_dtype)
-        ema_weight = ema_one_minus_decay(step, 0.99, True)
-        update(
-            state["w"], g, state["acc"], state["ema"], lr=lr, momentum=0.9, nesterov=nesterov,
-            weight_decay=1e-4, grad_scale=0.125, ema_weight=ema_weight, found_inf=no_overflow,
-        )  # fmt: skip
-        step += 1
-        tf_momentum(expected, g.double().cpu().numpy(), lr, 0.9, 1e-4, 0.125, nesterov, 0.99, i + 1)
-    return state, expected
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("update", MOMENTUM_IMPLS)
-@pytest.mark.parametrize("nesterov", [False, True])
-@pytest.mark.parametrize("n", [1, 127, 1000003])
-def test_momentum_matches_tensorflow_equations(update, n, nesterov, device):
-    state, expected = _run_momentum(update, n, device, torch.float32, nesterov)
-    _compare(state, expected)
-
-
-@pytest.mark.parametrize("grad_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("update", MOMENTUM_IMPLS)
-def test_momentum_half_precision_gradients(update, grad_dtype):
-    state, expected = _run_momentum(update, 4099, "cpu", grad_dtype, nesterov=False)
-    _compare(state, expected)
-
+from kernel_helpers import (
+    _device_skip,
+    _triton_interpreter,  # noqa: F401  (an autouse fixture)
+    needs_triton,
+)
 
 # --- skip on overflow
 

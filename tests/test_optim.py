@@ -4,7 +4,7 @@ implementation (reference, chunked fast path, Triton interpreter); skip on overf
 trip; EMA swap; dispatch; a step off the CPU that makes no host read (traced on the meta device, the
 Triton kernels through their custom ops' fake implementations); torch.compile of the Triton step.
 
-Tolerances: atol 2e-6 + rtol 1e-6 against float64, as in test_kernels.py (measured error there
+Tolerances: atol 2e-6 + rtol 1e-6 against float64, as in test_rmsprop_tf.py (measured error there
 <= 1.2e-6 after 10 steps); 1e-6 against torch.optim.SGD, which computes the same fp32 operations
 (observed difference: 0 or 1 ulp).
 """

@@ -1,4 +1,5 @@
-"""The training step: eager on the CPU against plain PyTorch; CUDA-graph replay against eager on a GPU."""
+"""The training step: eager on the CPU against plain PyTorch; its training top-1 against the argmax of
+the weights before the update; CUDA-graph replay against eager on a GPU."""
 
 import copy
 
@@ -120,6 +121,62 @@ def test_bn_ema_follows_tf_warmup():
     torch.testing.assert_close(ema.shadows[0], torch.full((3,), 1 - d), rtol=1e-6, atol=0)
     ema.update(torch.tensor(2), torch.tensor(1.0))  # a skipped step leaves the shadow alone
     torch.testing.assert_close(ema.shadows[0], torch.full((3,), 1 - d), rtol=1e-6, atol=0)
+
+
+# --- training top-1 (the ResNet seed's train_accuracy): of the batch trained on, before its update ---
+
+
+class TwoHeads(torch.nn.Module):
+    """Inception's output shape, (logits, aux logits), with heads that disagree."""
+
+    def __init__(self, classes: int):
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.AdaptiveAvgPool2d(1))
+        self.logits, self.aux = torch.nn.Linear(8, classes), torch.nn.Linear(8, classes)
+
+    def forward(self, x):
+        h = self.features(x).flatten(1)
+        return self.logits(h), self.aux(h)
+
+
+def _batch(seed: int, n: int = 64, classes: int = 10):
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 16, 16, 3), dtype=torch.uint8, generator=gen)
+    return images, torch.randint(0, classes, (n,), generator=gen)
+
+
+def _top1(model, images, labels) -> float:
+    """Independent reference: the main head's argmax against the labels, weights before the update."""
+    with torch.no_grad():
+        logits = model(normalize_images(images, "resnet", torch.float32, False))[0]
+    return (logits.argmax(dim=1) == labels).double().mean().item()
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_last_top1_is_the_trained_batches_top1_before_the_update(accum):
+    torch.manual_seed(0)
+    model = TwoHeads(10)
+    opt = FusedMomentum(model.parameters(), lr=0.5, momentum=0.9, impl="torch")
+    schedule = LRSchedule(make_config(initial_learning_rate=0.5), 100, 64, CPU)
+    loss_fn = lambda out, y: classification_loss(out, y, aux_weight=0.4)
+    step = TrainStep(
+        model,
+        optimizer=opt,
+        precision=Precision("fp32", False, False),
+        device=CPU,
+        schedule=schedule,
+        loss_fn=loss_fn,
+        preprocess="resnet",
+    )
+    seen = set()
+    for i in range(6):
+        batches = [_batch(10 * i + k) for k in range(accum)]
+        before = copy.deepcopy(model)
+        expected = sum(_top1(before, *b) for b in batches) / accum
+        step(batches)
+        assert step.last_top1.item() == pytest.approx(expected, abs=1e-6)
+        seen.add(round(expected, 4))
+    assert len(seen) > 1, "the batches should not all have the same top-1"
 
 
 # --- CUDA only -------------------------------------------------------------------------------------

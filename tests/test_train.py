@@ -1,21 +1,25 @@
 """The trainer's own lifetimes and host syncs, on the CPU: what it releases, when, and on which exit
 paths; where several ranks read their stop flag.
 
-train() runs in this process (two spawned gloo ranks for the stop check). A captured CUDA graph
-cannot exist without a GPU; a TrainStep that marks itself captured after its first step stands for
-one, and records when the trainer releases it.
+train() runs in this process (two spawned gloo ranks for the stop check). A captured CUDA graph cannot
+exist without a GPU; a TrainStep that marks itself captured after its first step stands for one, and
+records when the trainer releases it. The training top-1 of a log line is the mean of its steps', in the
+log line, metrics.jsonl and TensorBoard. Through the CLI: a loss that is no longer finite stops the run
+in one line naming the last good checkpoint, whose weights are all finite.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from launch_helpers import free_port, loopback_env
+from launch_helpers import ENV, command, free_port, loopback_env
 
 import fasttrain.evaluate
 import fasttrain.train
@@ -139,3 +143,58 @@ def test_ranks_agree_on_a_stop_only_at_the_log_steps(tmp_path):
     for rank in range(2):
         # one check after each log line (steps 4, 8, 12), none in between
         assert (tmp_path / f"rank{rank}").read_text() == "4 8 12"
+
+
+def test_train_top1_in_metrics_log_line_and_tensorboard(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=8, num_classes=4)
+    values.update(data_backend="synthetic", device="cpu", max_steps=4, log_every=2, eval_at_end=False)
+    cfg = make_config(**values, train_dir=str(run_dir), num_workers=0, deterministic=True)
+    train(cfg)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    top1 = [r["train_top1"] for r in records]
+    assert len(top1) == 2 and all(0.0 <= t <= 1.0 for t in top1)
+    # the mean of two batches of 8: a multiple of 1/16
+    assert all(abs(t * 16 - round(t * 16)) < 1e-5 for t in top1), top1
+    out = capsys.readouterr().out
+    assert f"train top-1 {top1[0]:.3f}" in out and f"train top-1 {top1[1]:.3f}" in out
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    acc = ea.EventAccumulator(str(run_dir))
+    acc.Reload()
+    got = [(e.step, e.value) for e in acc.Scalars("train/train_top1")]
+    assert got == [(2, pytest.approx(top1[0])), (4, pytest.approx(top1[1]))]
+
+
+# --- end to end through the CLI (tests/launch_helpers.py's `command`) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+def test_nonfinite_loss_stops_with_last_good_checkpoint(data, tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        command(
+            data,
+            run_dir,
+            "--max_steps=50",
+            "--optimizer=momentum",
+            "--initial_learning_rate=1e30",
+            "--checkpoint_every=1",
+        ),
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr and "the loss was not finite" in out.stderr
+    assert out.stderr.strip().count("\n") == 0
+    saved = sorted(int(p.name[5:-3]) for p in run_dir.glob("ckpt-*.pt"))
+    assert saved, "no checkpoint before the loss went bad"
+    state = torch.load(run_dir / f"ckpt-{saved[-1]}.pt", weights_only=True)
+    assert f"ckpt-{saved[-1]}.pt" in out.stderr
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())

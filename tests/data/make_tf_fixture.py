@@ -2,7 +2,7 @@
 
 The Examples are built exactly like TensorFlow models' build_imagenet_data.py `_convert_to_example`
 (TF 2.21's tf.io.TFRecordWriter and tf.train.Example), so the file is an independent reference for
-fasttrain's reader: tests/test_tf_fixture.py checks every field read back.
+fasttrain's reader: tests/test_data_imagenet.py checks every field read back.
 """
 
 from pathlib import Path

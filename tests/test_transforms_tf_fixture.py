@@ -1,6 +1,7 @@
-"""The TensorFlow image fixture (tests/data/tf-images, written by tests/data/make_tf_images.py) is what it
-claims: every JPEG is of the kind its case names (read with Pillow and by walking the JPEG markers), and
-cases.json and reference.npz agree on files, keys, windows and shapes. No TensorFlow needed."""
+"""The TensorFlow image fixture of test_transforms_tf.py (tests/data/tf-images, written by
+tests/data/make_tf_images.py) is what it claims: every JPEG is of the kind its case names (read with
+Pillow and by walking the JPEG markers), and cases.json and reference.npz agree on files, keys, windows
+and shapes. No TensorFlow needed."""
 
 import io
 import json

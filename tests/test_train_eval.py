@@ -1,5 +1,5 @@
-"""--eval_every_epochs: evaluations between steps, raw and EMA, reported everywhere, and a run with
-them trains bit for bit like one without (CPU, --deterministic)."""
+"""train() with --eval_every_epochs: evaluations between steps, raw and EMA, reported everywhere, and a run
+with them trains bit for bit like one without (CPU, --deterministic)."""
 
 from __future__ import annotations
 

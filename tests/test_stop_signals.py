@@ -1,8 +1,9 @@
-"""Preemption of a whole job: SIGTERM/SIGINT sent to every process of the trainer at once (what SLURM
-does, what Ctrl-C does to a terminal's foreground group) and SIGTERM to a torchrun agent (what
-`docker stop` does; the agent passes it to each rank's whole process group). With DataLoader workers
-the workers died first and the trainer crashed with "DataLoader worker ... is killed by signal",
-exit 1, no checkpoint (5 of 5 tries); now one checkpoint is saved and the ranks exit 0."""
+"""fasttrain/stop_signals.py end to end. Preemption of a whole job: SIGTERM/SIGINT sent to every process of
+the trainer at once (what SLURM does, what Ctrl-C does to a terminal's foreground group) and SIGTERM to
+a torchrun agent (what `docker stop` does; the agent passes it to each rank's whole process group). With
+DataLoader workers the workers died first and the trainer crashed with "DataLoader worker ... is killed
+by signal", exit 1, no checkpoint (5 of 5 tries); now one checkpoint is saved and the ranks exit 0. A
+lone trainer stopped by SIGTERM saves once, exits 0 and resumes from that checkpoint."""
 
 import os
 import signal
@@ -13,7 +14,7 @@ import time
 
 import pytest
 import torch
-from launch_helpers import reached_step, trainer, trainer_args, trainer_env, wait_for_step
+from launch_helpers import ENV, command, reached_step, trainer, trainer_args, trainer_env, wait_for_step
 
 from fasttrain.data.synthetic import make_synthetic
 
@@ -139,3 +140,28 @@ def test_workers_outlive_a_group_sigterm_and_still_end_with_their_process(tmp_pa
     assert "50 batches after the signal" in stdout, stderr[-3000:]
     assert "an error no one catches" in stderr and "DataLoader worker" not in stderr, stderr[-3000:]
     assert time.monotonic() - start < 30
+
+
+def test_sigterm_saves_once_and_exits_0_then_resumes(data, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        command(data, run_dir, "--max_steps=100000", "--checkpoint_every=1000"),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while reached_step(run_dir) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    line = [ln for ln in stdout.splitlines() if ln.startswith("stopped by SIGTERM at step")]
+    assert line, stdout
+    step = int(line[0].split("at step ")[1].split(";")[0])
+    assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{step}.pt"]
+    resumed = subprocess.run(
+        command(data, run_dir, f"--max_steps={step + 1}"), env=ENV, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0 and f"resuming from step {step}" in resumed.stdout

@@ -1,7 +1,9 @@
-"""fasttrain's images against TensorFlow's own, for the same JPEGs and the same random choices.
+"""fasttrain's images (data/jpeg.py's decode, data/transforms.py's eval and train transforms, their
+resize and colour steps, the DALI eval pipeline) against TensorFlow's own, for the same JPEGs and the
+same random choices.
 
 The references were made by TensorFlow 2.21 running the seeds' preprocessing (tests/data/make_tf_images.py;
-the fixture's own structure is checked by test_tf_images_fixture.py). They are float results scaled to
+the fixture's own structure is checked by test_transforms_tf_fixture.py). They are float results scaled to
 0..255 and stored as float16 (0.125 resolution above 128); fasttrain's are uint8. An exact
 implementation is therefore off by its rounding to uint8 (at most 0.5, about 0.25 on average) plus the
 float16 storage (at most 0.0625): the bounds below are 0.5 mean and 0.5 + 0.0625 + float noise for the

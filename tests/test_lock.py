@@ -1,7 +1,8 @@
-"""One trainer per --train_dir. Two trainers on one directory both ran, their checkpoints interleaved
-(different seeds, one run's ckpt-N beside the other's) and one died with FileNotFoundError; now the
-second stops at once naming the first's pid and host. The lock dies with its process (fcntl), so
-a crashed run never blocks the next, and only rank 0 takes it, so a torchrun job never blocks itself."""
+"""fasttrain/lock.py: one trainer per --train_dir. Two trainers on one directory both ran, their
+checkpoints interleaved (different seeds, one run's ckpt-N beside the other's) and one died with
+FileNotFoundError; now the second stops at once naming the first's pid and host. The lock dies with its
+process (fcntl), so a crashed run never blocks the next, and only rank 0 takes it, so a torchrun job
+never blocks itself."""
 
 import errno
 import json

@@ -1,0 +1,108 @@
+"""fasttrain/data/verify.py and `python -m fasttrain.data` (verify, ls, make-synthetic): a clean set
+verifies and gets its index files, every bad record is reported, --decode finds a bad JPEG, ls prints
+each record as JSON, and mistakes are one line."""
+
+import json
+
+import numpy as np
+import pytest
+from record_helpers import _features, _jpeg
+
+from fasttrain.data.__main__ import main
+from fasttrain.data.example import encode_example
+from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.tfrecord import iter_records, write_records
+from fasttrain.data.verify import verify_dataset
+
+# --- verify and ls ---------------------------------------------------------------------------------
+
+
+def _copy(src, dst):
+    dst.mkdir()
+    for p in src.iterdir():
+        if not p.name.endswith(".idx"):
+            (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_verify_clean_data_writes_indexes(synthetic, tmp_path, capsys):
+    data = _copy(synthetic, tmp_path / "data")
+    report = verify_dataset(data, decode=True, workers=1, label_offset=-1, num_classes=4)
+    assert report.ok and report.records == 200
+    assert {s.index for s in report.shards} == {"written"}
+    assert report.split_summary("train") == "train: 120 records in 3 shards, labels 1..4"
+    assert main(["verify", str(data), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "validation: 80 records in 2 shards, labels 1..4" in out and "index files: 5 ok" in out
+    assert "records/s" in out
+
+
+def test_verify_reports_every_bad_record(synthetic, tmp_path, capsys):
+    data = _copy(synthetic, tmp_path / "data")
+    shard0, shard1 = list_shards(data, "train")[:2]
+    offsets = [o for o, _ in iter_records(shard0)]
+    raw = bytearray(shard0.read_bytes())
+    raw[offsets[3] + 40] ^= 1  # data CRC: the scan goes on
+    raw[offsets[7] + 40] ^= 1
+    shard0.write_bytes(bytes(raw))
+    cut = [o for o, _ in iter_records(shard1)][5] + 20
+    shard1.write_bytes(shard1.read_bytes()[:cut])
+    bad_label = tmp_path / "data" / "validation-00000-of-00002"
+    write_records(bad_label, [encode_example(_features(**{"image/class/label": 9}))])
+    empty = tmp_path / "data" / "validation-00001-of-00002"
+    empty.write_bytes(b"")
+
+    assert main(["verify", str(data), "--workers", "2", "--label-offset", "-1", "--num-classes", "4"]) == 1
+    out = capsys.readouterr().out
+    assert f"{shard0}: 2 bad record(s)" in out
+    for offset in (offsets[3], offsets[7]):
+        assert f"corrupted record at offset {offset} in {shard0} (data CRC mismatch)" in out
+    assert f"truncated record at offset {cut - 20} in {shard1}" in out
+    assert f"record at offset 0 in {bad_label}: label 9 + label_offset -1 is outside [0, 4)" in out
+    assert f"empty shard {empty}" in out
+    assert "train: 85 records in 3 shards" in out  # 40 (2 with bad CRCs) + 5 before the cut + 40
+    report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
+    assert {s.index for s in report.shards} == {"ok", "not written (broken framing)"}
+
+
+def test_verify_decode_finds_a_bad_jpeg(tmp_path):
+    (tmp_path / "d").mkdir()
+    bad = _jpeg()[:-200]
+    write_records(
+        tmp_path / "d" / "train-00000-of-00001", [encode_example(_features(**{"image/encoded": bad}))]
+    )
+    assert verify_dataset(tmp_path / "d", workers=1).ok  # without --decode the JPEG is not looked at
+    report = verify_dataset(tmp_path / "d", decode=True, workers=1)
+    assert len(report.bad) == 1 and "undecodable JPEG in record at offset 0" in report.bad[0].bad[0]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert main(["verify", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
+    assert main(["ls", str(tmp_path)]) == 0  # no shards of either split: nothing to list
+    assert main(["ls", str(tmp_path), "--split", "train"]) == 1
+    with pytest.raises(SystemExit) as e:
+        main(["verify", str(tmp_path), "--workers", "0"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main(["make-synthetic", "--out", str(tmp_path), "--train-shards", "0", "--val-shards", "0"])
+    assert e.value.code == 2
+    capsys.readouterr()
+    (tmp_path / "a-file").write_text("")
+    assert main(["make-synthetic", "--out", str(tmp_path / "a-file" / "d"), "--per-shard", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write the data set to" in err and "Not a directory" in err
+
+
+def test_ls_prints_one_json_object_per_record(synthetic, capsys):
+    assert main(["ls", str(synthetic), "--split", "validation", "--limit", "3"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 3
+    shard = list_shards(synthetic, "validation")[0]
+    expected = [decode_record(p, shard, o, 0, 1001) for o, p in list(iter_records(shard))[:3]]
+    for line, r in zip(lines, expected):
+        assert {"file", "offset", "label", "filename", "height", "width", "boxes"} <= set(line)
+        assert (line["file"], line["offset"], line["label"]) == (str(shard), r.offset, r.stored_label)
+        assert (line["filename"], line["height"], line["width"]) == (r.filename, r.height, r.width)
+        np.testing.assert_allclose(np.array(line["boxes"]).reshape(-1, 4), r.boxes, atol=1e-6)
