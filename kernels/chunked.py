@@ -6,7 +6,7 @@ gradients on the CPU): in-place torch ops over cache-sized chunks of the flat bu
 Same arguments and semantics as rmsprop_tf.rmsprop_tf_update_reference and
 momentum.momentum_update_reference (the specifications; the equations are in those modules'
 docstrings), plus `scratch`, from `new_scratch`. Results agree with the references to rounding (an
-ulp or two; tests/test_kernels.py): `add(alpha=)`, `addcdiv` and `lerp` may round a product and a sum
+ulp or two; tests/test_rmsprop_tf.py): `add(alpha=)`, `addcdiv` and `lerp` may round a product and a sum
 once where the reference rounds twice, a float lr multiplies g / sqrt(ms + eps) rather than g, and
 `lerp` evaluates the EMA as `w - (w - ema) * d` once its weight `1 - d` is >= 0.5 (the first 8
 warm-up steps).

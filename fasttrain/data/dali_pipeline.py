@@ -30,7 +30,7 @@ Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: a
         0.875, or TF official's truncated aspect-preserving size and central crop) as a resize ROI,
         shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear does, without
         antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's own eval outputs
-        (tests/test_tf_images.py) the difference is DALI's decoder and rounding: see the README.
+        (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding: see the README.
     mean/std as fasttrain.data.normalize: inception 127.5/127.5 (y = x / 127.5 - 1); resnet
     (123.68, 116.78, 103.94)/1. Labels: image/class/label + label_offset, int64, checked on the host.
 

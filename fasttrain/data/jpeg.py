@@ -4,7 +4,7 @@ TensorFlow decodes with libjpeg-turbo, the fast integer IDCT (JDCT_IFAST) and fa
 upsampling, and asks libjpeg for RGB output, which turns 1-component (grayscale) JPEGs into three
 equal channels. simplejpeg bundles libjpeg-turbo and exposes exactly those switches (fastdct=True,
 fastupsample=False): its output equals TensorFlow's bit for bit on every kind of JPEG the fixture holds
-(tests/test_tf_images.py). It decodes straight into a caller's buffer, and releases the GIL.
+(tests/test_transforms_tf.py). It decodes straight into a caller's buffer, and releases the GIL.
 
 `decode_and_crop_jpeg` (the ResNet seed's train decode) decodes only the crop window, as TensorFlow's
 jpeg_mem.cc does: libjpeg's jpeg_crop_scanline from the iMCU column at or left of the window, skipped
@@ -12,7 +12,7 @@ rows above it (entropy-decoded only), nothing below it. That costs about 0.8 of 
 benchmark's photos (bench/bench_input.py's set; a crop covers half the image on average). Chroma at
 the window's edges is upsampled as at an image edge, so for 4:2:0 / 4:2:2 JPEGs the window's first or
 last column differs from a crop of the full decode; the cropped decode reproduces TensorFlow's pixels
-bit for bit (tests/test_tf_images.py). The call is libjpeg-turbo 3's TurboJPEG API
+bit for bit (tests/test_transforms_tf.py). The call is libjpeg-turbo 3's TurboJPEG API
 (tj3SetCroppingRegion), which no maintained Python binding exposes; the `turbojpeg` wheel bundles the
 library (its own pybind module has no cropping), and fasttrain calls that library through ctypes
 (ctypes drops the GIL during the call). Where the wheel is absent (it exists for x86-64 Linux, which

@@ -17,7 +17,7 @@ Every kernel reads uint8 or float32 (H, W, 3) arrays of any strides (a crop is a
 a view with a negative stride), multiplies each input value by `in_scale` (1/255 reproduces
 `convert_image_dtype`, which the Inception seed applies before resizing) and writes float32 into `out`
 (S_h, S_w, 3). The arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to
-the compiler's choices (tests/test_tf_images.py compares them with TensorFlow's own).
+the compiler's choices (tests/test_transforms_tf.py compares them with TensorFlow's own).
 
 The kernels are compiled by numba on first use (about 1 s each, then cached on disk).
 """

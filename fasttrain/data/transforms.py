@@ -23,7 +23,7 @@ Eval (`eval_transform`):
                central S x S at ((H' - S) // 2, (W' - S) // 2); only that window is computed
 
 Decoding and resizing are TensorFlow's (fasttrain.data.jpeg, fasttrain.data.resize), so the uint8
-outputs are TensorFlow's float results rounded to the nearest level (tests/test_tf_images.py). The
+outputs are TensorFlow's float results rounded to the nearest level (tests/test_transforms_tf.py). The
 ResNet seed flips the crop before resizing; TF1's resize is not mirror-symmetric (source = x * scale),
 so the order is kept. Inception flips after the resize: the resize writes its columns mirrored, and
 the colour steps (per pixel, and channel means) do not care.

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from fasttrain.selfcheck.common import Context, Skip, batches, deterministic, needs_cuda, sync, train_step
 
-# The test suite's tolerances (tests/test_kernels.py, test_step.py): the paths compute in fp32 and
+# The test suite's tolerances (tests/test_rmsprop_tf.py, test_step.py): the paths compute in fp32 and
 # differ only in rounding order; semantic slips move values by >= 1e-3.
 ATOL, RTOL = 2e-6, 1e-6
 

@@ -1,4 +1,4 @@
-"""The selfcheck's checks across processes and pipelines, after tests/test_distributed.py (fasttrain's
+"""The selfcheck's checks across processes and pipelines, after tests/test_buckets.py (fasttrain's
 gradient buckets against torch DDP), tests/test_dali_pipeline.py (DALI against the torch pipeline),
 and a short throughput figure (a sanity figure: bench/run.py is the benchmark).
 """
@@ -18,7 +18,7 @@ _BUCKET_STEPS, _PER_RANK = 8, 4
 
 
 def _convnet(device) -> torch.nn.Module:
-    # No BatchNorm: parameters then depend only on the averaged gradients (as tests/test_distributed.py).
+    # No BatchNorm: parameters then depend only on the averaged gradients (as tests/test_buckets.py).
     torch.manual_seed(0)
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
