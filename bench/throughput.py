@@ -52,9 +52,10 @@ from fasttrain.data import build_loader
 from fasttrain.data.normalize import normalize_images
 from fasttrain.models import param_groups
 from fasttrain.precision import Precision, resolve_precision
+from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
-from fasttrain.train import batch_stream, build_model, build_optimizer, make_loss
+from fasttrain.train import batch_stream
 
 ROWS = ("a", "b", "c", "d", "e")
 ROW_TITLES = {

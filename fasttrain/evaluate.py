@@ -166,7 +166,7 @@ class _Evaluator:
         from fasttrain.data import build_loader
         from fasttrain.monitor import MetricsLog
         from fasttrain.precision import resolve_precision
-        from fasttrain.train import build_model, build_optimizer
+        from fasttrain.run import build_model, build_optimizer
 
         self.run_dir, self.cfg, self.info = run_dir, cfg, info
         self.precision = resolve_precision(cfg, info.device)

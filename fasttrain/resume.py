@@ -1,6 +1,6 @@
 """What a run's checkpoint holds, and how a run restores from it (fasttrain.checkpoint writes the files).
 
-    run = Run(info=..., model=..., optimizer=..., bn_ema=..., step=..., loader=...)
+    run = build_run(...)                                       # fasttrain.run
     step = restore_run(cfg, run, run_dir=run_dir, log=log)     # 0 for a fresh run
     save_run(run_dir, step, run, cfg=cfg)                      # every rank calls it
 
@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
-from fasttrain.data import Loader
-from fasttrain.distributed import DistInfo, rank0_error
+from fasttrain.distributed import rank0_error
 from fasttrain.models import classifier_names, reset_classifier
-from fasttrain.optim import FlatOptimizer
-from fasttrain.rng import get_rng_state, set_rng_state
-from fasttrain.step import BufferEMA, TrainStep
+
+if TYPE_CHECKING:
+    from fasttrain.run import Run
 
 # Settings that only say where and how long to run, or how often to report: changing them between a
 # run and its resume changes nothing in the numbers.
@@ -43,48 +42,6 @@ _STATE_SHAPING = {
     "model", "resnet_size", "base_channels", "num_classes", "optimizer", "ema_decay", "no_decay_bn_bias",
     "sync_bn",
 }  # fmt: skip
-
-
-@dataclass
-class Run:
-    """This rank's share of a training run: what a checkpoint saves and a resume restores.
-
-    The model's state (weights, optimizer buffers, BN EMA, the step's device state) is the same on
-    every rank and rank 0 writes it (`state_dict`); the data position and RNG states are per rank
-    (`rank_state`), gathered into the checkpoint by save_run.
-    """
-
-    info: DistInfo
-    model: torch.nn.Module
-    optimizer: FlatOptimizer
-    bn_ema: BufferEMA | None
-    step: TrainStep
-    loader: Loader
-
-    def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "bn_ema": self.bn_ema.state_dict() if self.bn_ema is not None else {},
-            "ema": ema_state(self.model, self.optimizer),
-            "train_step": self.step.state_dict(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """KeyError, RuntimeError or ValueError when the checkpoint does not fit this run."""
-        load_weights(state, self.model, self.optimizer, self.bn_ema)
-        self.step.load_state_dict(state["train_step"])
-
-    def rank_state(self) -> dict:
-        return {"data": self.loader.state_dict(), "rng": get_rng_state()}
-
-    def load_rank_state(self, data: list[dict], rng: list) -> None:
-        """This rank's entries of a checkpoint's per-rank lists: its own when the world size is the
-        same, else rank 0's data position (and the RNG states as they are)."""
-        rank, world_size = self.info.rank, self.info.world_size
-        self.loader.load_state_dict(data[rank] if len(data) == world_size else data[0])
-        if len(rng) == world_size:
-            set_rng_state(rng[rank])
 
 
 def shaping_changes(changes: list[str]) -> list[str]:

@@ -18,30 +18,24 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, default_cache_dir
 from fasttrain.curves import Curves
-from fasttrain.data import Loader, build_loader
+from fasttrain.data import build_loader
 from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
     DistInfo,
-    GradBuckets,
-    broadcast_module,
     check_graph_capture_env,
     cleanup,
     init_distributed,
-    maybe_sync_bn,
     rank0_error,
-    wrap_ddp,
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.lock import RunLock, claim_run_dir
-from fasttrain.models import create_model, param_groups
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
-from fasttrain.optim import FusedMomentum, FusedRMSPropTF
-from fasttrain.precision import Precision, resolve_precision
-from fasttrain.resume import Run, has_checkpoint, restore_pretrained, restore_run, save_config, save_run
+from fasttrain.precision import resolve_precision
+from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
+from fasttrain.run import build_run
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep, classification_loss
 
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
 # demo's 300 steps see each image a few times) and 1,280 validation images; a fixed seed, so every
@@ -319,95 +313,6 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
     if info.world_size > 1:
         torch.distributed.barrier()
     return target
-
-
-def build_run(
-    cfg: Config,
-    info: DistInfo,
-    precision: Precision,
-    schedule: LRSchedule,
-    loader: Loader,
-    *,
-    pretrained: bool,
-    log: Callable[[str], None],
-) -> Run:
-    """The model on this rank's device (pretrained_model_checkpoint_path's weights when `pretrained`),
-    its optimizer and BN EMA, the gradient sync, and the step that runs them."""
-    model = build_model(cfg)
-    if cfg.pretrained_model_checkpoint_path and pretrained:
-        restore_pretrained(model, cfg, log)
-    model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
-    memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
-    model = model.to(info.device, memory_format=memory_format)
-    broadcast_module(model)
-    optimizer = build_optimizer(cfg, model)
-    bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
-    buckets, ddp_model = None, None
-    # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.
-    capture_stream = torch.cuda.Stream(info.device) if precision.cuda_graph else None
-    if info.world_size > 1 and cfg.grad_sync == "ddp":
-        ddp_model = wrap_ddp(model, info, cfg.bucket_cap_mb, stream=capture_stream)
-    elif info.world_size > 1:
-        names = {p: n for n, p in model.named_parameters()}
-        buckets = GradBuckets(
-            optimizer.flat, info, bucket_cap_mb=cfg.bucket_cap_mb, profile=cfg.profile_comm, names=names
-        )
-    step = TrainStep(
-        model,
-        optimizer=optimizer,
-        precision=precision,
-        device=info.device,
-        schedule=schedule,
-        loss_fn=make_loss(cfg),
-        preprocess=cfg.preprocess,
-        world_size=info.world_size,
-        buckets=buckets,
-        ddp_model=ddp_model,
-        bn_ema=bn_ema,
-        stream=capture_stream,
-    )
-    return Run(info=info, model=model, optimizer=optimizer, bn_ema=bn_ema, step=step, loader=loader)
-
-
-def build_model(cfg: Config) -> torch.nn.Module:
-    """The recipe's architecture, on the CPU in NCHW (the caller moves it)."""
-    return create_model(
-        cfg.model_name,
-        cfg.num_classes,
-        base_channels=cfg.base_channels,
-        zero_init_residual=cfg.zero_init_residual,
-        bn_momentum=cfg.bn_momentum,
-        bn_eps=cfg.bn_eps,
-    )
-
-
-def make_loss(cfg: Config):
-    """loss(output, labels): cross-entropy with the recipe's label smoothing and aux-head weight."""
-    return lambda out, labels: classification_loss(out, labels, cfg.label_smoothing, cfg.aux_loss_weight)
-
-
-def build_optimizer(cfg: Config, model: torch.nn.Module):
-    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
-    ema = cfg.ema_decay or None
-    if cfg.optimizer == "rmsprop":
-        return FusedRMSPropTF(
-            groups,
-            lr=cfg.initial_learning_rate,
-            decay=cfg.rmsprop_decay,
-            momentum=cfg.momentum,
-            eps=cfg.rmsprop_epsilon,
-            weight_decay=cfg.weight_decay,
-            ema_decay=ema,
-            impl=cfg.optimizer_impl,
-        )
-    return FusedMomentum(
-        groups,
-        lr=cfg.initial_learning_rate,
-        momentum=cfg.momentum,
-        weight_decay=cfg.weight_decay,
-        ema_decay=ema,
-        impl=cfg.optimizer_impl,
-    )
 
 
 def batch_stream(loader, accum: int):

@@ -37,9 +37,9 @@ from fasttrain.buckets import GradBuckets
 from fasttrain.config import make_config
 from fasttrain.distributed import DistInfo
 from fasttrain.precision import DynamicLossScaler, Precision
+from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
-from fasttrain.train import build_model, build_optimizer, make_loss
 
 META = torch.device("meta")
 # What a meta tensor raises when read on the host: RuntimeError ("Tensor.item() cannot be called on
