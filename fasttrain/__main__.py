@@ -26,8 +26,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)
         return selfcheck(argv[1:])
     from fasttrain.checkpoint import CheckpointError
-    from fasttrain.config import ConfigError, parse_args
+    from fasttrain.config import ConfigError
     from fasttrain.data import DataError
+    from fasttrain.flags import parse_args
 
     # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
     sys.stdout.reconfigure(line_buffering=True)
