@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fasttrain.config import Config, ConfigError, make_config, upgrade_saved_config
-from fasttrain.flags import parse_args
+from fasttrain.flags import flags_table, parse_args
 from fasttrain.recipes import RECIPES
 from fasttrain.resume import changed_settings
 
@@ -159,6 +159,12 @@ def test_help_goes_to_stdout_with_exit_0(capsys):
     with pytest.raises(SystemExit) as stop:
         parse_args(["--help"])
     assert stop.value.code == 0 and "--bucket_cap_mb" in capsys.readouterr().out
+
+
+def test_readme_flags_table_is_the_generated_one():
+    readme = README.read_text(encoding="utf-8")
+    table = readme.split("<!-- flags table:")[1].split("-->", 1)[1].split("<!-- end of flags table -->")[0]
+    assert table.strip() == flags_table(), "README's flags table is stale: paste `python -m fasttrain.flags`"
 
 
 def test_help_shows_the_named_recipes_values_as_defaults(capsys):
