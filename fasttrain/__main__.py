@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
 
         sys.stdout.reconfigure(line_buffering=True)
         return selfcheck(argv[1:])
-    from fasttrain.config import ConfigError, parse_args
+    from fasttrain.config import ConfigError
+    from fasttrain.flags import parse_args
 
     # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
     sys.stdout.reconfigure(line_buffering=True)

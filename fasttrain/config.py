@@ -1,8 +1,8 @@
-"""Typed run configuration and flag parsing (the recipes themselves are in recipes.py).
+"""The run configuration: every setting a typed `Config` field with a docstring, validated once.
 
-Every field of `Config` is a command-line flag (`--field=value` or `--field value`, `_` and `-` both
-accepted). A recipe is a function returning a `Config`; flags given on the command line override it.
-The resolved config is saved as `config.json` in the run directory.
+The field defaults are the base; a recipe (fasttrain/recipes.py) is a `Config`, the base plus the
+seed's changes, and `make_config` applies overrides to one. Every field is a command-line flag
+(fasttrain/flags.py), and the resolved config is saved as `config.json` in the run directory.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from fasttrain.errors import SettingError
-from fasttrain.recipes import RECIPES
 
 
 class ConfigError(SettingError):
@@ -26,8 +25,9 @@ class ConfigError(SettingError):
 @dataclass
 class Config:
     # --- run control -------------------------------------------------------------------------
-    recipe: str = "demo"
-    """Named recipe that sets the defaults: demo, inception_v3, resnet50, resnet101 (see RECIPES)."""
+    recipe: Literal["demo", "inception_v3", "resnet50", "resnet101"] | None = None
+    """Named recipe these values start from (fasttrain/recipes.py): demo (the CLI's when none is named),
+    inception_v3, resnet50 or resnet101; None in the base, these field defaults, which is no recipe."""
     train_dir: str = ""
     """Run directory for checkpoints, config.json and metrics.jsonl (default: runs/<recipe>)."""
     max_steps: int = 0
@@ -35,10 +35,10 @@ class Config:
     train_epochs: float = 0.0
     """Epochs to train for when max_steps is 0 (the ResNet seed's 90)."""
     seed: int = 0
-    """Seed for model initialisation, data order and augmentation (0 <= seed < 2**32)."""
+    """Seed for model initialisation, data order and augmentation (`0 <= seed < 2**32`)."""
     deterministic: bool = False
     """Deterministic algorithms and one data worker, so a run is bit-reproducible on the CPU (on CUDA
-    also a fixed cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 unless set)."""
+    also a fixed cuBLAS workspace, `CUBLAS_WORKSPACE_CONFIG=:4096:8` unless set)."""
     log_every: int = 10
     """Print the seeds' `step N, loss = X (...)` line and a metrics record every N steps."""
     tensorboard: bool = True
@@ -65,7 +65,7 @@ class Config:
     """A fasttrain checkpoint to start from (the run starts at step 0)."""
     checkpoint_dir: str = ""
     """Resume from the newest checkpoint in this directory instead of train_dir's own."""
-    device: str = "auto"
+    device: Literal["auto", "cuda", "cpu"] = "auto"
     """Device to train on: auto (CUDA when available), cuda, or cpu."""
     num_gpus: int = 0
     """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node."""
@@ -75,9 +75,9 @@ class Config:
     # --- data ------------------------------------------------------------------------------
     data_dir: str = ""
     """Directory of TFRecord shards train-*-of-* and validation-*-of-* (demo: built in the cache)."""
-    subset: str = "train"
+    subset: Literal["train", "validation"] = "train"
     """Split to train on: train or validation (the seeds' --subset)."""
-    data_backend: str = "auto"
+    data_backend: Literal["auto", "dali", "torch", "synthetic"] = "auto"
     """Input pipeline: auto (DALI if it imports, else torch), dali, torch, or synthetic."""
     data_cache_dir: str = ""
     """Cache for the demo data set and for index files of read-only data directories."""
@@ -87,7 +87,7 @@ class Config:
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
     image_size: int = 224
     """Training and evaluation image side in pixels."""
-    preprocess: str = "resnet"
+    preprocess: Literal["inception", "resnet"] = "resnet"
     """Preprocessing style: inception (scale to [-1, 1], 87.5% central eval crop) or resnet (means)."""
     color_distort: bool = False
     """Inception colour distortion (brightness, saturation, hue, contrast) in training."""
@@ -101,7 +101,7 @@ class Config:
     """Skip corrupt records (counted in the log) instead of stopping with an error."""
 
     # --- model -----------------------------------------------------------------------------
-    model: str = "resnet50"
+    model: Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "inception_v3"] = "resnet50"
     """Architecture: resnet18/34/50/101/152 or inception_v3."""
     resnet_size: int = 0
     """The ResNet seed's flag: 18, 34, 50, 101 or 152 selects model resnet<N> (0: use --model)."""
@@ -121,22 +121,23 @@ class Config:
     # --- optimisation ----------------------------------------------------------------------
     batch_size: int = 32
     """Images per device per step (the seeds' --batch_size / --train-batch-size)."""
-    optimizer: str = "momentum"
+    optimizer: Literal["rmsprop", "momentum"] = "momentum"
     """rmsprop (TensorFlow's RMSPropOptimizer) or momentum (TensorFlow's MomentumOptimizer)."""
-    optimizer_impl: str = "auto"
+    optimizer_impl: Literal["auto", "triton", "chunked", "torch"] = "auto"
     """Optimizer implementation: auto (Triton on supported GPUs, else chunked), triton, chunked, or torch."""
     initial_learning_rate: float = 0.1
     """Learning rate at step 0 (before lr_batch_scaling)."""
     lr_batch_scaling: bool = False
     """Multiply the learning rate by global_batch / 256 (the ResNet seed's rule)."""
-    lr_schedule: str = "exponential"
+    lr_schedule: Literal["exponential", "piecewise"] = "exponential"
     """exponential (staircase decay every num_epochs_per_decay) or piecewise (lr_boundary_epochs)."""
     num_epochs_per_decay: float = 30.0
     """Exponential schedule: epochs between decays."""
     learning_rate_decay_factor: float = 0.16
     """Exponential schedule: multiplier per decay; piecewise: multiplier at each boundary."""
-    lr_boundary_epochs: str = "30,60,80,90"
-    """Piecewise schedule: comma-separated epochs at which the LR is multiplied by the factor."""
+    lr_boundary_epochs: list[float] = field(default_factory=lambda: [30.0, 60.0, 80.0, 90.0])
+    """Piecewise schedule: the epochs, increasing, at which the LR is multiplied by the factor (the flag
+    takes them comma-separated)."""
     momentum: float = 0.9
     """Momentum of either optimizer."""
     rmsprop_decay: float = 0.9
@@ -153,13 +154,13 @@ class Config:
     """Micro-batches accumulated per optimizer step (only the last one communicates)."""
 
     # --- precision, layout, speed -----------------------------------------------------------
-    precision: str = "auto"
+    precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"
     """fp32, fp16 (dynamic loss scaling), bf16, or auto (by GPU class; fp32 on the CPU)."""
     channels_last: bool | None = None
     """NHWC memory layout (default: on for CUDA devices with tensor cores, off on the CPU)."""
     cuda_graph: bool | None = None
     """Capture the whole training step in a CUDA graph (default: on for CUDA)."""
-    grad_sync: str = "buckets"
+    grad_sync: Literal["buckets", "ddp"] = "buckets"
     """Multi-process gradient sync: buckets (fasttrain's flat-buffer all-reduce) or ddp (torch DDP)."""
     bucket_cap_mb: float = 25.0
     """All-reduce bucket size in MiB (the first bucket is about 1 MiB)."""
@@ -168,6 +169,8 @@ class Config:
 
     def __post_init__(self) -> None:
         _validate(self)
+        # A copy, in floats: a Config made from a recipe must not share the recipe's list.
+        self.lr_boundary_epochs = [float(b) for b in self.lr_boundary_epochs]
 
     @property
     def model_name(self) -> str:
@@ -178,18 +181,17 @@ class Config:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
 
-_CHOICES = {
-    "device": ("auto", "cuda", "cpu"),
-    "subset": ("train", "validation"),
-    "data_backend": ("auto", "dali", "torch", "synthetic"),
-    "preprocess": ("inception", "resnet"),
-    "model": ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "inception_v3"),
-    "optimizer": ("rmsprop", "momentum"),
-    "optimizer_impl": ("auto", "triton", "chunked", "torch"),
-    "lr_schedule": ("exponential", "piecewise"),
-    "precision": ("auto", "fp32", "fp16", "bf16"),
-    "grad_sync": ("buckets", "ddp"),
-}
+def _allowed(hint) -> tuple:
+    """The values a Literal[...] field type allows, None too for `Literal[...] | None` (() otherwise)."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    literal = next((a for a in args if typing.get_origin(a) is Literal), None)
+    return (*typing.get_args(literal), None) if literal and type(None) in args else ()
+
+
+_HINTS = typing.get_type_hints(Config)
+
 _POSITIVE = (
     "batch_size",
     "log_every",
@@ -226,9 +228,11 @@ _NON_NEGATIVE = (
 
 
 def _validate(cfg: Config) -> None:
-    for name, choices in _CHOICES.items():
-        if getattr(cfg, name) not in choices:
-            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is not one of {', '.join(choices)}")
+    for name, hint in _HINTS.items():  # the choices are the Literal[...] field types
+        allowed = _allowed(hint)
+        if allowed and getattr(cfg, name) not in allowed:
+            names = ", ".join(a for a in allowed if a is not None)
+            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is not one of {names}")
     # Written as `not value > 0` so that a NaN (`--initial_learning_rate=nan`) is refused too.
     for name in _POSITIVE:
         if not getattr(cfg, name) > 0:
@@ -270,13 +274,14 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("inception_v3 needs --batch_size of at least 2 (the aux head's BN sees 1x1 maps)")
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
         raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
-    try:
-        lr_boundaries(cfg)
-    except ValueError:
+    bounds = cfg.lr_boundary_epochs
+    if not isinstance(bounds, list) or not all(isinstance(b, (int, float)) for b in bounds):
+        raise ConfigError(f"lr_boundary_epochs must be a list of numbers, got {bounds!r}")
+    if any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ConfigError(
-            f"--lr_boundary_epochs={cfg.lr_boundary_epochs!r} is not a comma-separated "
+            f"--lr_boundary_epochs={','.join(f'{b:g}' for b in bounds)!r} is not a comma-separated "
             "list of increasing numbers"
-        ) from None
+        )
 
 
 # The aux head pools Mixed_6e's map 5x5/3 and then applies a 5x5 convolution without padding, so it
@@ -307,101 +312,14 @@ def _check_triton(device: str) -> None:
         )
 
 
-def lr_boundaries(cfg: Config) -> list[float]:
-    """The piecewise schedule's boundaries in epochs, increasing."""
-    values = [float(v) for v in cfg.lr_boundary_epochs.split(",") if v.strip()]
-    if any(b <= a for a, b in zip(values, values[1:])):
-        raise ValueError("boundaries must increase")
-    return values
-
-
 # The seeds' spellings that are not field names.
 ALIASES = {"train_batch_size": "batch_size", "output_dir": "train_dir"}
 
 
-# --- flag parsing ----------------------------------------------------------------------------
-
-_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_HINTS = typing.get_type_hints(Config)
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _convert(name: str, text: str):
-    hint = _HINTS[name]
-    optional = type(None) in typing.get_args(hint)
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
-    if optional and text.lower() in ("auto", "none"):
-        return None
-    if base is bool:
-        if text.lower() in _TRUE:
-            return True
-        if text.lower() in _FALSE:
-            return False
-        raise ConfigError(f"--{name} takes true or false, got {text!r}")
-    try:
-        return base(text)
-    except ValueError:
-        raise ConfigError(f"--{name} takes {base.__name__}, got {text!r}") from None
-
-
-def _canonical(flag: str) -> tuple[str, bool]:
-    """Map '--some-flag' to ('some_flag', negated)."""
-    name = flag[2:].replace("-", "_")
-    name = ALIASES.get(name, name)
-    if name not in _FIELDS and name.startswith("no_") and name[3:] in _FIELDS:
-        return name[3:], True
-    return name, False
-
-
-def parse_args(argv: list[str]) -> Config:
-    """Build the Config for a command line: the recipe's defaults, then the flags in order.
-
-    A flag given twice keeps its last value (scripts append overrides), but a seed alias and its field
-    (--train_batch_size and --batch_size) with different values are refused: which one was meant?
-    """
-    values: dict[str, object] = {}
-    spelled: dict[str, str] = {}  # field -> the flag that set it
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("-h", "--help"):
-            print(_usage())
-            raise SystemExit(0)
-        if not arg.startswith("--"):
-            raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
-        flag, eq, text = arg.partition("=")
-        name, negated = _canonical(flag)
-        if name not in _FIELDS:
-            raise ConfigError(f"unknown flag {flag} (python -m fasttrain --help lists the flags)")
-        is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
-        if negated:
-            if eq or not is_bool:
-                raise ConfigError(f"{flag} takes no value")
-            value = False
-        elif eq:
-            value = _convert(name, text)
-        elif is_bool and (i + 1 >= len(argv) or argv[i + 1].lower() not in _TRUE + _FALSE):
-            value = True
-        else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{flag} needs a value")
-            i += 1
-            value = _convert(name, argv[i])
-        before = spelled.get(name)
-        if before is not None and _is_alias(before) != _is_alias(flag) and values[name] != value:
-            raise ConfigError(f"{before}={values[name]} and {flag}={value} conflict; give one of them")
-        values[name], spelled[name] = value, flag
-        i += 1
-    return make_config(**values)
-
-
-def _is_alias(flag: str) -> bool:
-    return flag[2:].replace("-", "_") in ALIASES
-
-
 def make_config(**overrides) -> Config:
     """The named recipe's Config (overrides['recipe'], default demo) with overrides applied."""
+    from fasttrain.recipes import RECIPES  # recipes.py builds its Configs from this module
+
     recipe = overrides.get("recipe", "demo")
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
@@ -409,42 +327,24 @@ def make_config(**overrides) -> Config:
     if size and "model" in overrides and overrides["model"] != f"resnet{size}":
         # Both given: the seed's flag would silently win, training a model the user did not name.
         raise ConfigError(f"--resnet_size={size} and --model={overrides['model']} conflict; give one of them")
-    values = {**RECIPES[recipe](), **overrides, "recipe": recipe}
-    unknown = set(values) - set(_FIELDS)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ConfigError(f"unknown config field(s): {', '.join(sorted(unknown))}")
-    return Config(**values)
+    return dataclasses.replace(RECIPES[recipe], **overrides)
 
 
-def _usage() -> str:
-    lines = [
-        "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
-        "",
-        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false.",
-        "Defaults shown are the base config's; the recipe (demo when none is named) overrides some.",
-        "",
-    ]
-    doc = _field_docs()
-    for name in _FIELDS:
-        default = getattr(Config, name, None)
-        lines.append(f"  --{name:<34} {doc.get(name, '')} [default: {default}]")
-    return "\n".join(lines)
-
-
-def _field_docs() -> dict[str, str]:
-    """Field docstrings (the string literal under each field), read from this file's source."""
-    import ast
-
-    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Config")
-    docs, last = {}, None
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            last = node.target.id
-        elif last and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            docs[last] = str(node.value.value)
-            last = None
-    return docs
+def upgrade_saved_config(saved: dict) -> dict:
+    """A config saved by any fasttrain version (config.json, a checkpoint's "config") in this version's
+    types: lr_boundary_epochs was saved as the flag's text, "30,60,80,90", before it was a list."""
+    text = saved.get("lr_boundary_epochs")
+    if not isinstance(text, str):
+        return saved
+    try:
+        return {**saved, "lr_boundary_epochs": [float(v) for v in text.split(",") if v.strip()]}
+    except ValueError:
+        raise ConfigError(
+            f"the saved lr_boundary_epochs {text!r} is not a comma-separated list of numbers"
+        ) from None
 
 
 def default_cache_dir() -> Path:
@@ -453,7 +353,3 @@ def default_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain"
     )
     return Path(root)
-
-
-if __name__ == "__main__":  # pragma: no cover - debugging aid
-    print(parse_args(sys.argv[1:]).to_json())

@@ -142,7 +142,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _run_config(run_dir: Path, args: argparse.Namespace):
-    from fasttrain.config import Config, ConfigError
+    from fasttrain.config import Config, ConfigError, upgrade_saved_config
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -154,7 +154,7 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     known = {f.name for f in dataclasses.fields(Config)}
     saved = {k: v for k, v in saved.items() if k in known}
     saved.update({k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v})
-    return Config(**saved)
+    return Config(**upgrade_saved_config(saved))
 
 
 class _Evaluator:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config
+from fasttrain.config import Config, upgrade_saved_config
 from fasttrain.distributed import rank0_error
 from fasttrain.models import classifier_names, reset_classifier
 
@@ -67,7 +67,7 @@ def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
     """'name saved -> now' for each setting of `cfg` that differs from the checkpoint's config."""
     if not saved:
         return []
-    now = dataclasses.asdict(cfg)
+    saved, now = upgrade_saved_config(saved), dataclasses.asdict(cfg)
     return [
         f"{k} {saved[k]!r} -> {now[k]!r}"
         for k in sorted(now)

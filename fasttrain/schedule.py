@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from fasttrain.config import Config, lr_boundaries
+from fasttrain.config import Config
 
 
 class LRSchedule:
@@ -27,7 +27,7 @@ class LRSchedule:
         self.factor = cfg.learning_rate_decay_factor
         self.kind = cfg.lr_schedule
         self.decay_steps = max(1, int(steps_per_epoch * cfg.num_epochs_per_decay))
-        self.boundaries = [int(b * steps_per_epoch) for b in lr_boundaries(cfg)]
+        self.boundaries = [int(b * steps_per_epoch) for b in cfg.lr_boundary_epochs]
         # Made once here: creating tensors from host values is not allowed during graph capture.
         self._bounds = torch.tensor(self.boundaries or [2**62], dtype=torch.int64, device=device)
         self._factor = torch.tensor(self.factor, dtype=torch.float64, device=device)

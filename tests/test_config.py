@@ -1,12 +1,19 @@
 """Flags map one-to-one onto Config fields; recipes carry the seeds' settings; bad input is refused."""
 
+import dataclasses
 import json
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
-from fasttrain.config import Config, ConfigError, make_config, parse_args
+from fasttrain.config import Config, ConfigError, make_config, upgrade_saved_config
+from fasttrain.flags import flags_table, parse_args
+from fasttrain.recipes import RECIPES
+from fasttrain.resume import changed_settings
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 _SPECIAL = {
     "device": "cpu",
@@ -101,7 +108,7 @@ def test_resnet_recipe_is_the_seed():
     cfg = parse_args(["--recipe=resnet101"])
     assert cfg.model_name == "resnet101" and cfg.optimizer == "momentum" and cfg.lr_batch_scaling
     assert (cfg.lr_boundary_epochs, cfg.learning_rate_decay_factor, cfg.weight_decay) == (
-        "30,60,80,90",
+        [30.0, 60.0, 80.0, 90.0],
         0.1,
         1e-4,
     )
@@ -143,7 +150,7 @@ def test_config_round_trips_through_json():
 
 
 def test_readme_flags_reference_lists_every_field():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = README.read_text(encoding="utf-8")
     missing = [name for name in Config.__dataclass_fields__ if f"| `--{name}` |" not in readme]
     assert not missing, f"README's flags table lacks {missing}"
 
@@ -152,3 +159,142 @@ def test_help_goes_to_stdout_with_exit_0(capsys):
     with pytest.raises(SystemExit) as stop:
         parse_args(["--help"])
     assert stop.value.code == 0 and "--bucket_cap_mb" in capsys.readouterr().out
+
+
+def test_readme_flags_table_is_the_generated_one():
+    readme = README.read_text(encoding="utf-8")
+    table = readme.split("<!-- flags table:")[1].split("-->", 1)[1].split("<!-- end of flags table -->")[0]
+    assert table.strip() == flags_table(), "README's flags table is stale: paste `python -m fasttrain.flags`"
+
+
+def test_help_shows_the_named_recipes_values_as_defaults(capsys):
+    def help_line(argv, name):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith(f"  --{name} "))
+
+    assert help_line(["--help"], "max_steps").endswith("[default: 300]")  # the demo's
+    assert help_line(["--recipe", "resnet50", "--help"], "max_steps").endswith("[default: 0]")
+    assert help_line(["--help", "--recipe=resnet50"], "lr_schedule").endswith("[default: piecewise]")
+    assert help_line(["--recipe=resnet50", "--help"], "lr_boundary_epochs").endswith("[default: 30,60,80,90]")
+    assert help_line(["--recipe=inception_v3", "--help"], "image_size").endswith("[default: 299]")
+
+
+def test_recipes_are_configs_named_for_themselves():
+    names = typing.get_args(typing.get_args(typing.get_type_hints(Config)["recipe"])[0])
+    assert list(RECIPES) == list(names) == ["demo", "inception_v3", "resnet50", "resnet101"]
+    for name, recipe in RECIPES.items():
+        assert isinstance(recipe, Config) and recipe.recipe == name
+        assert make_config(recipe=name) == recipe
+    # The field defaults are the base, which is no recipe; the CLI trains the demo when none is named.
+    assert Config.__dataclass_fields__["recipe"].default is None
+    assert parse_args([]) == RECIPES["demo"]
+    # A Config made from a recipe has its own list: changing it leaves the recipe as it was.
+    make_config(recipe="resnet50").lr_boundary_epochs.append(100.0)
+    assert RECIPES["resnet50"].lr_boundary_epochs == [30.0, 60.0, 80.0, 90.0]
+
+
+@pytest.mark.parametrize(
+    "name", [n for n, hint in typing.get_type_hints(Config).items() if "Literal" in str(hint)]
+)
+def test_every_choice_field_refuses_other_values(name):
+    hint = typing.get_type_hints(Config)[name]
+    literal = next((a for a in typing.get_args(hint) if typing.get_origin(a) is typing.Literal), hint)
+    choices = ", ".join(typing.get_args(literal))
+    with pytest.raises(ConfigError, match=re.escape(f"--{name}='bogus' is not one of {choices}")):
+        dataclasses.replace(RECIPES["demo"], **{name: "bogus"})
+
+
+def test_lr_boundary_epochs_is_a_list_the_flag_spells_with_commas():
+    assert parse_args(["--lr_boundary_epochs=5,7.5"]).lr_boundary_epochs == [5.0, 7.5]
+    assert parse_args(["--lr_boundary_epochs="]).lr_boundary_epochs == []  # piecewise without steps
+    assert json.loads(parse_args(["--lr_boundary_epochs", "5,7"]).to_json())["lr_boundary_epochs"] == [5, 7]
+    with pytest.raises(ConfigError, match=re.escape("--lr_boundary_epochs='30,10' is not a comma-separated")):
+        parse_args(["--lr_boundary_epochs=30,10"])
+    with pytest.raises(ConfigError, match=re.escape("--lr_boundary_epochs='a,b' is not a comma-separated")):
+        parse_args(["--lr_boundary_epochs=a,b"])
+
+
+# A config.json written before lr_boundary_epochs was a list (the resnet50 recipe, by commit d345055);
+# checkpoints saved the same values under "config".
+_SAVED_BEFORE_LISTS = """\
+{
+  "aux_loss_weight": 0.0,
+  "base_channels": 64,
+  "batch_size": 32,
+  "bn_eps": 1e-05,
+  "bn_momentum": 0.003,
+  "bucket_cap_mb": 25.0,
+  "channels_last": null,
+  "checkpoint_dir": "",
+  "checkpoint_every": 5000,
+  "color_distort": false,
+  "cuda_graph": null,
+  "data_backend": "auto",
+  "data_cache_dir": "",
+  "data_dir": "/data/imagenet",
+  "deterministic": false,
+  "device": "auto",
+  "ema_decay": 0.0,
+  "epoch_size": 0,
+  "eval_at_end": true,
+  "eval_every_epochs": 1.0,
+  "fine_tune": false,
+  "grad_accum_steps": 1,
+  "grad_sync": "buckets",
+  "histogram_every": 0,
+  "image_size": 224,
+  "initial_learning_rate": 0.1,
+  "keep_checkpoints": 3,
+  "label_offset": -1,
+  "label_smoothing": 0.0,
+  "learning_rate_decay_factor": 0.1,
+  "log_every": 10,
+  "lr_batch_scaling": true,
+  "lr_boundary_epochs": "30,60,80,90",
+  "lr_schedule": "piecewise",
+  "max_eval_batches": 0,
+  "max_nonfinite_steps": 20,
+  "max_steps": 0,
+  "model": "resnet50",
+  "momentum": 0.9,
+  "no_decay_bn_bias": false,
+  "num_classes": 1000,
+  "num_epochs_per_decay": 30.0,
+  "num_gpus": 0,
+  "num_workers": 4,
+  "optimizer": "momentum",
+  "optimizer_impl": "auto",
+  "precision": "auto",
+  "preprocess": "resnet",
+  "pretrained_model_checkpoint_path": "",
+  "profile_comm": false,
+  "recipe": "resnet50",
+  "resnet_size": 0,
+  "rmsprop_decay": 0.9,
+  "rmsprop_epsilon": 1.0,
+  "seed": 0,
+  "shuffle_buffer": 2048,
+  "skip_corrupt": false,
+  "subset": "train",
+  "sync_bn": false,
+  "tensorboard": true,
+  "train_dir": "runs/r50",
+  "train_epochs": 90.0,
+  "weight_decay": 0.0001,
+  "zero_init_residual": true
+}
+"""
+
+
+def test_a_config_saved_before_lr_boundary_epochs_was_a_list_still_loads():
+    saved = json.loads(_SAVED_BEFORE_LISTS)
+    assert saved["lr_boundary_epochs"] == "30,60,80,90"
+    now = make_config(recipe="resnet50", data_dir="/data/imagenet", train_dir="runs/r50")
+    assert Config(**upgrade_saved_config(saved)) == now  # as the evaluator reads config.json
+    assert changed_settings(saved, now) == []  # as a resume compares a checkpoint's config
+    assert changed_settings(saved, dataclasses.replace(now, lr_boundary_epochs=[30, 60])) == [
+        "lr_boundary_epochs [30.0, 60.0, 80.0, 90.0] -> [30.0, 60.0]"
+    ]
+    with pytest.raises(ConfigError, match="the saved lr_boundary_epochs 'x' is not"):
+        upgrade_saved_config({"lr_boundary_epochs": "x"})

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from fasttrain.config import INCEPTION_MIN_IMAGE_SIZE, ConfigError, parse_args
+from fasttrain.config import INCEPTION_MIN_IMAGE_SIZE, ConfigError
+from fasttrain.flags import parse_args
 from fasttrain.models import create_model
 
 
