@@ -81,7 +81,7 @@ def train(cfg: Config) -> dict:
     eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
 
     # --- run directory ----------------------------------------------------------------------
-    run_dir = Path(cfg.train_dir or Path("runs") / cfg.recipe)
+    run_dir = Path(cfg.train_dir or Path("runs") / (cfg.recipe or "base"))  # recipe None: the base Config
     lock = claim_on_rank0(run_dir, info, log)
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
@@ -293,7 +293,8 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
         return path
     if cfg.recipe != "demo":
         raise SettingError(
-            f"data_dir is required for recipe {cfg.recipe} (the TFRecord shards directory)",
+            f"data_dir is required for recipe {cfg.recipe or 'none (the base Config)'} "
+            "(the TFRecord shards directory)",
             settings=("data_dir",),
         )
     from fasttrain.data.synthetic import ensure_synthetic

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 from launch_helpers import ENV, command, free_port, loopback_env
 
 import fasttrain.evaluate
+import fasttrain.run
 import fasttrain.train
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
@@ -62,7 +63,7 @@ def lifetimes(monkeypatch):
         events.append("cleanup")
         real_cleanup()
 
-    monkeypatch.setattr(fasttrain.train, "TrainStep", RecordingStep)
+    monkeypatch.setattr(fasttrain.run, "TrainStep", RecordingStep)  # build_run makes the step
     monkeypatch.setattr(fasttrain.train, "cleanup", recording_cleanup)
     return SimpleNamespace(events=events, step=RecordingStep)
 
