@@ -1,6 +1,6 @@
 """The selfcheck's checks across processes and pipelines, after tests/test_buckets.py (fasttrain's
 gradient buckets against torch DDP), tests/test_dali_pipeline.py (DALI against the torch pipeline),
-and a short throughput figure (a sanity figure: bench/run.py is the benchmark).
+and a short throughput figure (a sanity figure: python -m bench.run is the benchmark).
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _throughput(ctx: Context, graph: bool) -> str:
     label = name if not kwargs else f"{name} at {kwargs['base_channels']} channels"
     return (
         f"{rate:,.0f} img/s ({label}, {size} px, batch {batch}, {precision.name}, {timed} steps); "
-        "a sanity figure, not a benchmark (bench/run.py)"
+        "a sanity figure, not a benchmark (python -m bench.run)"
     )
 
 
