@@ -22,14 +22,15 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
 from nvidia.dali import fn, pipeline_def, types  # noqa: E402
 
 from fasttrain.config import make_config  # noqa: E402
-from fasttrain.data import DataError  # noqa: E402
+from fasttrain.data import DataError, build_loader  # noqa: E402
 from fasttrain.data.dali_pipeline import DALI_MIN_VERSION, DaliLoader, check_dali_version  # noqa: E402
 from fasttrain.data.example import encode_example  # noqa: E402
 from fasttrain.data.imagenet import decode_record, list_shards  # noqa: E402
 from fasttrain.data.normalize import normalize_images  # noqa: E402
 from fasttrain.data.tfrecord import iter_records, write_index_file, write_records  # noqa: E402
 from fasttrain.data.transforms import apply_eval  # noqa: E402
-from fasttrain.errors import SettingError
+from fasttrain.errors import SettingError  # noqa: E402
+from fasttrain.precision import Precision  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDS = {"train": (23, 17, 29), "validation": (13, 10)}  # records per shard: uneven on purpose
@@ -244,6 +245,18 @@ def test_training_batches_are_nhwc_float_in_range(data_dir, preprocess, color):
         assert bool((images >= -means).all()) and bool((images <= 255 - means).all())
     half, _ = next(iter(DaliLoader(cfg, "train", True, dtype=torch.float16)))
     assert half.dtype == torch.float16 and half.shape == images.shape
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [("fp16", torch.float16), ("bf16", torch.float32), ("fp32", torch.float32)]
+)
+def test_build_loader_takes_dalis_output_type_from_the_runs_precision(data_dir, name, dtype):
+    # The run's resolved policy is passed down (not resolved again from the config): DALI writes fp16
+    # for an fp16 run and fp32 otherwise (it has no bf16 output; autocast casts on the device).
+    precision = Precision(name, channels_last=False, cuda_graph=False)
+    loader = build_loader(_cfg(data_dir, data_backend="dali"), "train", training=True, precision=precision)
+    images, _ = next(iter(loader))
+    assert images.dtype == dtype
 
 
 def test_train_crop_windows_are_within_the_recipe_ranges(data_dir):
