@@ -1,5 +1,5 @@
 """Command line: `python -m fasttrain [--recipe NAME] [--flag=value ...]` (also under torchrun), and
-`python -m fasttrain selfcheck [--out FILE]` (fasttrain/selfcheck.py).
+`python -m fasttrain selfcheck [--out FILE]` (fasttrain/selfcheck/).
 
 User errors (a bad flag, a missing directory, a corrupt shard or checkpoint) end with one line on
 stderr and no traceback: exit code 2 for flags and configuration, 1 for data and checkpoints.
@@ -11,7 +11,7 @@ import os
 import sys
 
 
-def _error(err: BaseException) -> None:
+def print_error(err: BaseException) -> None:
     """One line on stderr, the settings the error names written as flags (fasttrain.errors)."""
     from fasttrain.errors import flag_text
 
@@ -24,10 +24,9 @@ def _error(err: BaseException) -> None:
 def exit_code(err: BaseException) -> int | None:
     """2 for a bad flag or setting, 1 for the other errors a user can fix (data, checkpoints, a run that
     cannot continue), None for anything else (a bug: let its traceback through)."""
-    from fasttrain.config import ConfigError
     from fasttrain.errors import FasttrainError, SettingError
 
-    if isinstance(err, (ConfigError, SettingError)):
+    if isinstance(err, SettingError):  # config.ConfigError, the flag layer's, is one too
         return 2
     return 1 if isinstance(err, FasttrainError) else None
 
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
     except ConfigError as err:
-        _error(err)
+        print_error(err)
         return 2
     except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if (code := exit_code(err)) is None:
             raise
-        _error(err)
+        print_error(err)
         return code
     finally:
         # Leave the process group on the error paths too: a gloo group still alive while Python

@@ -333,6 +333,12 @@ def make_config(**overrides) -> Config:
     return dataclasses.replace(RECIPES[recipe], **overrides)
 
 
+def number_list(text: str) -> list[float]:
+    """'30,60,80,90' -> [30.0, 60.0, 80.0, 90.0]: a list setting as its flag, and config.json before it
+    was a list, spell it. ValueError when an item is not a number."""
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
 def upgrade_saved_config(saved: dict) -> dict:
     """A config saved by any fasttrain version (config.json, a checkpoint's "config") in this version's
     types: lr_boundary_epochs was saved as the flag's text, "30,60,80,90", before it was a list."""
@@ -340,7 +346,7 @@ def upgrade_saved_config(saved: dict) -> dict:
     if not isinstance(text, str):
         return saved
     try:
-        return {**saved, "lr_boundary_epochs": [float(v) for v in text.split(",") if v.strip()]}
+        return {**saved, "lr_boundary_epochs": number_list(text)}
     except ValueError:
         raise ConfigError(
             f"the saved lr_boundary_epochs {text!r} is not a comma-separated list of numbers"

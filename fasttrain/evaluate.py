@@ -263,7 +263,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.__main__ import _error, exit_code
+    from fasttrain.__main__ import exit_code, print_error
     from fasttrain.distributed import cleanup
 
     args = _parse(sys.argv[1:] if argv is None else argv)
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:
         if (code := exit_code(err)) is None:
             raise
-        _error(err)
+        print_error(err)
         return code
     except KeyboardInterrupt:  # Ctrl-C ends --watch
         return 0

@@ -15,7 +15,7 @@ import inspect
 import textwrap
 import typing
 
-from fasttrain.config import ALIASES, Config, ConfigError, make_config
+from fasttrain.config import ALIASES, Config, ConfigError, make_config, number_list
 from fasttrain.recipes import RECIPES
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
@@ -86,10 +86,9 @@ def _convert(name: str, text: str):
         if text.lower() in _FALSE:
             return False
         raise ConfigError(f"--{name} takes true or false, got {text!r}")
-    if typing.get_origin(kind) is list:
-        (item,) = typing.get_args(kind)
+    if typing.get_origin(kind) is list:  # list[float], the one kind of list field
         try:
-            return [item(v) for v in text.split(",") if v.strip()]
+            return number_list(text)
         except ValueError:
             raise ConfigError(f"--{name}={text!r} is not a comma-separated list of numbers") from None
     try:

@@ -174,7 +174,6 @@ class TorchLoader(EpochPosition):
         self.num_records = len(self.table)
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
         self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
-        self.skipped = 0
 
     def __len__(self) -> int:
         return self._len
