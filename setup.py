@@ -9,7 +9,14 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=["fasttrain", "fasttrain.data", "fasttrain.models", "fasttrain.selfcheck", "fasttrain.kernels"],
+    packages=[
+        "fasttrain",
+        "fasttrain.data",
+        "fasttrain.models",
+        "fasttrain.selfcheck",
+        "fasttrain.tf_names",
+        "fasttrain.kernels",
+    ],
     # `kernels` is a generic top-level name other packages use: install it as fasttrain.kernels.
     package_dir={"fasttrain.kernels": "kernels"},
     install_requires=[

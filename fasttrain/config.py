@@ -87,8 +87,10 @@ class Config:
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
     image_size: int = 224
     """Training and evaluation image side in pixels."""
-    preprocess: Literal["inception", "resnet"] = "resnet"
-    """Preprocessing style: inception (scale to [-1, 1], 87.5% central eval crop) or resnet (means)."""
+    preprocess: Literal["inception", "resnet", "vgg"] = "resnet"
+    """Preprocessing style: inception (scale to [-1, 1], 87.5% central eval crop), resnet (TF 2018
+    official: distorted-bbox crop, means) or vgg (the ResNet seed's: short side jittered in [256, 512],
+    random crop, means on the [0, 1] scale)."""
     color_distort: bool = False
     """Inception colour distortion (brightness, saturation, hue, contrast) in training."""
     label_offset: int = -1
@@ -101,8 +103,13 @@ class Config:
     """Skip corrupt records (counted in the log) instead of stopping with an error."""
 
     # --- model -----------------------------------------------------------------------------
-    model: Literal["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "inception_v3"] = "resnet50"
-    """Architecture: resnet18/34/50/101/152 or inception_v3."""
+    model: Literal[
+        "resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+        "resnet18_v2", "resnet34_v2", "resnet50_v2", "resnet101_v2", "resnet152_v2", "resnet200_v2",
+        "inception_v3",
+    ] = "resnet50"  # fmt: skip
+    """Architecture: resnet18/34/50/101/152 (v1.5), resnet18/34/50/101/152/200_v2 (the ResNet seed's
+    pre-activation v2) or inception_v3."""
     resnet_size: int = 0
     """The ResNet seed's flag: 18, 34, 50, 101 or 152 selects model resnet<N> (0: use --model)."""
     base_channels: int = 64
