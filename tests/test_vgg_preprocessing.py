@@ -166,3 +166,30 @@ def test_an_image_size_the_resize_cannot_hold_is_one_clear_error():
     # side round(1 * 256 / 224) = 1; in float32, 41 * (1 / 41) is just below 1, truncated to 0
     with pytest.raises(ValueError, match="image_size 1 is larger than the 0x0 resize to side 1"):
         vgg.eval_params(41, 41, 1)
+
+
+def test_torch_loader_delivers_the_seeds_eval_images(tmp_path):
+    """The torch backend end to end (shard -> TorchLoader -> uint8 NHWC batch) with preprocess vgg."""
+    from fasttrain.config import make_config
+    from fasttrain.data.synthetic import converter_example
+    from fasttrain.data.tfrecord import write_index_file, write_records
+    from fasttrain.data.torch_pipeline import TorchLoader
+
+    files = list(dict.fromkeys(case["file"] for case in CASES))
+    records = []
+    for label, file in enumerate(files, start=1):
+        data = (IMAGES / file).read_bytes()
+        height, width = decode_jpeg(data).shape[:2]
+        records.append(converter_example(data, height, width, label, "n0", "x", file, []))
+    shard = tmp_path / "validation-00000-of-00001"
+    write_index_file(shard.with_name(shard.name + ".idx"), write_records(shard, records))
+    cfg = make_config(
+        data_dir=str(tmp_path), batch_size=len(files), image_size=224, preprocess="vgg", num_workers=0,
+        num_classes=len(files), label_offset=-1, data_backend="torch", data_cache_dir=str(tmp_path / "c"),
+    )  # fmt: skip
+    ((images, labels),) = list(TorchLoader(cfg, "validation", training=False))
+    assert images.dtype == torch.uint8 and labels.tolist() == list(range(len(files)))
+    for i, file in enumerate(files):
+        data = (IMAGES / file).read_bytes()
+        expected = vgg.full_float(decode_jpeg(data), vgg.eval_params(*decode_jpeg(data).shape[:2], 224), 224)
+        np.testing.assert_array_equal(images[i].numpy(), _uint8(expected))
