@@ -26,10 +26,12 @@ inception (the Inception seed, tensorflow/models research/inception/inception/im
     built the graph copy; here it is drawn per image, U{0..3}, so the four methods and two orders
     occur at the seed's rates. float32 (N, S, S, 3).
 
-Both use TF's default thread pools (no private threadpool, the seeds' default); on this machine
+vgg (the ResNet seed's imagenet.py + vgg_preprocessing): bench/tf_vgg.py.
+
+All use TF's default thread pools (no private threadpool, the seeds' default); on this machine
 AUTOTUNE's parallelism is bounded by the 2 cores.
 
-    python -m bench.tf_input --data_dir DIR --setting resnet|inception --image_size S --batch 32
+    python -m bench.tf_input --data_dir DIR --setting resnet|inception|vgg --image_size S --batch 32
     (then the stdin protocol of bench/input_serve.py)
 """
 
@@ -155,12 +157,18 @@ def train_dataset(data_dir: str, setting: str, size: int, batch: int) -> tf.data
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data_dir", required=True)
-    p.add_argument("--setting", choices=("resnet", "inception"), required=True)
+    p.add_argument("--setting", choices=("resnet", "inception", "vgg"), required=True)
     p.add_argument("--image_size", type=int, required=True)
     p.add_argument("--batch", type=int, default=32)
     args = p.parse_args()
+    if args.setting == "vgg":
+        from bench import tf_vgg
+
+        make = lambda: iter(tf_vgg.train_dataset(args.data_dir, args.image_size, args.batch))  # noqa: E731
+    else:
+        make = lambda: iter(train_dataset(args.data_dir, args.setting, args.image_size, args.batch))  # noqa: E731
     serve(
-        lambda: iter(train_dataset(args.data_dir, args.setting, args.image_size, args.batch)),
+        make,
         lambda b: dict(shape=list(b[0].shape), dtype=b[0].dtype.name, version=tf.__version__),
     )
 

@@ -20,13 +20,15 @@ bench/input_serve.py):
                      std); DataLoader(batch_size=N, num_workers=2), a new epoch re-iterating it.
                      (N, 3, S, S) float32. torchvision itself is not installed here, so its
                      transforms are written out with Pillow and NumPy as they do it for PIL images.
+                     vgg: Resize(U{256..512}) + RandomCrop(S) + flip instead (PlainVggTransform).
 
-    python -m bench.torch_input --row ROW --data_dir DIR --setting resnet|inception --image_size S
+    python -m bench.torch_input --row ROW --data_dir DIR --setting resnet|inception|vgg --image_size S
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import math
 import random
@@ -42,7 +44,7 @@ from fasttrain.data.imagenet import list_shards
 from fasttrain.train import batch_stream
 
 ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch")
-MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3"}
+MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3", "vgg": "resnet50"}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 SHUFFLE_QUEUE = 256  # records per worker and shard; tfrecord warns when a shard part holds fewer
@@ -52,6 +54,8 @@ def fasttrain_batches(backend: str, data_dir: str, setting: str, size: int, batc
     cpu = torch.device("cpu")
     spec = RowSpec("a", MODEL_OF[setting], batch, size, input=backend, data_dir=data_dir, num_workers=workers)
     cfg = config_for(spec, cpu)
+    if setting == "vgg":  # the ResNet seed's preprocessing (a recipe may already choose it)
+        cfg = dataclasses.replace(cfg, preprocess="vgg")
     loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=cpu)
     expected = (torch.uint8 if backend == "torch" else torch.float32, (batch, size, size, 3))
     for [(images, _labels)] in batch_stream(loader, 1):
@@ -123,6 +127,29 @@ class PlainTransform:
         return torch.from_numpy(x.transpose(2, 0, 1).copy()), int(features["image/class/label"][0])
 
 
+class PlainVggTransform:
+    """The plain user's vgg transform: Pillow decode, torchvision Resize(side) with side U{256..512}
+    (short side to side, long side int(side * long / short), Pillow's antialiased BILINEAR),
+    RandomCrop(S), flip with p 1/2, ToTensor + Normalize(mean = the seed's means / 255, std 1)."""
+
+    MEAN = np.array([123.68, 116.78, 103.94], dtype=np.float32) / 255
+
+    def __init__(self, size: int):
+        self.size, self.rng = size, random.Random()
+
+    def __call__(self, features: dict):
+        img = Image.open(io.BytesIO(features["image/encoded"])).convert("RGB")
+        side, (w, h) = self.rng.randint(256, 512), img.size
+        new_w, new_h = (side, int(side * h / w)) if w <= h else (int(side * w / h), side)
+        img = img.resize((new_w, new_h), Image.BILINEAR)
+        left, top = self.rng.randint(0, new_w - self.size), self.rng.randint(0, new_h - self.size)
+        img = img.crop((left, top, left + self.size, top + self.size))
+        if self.rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        x = np.asarray(img, dtype=np.float32) / 255.0 - self.MEAN
+        return torch.from_numpy(x.transpose(2, 0, 1).copy()), int(features["image/class/label"][0])
+
+
 def _worker_init(worker_id: int) -> None:
     info = torch.utils.data.get_worker_info()
     for ds in info.dataset.datasets:
@@ -132,7 +159,7 @@ def _worker_init(worker_id: int) -> None:
 def plain_batches(data_dir: str, setting: str, size: int, batch: int, workers: int):
     from tfrecord.torch.dataset import TFRecordDataset
 
-    transform = PlainTransform(size, colour=setting == "inception")
+    transform = PlainVggTransform(size) if setting == "vgg" else PlainTransform(size, setting == "inception")
     keys = {"image/encoded": "byte", "image/class/label": "int"}
     shards = [
         TFRecordDataset(str(p), f"{p}.idx", keys, shuffle_queue_size=SHUFFLE_QUEUE, transform=transform)

@@ -31,8 +31,13 @@ Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: a
         shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear does, without
         antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's own eval outputs
         (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding: see the README.
+    vgg (the ResNet seed's, fasttrain.data.vgg): side = U{256..512} (eval 256), (H', W') by its float32
+        truncated rule, top = floor(U[0, 1) * (H' - S + 1)) and left likewise (eval: the central
+        offsets), the whole image decoded and resized with the ROI that makes DALI's samples TF1's
+        (as for eval above), no antialiasing; flip with p = 1/2 in crop_mirror_normalize.
     mean/std as fasttrain.data.normalize: inception 127.5/127.5 (y = x / 127.5 - 1); resnet
-    (123.68, 116.78, 103.94)/1. Labels: image/class/label + label_offset, int64, checked on the host.
+    (123.68, 116.78, 103.94)/1; vgg (123.68, 116.78, 103.94)/255. Labels: image/class/label +
+    label_offset, int64, checked on the host.
 
 Where this differs from the torch pipeline (fasttrain.data.transforms, TF's exact algorithms):
     random_bbox_crop samples each side's fraction uniformly and rejects bad aspect ratios, where TF
@@ -79,7 +84,11 @@ _DEVICE_MEMORY_PADDING = 211_025_920
 _HOST_MEMORY_PADDING = 140_544_512
 _BOX_KEYS = (("xmin", 0.0), ("ymin", 0.0), ("xmax", 1.0), ("ymax", 1.0))
 _DALI_DTYPES = {torch.float32: "FLOAT", torch.float16: "FLOAT16"}
-_MEAN_STD = {"inception": ([127.5] * 3, [127.5] * 3), "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3)}
+_MEAN_STD = {
+    "inception": ([127.5] * 3, [127.5] * 3),
+    "resnet": (list(RESNET_CHANNEL_MEANS), [1.0] * 3),
+    "vgg": (list(RESNET_CHANNEL_MEANS), [255.0] * 3),  # (x - mean) / 255: the means on the [0, 1] scale
+}
 # The first DALI with what this module uses: Pipeline(exec_dynamic=...) and stream-bound outputs,
 # pipe.run(stream), with `__dlpack__` on its tensors (DALI 1.44 release notes; NVIDIA/DALI #5704,
 # #5684). setup.py's floor is this version (tests/test_dali_pipeline.py checks that they agree).
@@ -347,7 +356,9 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
     gpu = (lambda node: node.gpu()) if cuda else (lambda node: node)
     crop = None
 
-    if training:
+    if cfg.preprocess == "vgg":
+        images, mirror, crop = _vgg_images(fn, dmath, types, jpegs, decoder, height, width, size, training)
+    elif training:
         # An empty list becomes the whole-image box: pad to at least one entry, never more.
         coords = [fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]) for k, _ in _BOX_KEYS]
         coords = [
@@ -434,3 +445,36 @@ def _eval_box(dmath, height, width, size: int, preprocess: str):
         top, left = dmath.floor((new_h - size) / 2) * sy, dmath.floor((new_w - size) / 2) * sx
     top, left = top + 0.5 * (1 - sy), left + 0.5 * (1 - sx)
     return top, left, top + size * sy, left + size * sx
+
+
+def _vgg_images(fn, dmath, types, jpegs, decoder, height, width, size: int, training: bool):
+    """The ResNet seed's vgg_preprocessing geometry (module docstring): (images, mirror, crop), crop =
+    (side, top, left, flip) per sample, for tests. Every step in float32, as TF's _smallest_size_at_least."""
+    from fasttrain.data.vgg import resize_sides
+
+    lo, hi, eval_side = resize_sides(size)
+    if training:
+        side = fn.random.uniform(values=[float(v) for v in range(lo, hi + 1)])
+    else:
+        side = fn.cast(eval_side, dtype=types.FLOAT)
+    ratio = side / dmath.min(height, width)
+    new_h, new_w = dmath.floor(height * ratio), dmath.floor(width * ratio)
+    if training:
+        top = dmath.min(dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (new_h - size + 1)), new_h - size)
+        left = dmath.min(dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (new_w - size + 1)), new_w - size)
+        mirror = fn.random.coin_flip(probability=0.5)
+    else:
+        top, left, mirror = dmath.floor((new_h - size) / 2), dmath.floor((new_w - size) / 2), 0
+    sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
+    # TF1 samples y * sy from the resized row y = top + i; DALI samples roi_start + (i + 0.5) * sy - 0.5.
+    y0, x0 = top * sy + 0.5 * (1 - sy), left * sx + 0.5 * (1 - sx)
+    images = fn.resize(
+        fn.decoders.image(jpegs, **decoder),
+        size=[size, size],
+        roi_start=fn.stack(y0, x0),
+        roi_end=fn.stack(y0 + size * sy, x0 + size * sx),
+        interp_type=types.INTERP_LINEAR,
+        antialias=False,  # TF1's resize_bilinear: 2 x 2 taps at any scale
+    )
+    flip = fn.cast(mirror, dtype=types.FLOAT) if training else fn.cast(0, dtype=types.FLOAT)
+    return images, mirror, (fn.stack(side, top, left, flip),)

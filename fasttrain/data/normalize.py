@@ -2,6 +2,7 @@
 
     inception: y = x / 127.5 - 1                     (the seed's [-1, 1] scaling, as x * (1/127.5) - 1)
     resnet:    y = x - mean_c,  mean = (123.68, 116.78, 103.94)   (TF ResNet's _CHANNEL_MEANS, no std)
+    vgg:       y = x / 255 - mean_c / 255   (the ResNet seed's vgg_preprocessing: means on the [0, 1] scale)
 
 The NHWC tensor is permuted, not copied, to (N, C, H, W): the result is in torch.channels_last memory
 format (the layout the convolutions want) with no layout round trip. The arithmetic is done in float32
@@ -24,8 +25,10 @@ def _affine(preprocess: str, device: torch.device) -> tuple[torch.Tensor, torch.
         scale, bias = [1 / 127.5] * 3, [-1.0] * 3
     elif preprocess == "resnet":
         scale, bias = [1.0] * 3, [-m for m in RESNET_CHANNEL_MEANS]
+    elif preprocess == "vgg":
+        scale, bias = [1 / 255] * 3, [-m / 255 for m in RESNET_CHANNEL_MEANS]
     else:
-        raise ValueError(f"unknown preprocess {preprocess!r}; use inception or resnet")
+        raise ValueError(f"unknown preprocess {preprocess!r}; use inception, resnet or vgg")
     shape = (1, 3, 1, 1)
     return (
         torch.tensor(scale, dtype=torch.float32, device=device).view(shape),

@@ -22,6 +22,8 @@ Eval (`eval_transform`):
                (_smallest_size_at_least: a 332 x 500 image becomes 255 x 385), bilinear, then the
                central S x S at ((H' - S) // 2, (W' - S) // 2); only that window is computed
 
+vgg (the ResNet seed's vgg_preprocessing: scale jitter, random crop, flip) is fasttrain.data.vgg.
+
 Decoding and resizing are TensorFlow's (fasttrain.data.jpeg, fasttrain.data.resize), so the uint8
 outputs are TensorFlow's float results rounded to the nearest level (tests/test_transforms_tf.py). The
 ResNet seed flips the crop before resizing; TF1's resize is not mirror-symmetric (source = x * scale),
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from fasttrain.data import vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
 from fasttrain.data.jpeg import decode_and_crop_jpeg, decode_jpeg, jpeg_size
 from fasttrain.data.resize import METHODS, resize
@@ -203,6 +206,8 @@ def train_transform(
     scratch=None,
 ) -> np.ndarray:
     """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour."""
+    if preprocess == "vgg":  # the ResNet seed's scale jitter + random crop (fasttrain.data.vgg)
+        return vgg.train_transform(jpeg, rng, image_size, file, offset, out, scratch)
     if preprocess == "resnet":  # decode_and_crop_jpeg: only the window is decoded
         height, width = jpeg_size(jpeg, file, offset)
         params = sample_train_params(rng, height, width, boxes, preprocess, color_distort)
@@ -230,6 +235,8 @@ def resnet_resize_size(height: int, width: int, image_size: int) -> tuple[int, i
 
 def apply_eval(image: np.ndarray, image_size: int, preprocess: str, out=None, scratch=None) -> np.ndarray:
     """(S, S, 3) uint8: the seed's central-crop evaluation transform of a decoded (H, W, 3) image."""
+    if preprocess == "vgg":
+        return vgg.apply_eval(image, image_size, out)
     out = _output(image_size, out)
     work = _scratch(image_size, scratch)
     height, width = image.shape[:2]
@@ -249,6 +256,8 @@ def eval_transform(
     jpeg: bytes, image_size: int, preprocess: str = "resnet", file="", offset: int = 0, out=None, scratch=None
 ) -> np.ndarray:
     """(image_size, image_size, 3) uint8: decode, then the seed's central-crop evaluation transform."""
+    if preprocess == "vgg":  # decodes only the rows and columns the central window reads
+        return vgg.eval_transform(jpeg, image_size, file, offset, out, scratch)
     return apply_eval(decode_jpeg(jpeg, file, offset), image_size, preprocess, out, scratch)
 
 
@@ -259,6 +268,7 @@ def warm_up() -> None:
     of compilation the first time on 2 cores, about 1 s from the cache after that).
     """
     resize_warm_up()
+    vgg.warm_up()
     work = np.zeros((2, 2, 3), np.float32)
     for ordering in (0, 1):
         distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0))

@@ -1,0 +1,276 @@
+"""The ResNet seed's `vgg_preprocessing` (ucloud/uai-sdk examples/tensorflow/train/imagenet/code), as
+TensorFlow computes it: uint8 (S, S, 3) RGB out, TF's float [0, 1] values times 255, rounded.
+
+The seed (imagenet.py's parser, then vgg_preprocessing.preprocess_image(224, 224, is_training)):
+
+    x = convert_image_dtype(decode_image(jpeg, channels=3), float32)    # u8 * float32(1/255)
+    train  side = random_uniform([], 256, 512 + 1, int32)                 # preprocess_for_train
+           x = _aspect_preserving_resize(x, side)                         # see below
+           top = random_uniform([], 0, H' - 224 + 1), left likewise        # _random_crop
+           x = x[top : top + 224, left : left + 224]; random_flip_left_right(x)
+    eval   x = _aspect_preserving_resize(x, 256)                           # preprocess_for_eval
+           x = x[(H' - 224) // 2 :, (W' - 224) // 2 :][:224, :224]          # _central_crop
+    both   x - (123.68, 116.78, 103.94) / 255                              # _mean_image_subtraction
+
+    _aspect_preserving_resize: (H', W') = _smallest_size_at_least(H, W, side): in float32,
+        scale = side / W if H > W else side / H;  H' = int(H * scale), W' = int(W * scale)
+        (truncated: for side 256, 271 of the short sides 1..2000 become 255; over sides 256..512, 5.5%
+        of (short side, side) pairs end one pixel short), then
+        resize_bilinear(x, (H', W'), align_corners=False): TF1's kernel (fasttrain.data.resize).
+    _central_crop divides (H' - 224) / 2 as float and truncates it in tf.to_int32: (H' - 224) // 2.
+
+The mean subtraction is not done here: the batch leaves as uint8 and normalize.py subtracts the means
+on the device (preprocess "vgg": y = x / 255 - mean / 255). For image_size S other than 224 the sides
+scale as the resnet preprocess's do: [round(S * 256 / 224), round(S * 512 / 224)], eval round(S * 256 / 224).
+
+Fast path (`window_float`): TF decodes the whole image and resizes all of it (up to 512 px on the short
+side, in float) to keep 224 x 224. Only the output window is computed here, and only the source rows
+and columns its 2 x 2 taps read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy)
+for y in [top, top + S), with sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped
+decode (fasttrain.data.jpeg.decode_and_crop_jpeg), widened by `_CHROMA_MARGIN` columns on each side:
+libjpeg upsamples chroma at a cropped region's first and last column as at an image edge, so those
+columns may differ from the full decode's (4:2:0 / 4:2:2), and the widening keeps them out of the
+window (measured: 1 column suffices on every JPEG kind of tests/data/tf-images; the rows of a cropped
+decode equal the full decode's). The fast path's floats equal the full-image path's (`full_float`)
+bit for bit (tests/test_vgg_preprocessing.py), and both are TensorFlow's within float noise.
+
+Difference from TF: a JPEG truncated below the rows a window reads decodes here and fails in TF
+(`python -m fasttrain.data verify --decode` finds such records).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from fasttrain.data.jpeg import decode_and_crop_jpeg, jpeg_size
+from fasttrain.data.resize import resize
+
+_F32 = np.float32
+_CHROMA_MARGIN = 2  # columns decoded beyond the window on each side (1 measured to suffice)
+_IN_SCALE = _F32(1 / 255)  # convert_image_dtype's scale, a float32 constant in TF's graph
+
+
+def resize_sides(image_size: int) -> tuple[int, int, int]:
+    """(train min, train max, eval) short sides: the seed's 256, 512 and 256 at image_size 224."""
+    lo, hi = round(image_size * 256 / 224), round(image_size * 512 / 224)
+    return lo, hi, lo
+
+
+def smallest_size_at_least(height: int, width: int, side: int) -> tuple[int, int]:
+    """The seed's _smallest_size_at_least: float32 scale, the new size truncated (tf.to_int32)."""
+    h, w, s = _F32(height), _F32(width), _F32(side)
+    scale = s / w if h > w else s / h
+    return int(h * scale), int(w * scale)
+
+
+@dataclass(frozen=True)
+class VggParams:
+    """One image's geometry: the resize side, the crop's offsets in the resized image, the flip."""
+
+    side: int
+    top: int
+    left: int
+    flip: bool = False
+
+
+def sample_train_params(rng: np.random.Generator, height: int, width: int, image_size: int) -> VggParams:
+    """The seed's draws, in its order: side in [lo, hi], top, left (uniform integers), then the flip."""
+    lo, hi, _ = resize_sides(image_size)
+    side = int(rng.integers(lo, hi + 1))
+    new_h, new_w = smallest_size_at_least(height, width, side)
+    _check_size(new_h, new_w, image_size, side)
+    top = int(rng.integers(0, new_h - image_size + 1))
+    left = int(rng.integers(0, new_w - image_size + 1))
+    return VggParams(side, top, left, bool(rng.random() < 0.5))
+
+
+def eval_params(height: int, width: int, image_size: int) -> VggParams:
+    """The central crop of the eval resize: offsets ((H' - S) // 2, (W' - S) // 2)."""
+    side = resize_sides(image_size)[2]
+    new_h, new_w = smallest_size_at_least(height, width, side)
+    _check_size(new_h, new_w, image_size, side)
+    return VggParams(side, (new_h - image_size) // 2, (new_w - image_size) // 2)
+
+
+def _check_size(new_h: int, new_w: int, image_size: int, side: int) -> None:
+    if new_h < image_size or new_w < image_size:  # only for image sizes below 8 (round(S * 8 / 7) = S)
+        raise ValueError(f"image_size {image_size} is larger than the {new_h}x{new_w} resize to side {side}")
+
+
+def _taps(start: int, count: int, in_size: int, out_size: int) -> tuple[int, int]:
+    """First and last source index TF1's bilinear reads for outputs start .. start + count - 1."""
+    scale = _F32(in_size) / _F32(out_size)
+    first = max(int(math.floor(_F32(start) * scale)), 0)
+    last = min(int(math.ceil(_F32(start + count - 1) * scale)), in_size - 1)
+    return first, last
+
+
+def source_window(height: int, width: int, params: VggParams, image_size: int) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of the decoded image that the output window reads, plus the chroma margin."""
+    new_h, new_w = smallest_size_at_least(height, width, params.side)
+    r0, r1 = _taps(params.top, image_size, height, new_h)
+    c0, c1 = _taps(params.left, image_size, width, new_w)
+    c0, c1 = max(c0 - _CHROMA_MARGIN, 0), min(c1 + _CHROMA_MARGIN, width - 1)
+    return r0, c0, r1 - r0 + 1, c1 - c0 + 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, out):
+    """out (S, S * 3) float32 = rows top.. and columns left.. of TF1's resize_bilinear of the (in_h,
+    in_w) image times 1/255 to (full_h, full_w), mirrored left-right when flip. src (h, w * 3) uint8
+    holds the image's rows r0.. and columns c0.. (any row stride).
+
+    TF's per-pixel arithmetic (resize_bilinear_op.cc, legacy scaler): s = float(o) * scale,
+    lo = max(floor(s), 0), hi = min(ceil(s), in - 1), t = s - floor(s);
+    top = tl + (tr - tl) * tx, bottom = bl + (br - bl) * tx, out = top + (bottom - top) * ty.
+    Each source row's horizontal lerps are computed once and kept while the next output row reads them.
+    """
+    size, n = out.shape[0], out.shape[1]
+    sy, sx = _F32(in_h) / _F32(full_h), _F32(in_w) / _F32(full_w)
+    scale = _F32(1.0 / 255.0)
+    i0 = np.empty(n, np.int64)  # flat (column * 3 + channel) index into src's row, per output element
+    i1 = np.empty(n, np.int64)
+    tx = np.empty(n, np.float32)
+    for x in range(n // 3):
+        s = _F32(x + left) * sx
+        f = math.floor(s)
+        a, b = max(int(f), 0) - c0, min(int(math.ceil(s)), in_w - 1) - c0
+        xo = n // 3 - 1 - x if flip else x
+        for c in range(3):
+            i0[3 * xo + c], i1[3 * xo + c], tx[3 * xo + c] = 3 * a + c, 3 * b + c, s - _F32(f)
+    conv = np.empty(src.shape[1], np.float32)
+    upper = np.empty(n, np.float32)
+    lower = np.empty(n, np.float32)
+    upper_row, lower_row = -1, -1
+    for y in range(size):
+        s = _F32(y + top) * sy
+        f = math.floor(s)
+        y0, y1 = max(int(f), 0), min(int(math.ceil(s)), in_h - 1)
+        ty = s - _F32(f)
+        if y0 != upper_row:
+            if y0 == lower_row:  # the previous lower row is this row's upper one
+                upper, lower = lower, upper
+                upper_row, lower_row = lower_row, upper_row
+            else:
+                _lerp_row(src[y0 - r0], scale, i0, i1, tx, conv, upper)
+                upper_row = y0
+        if y1 != lower_row:
+            _lerp_row(src[y1 - r0], scale, i0, i1, tx, conv, lower)
+            lower_row = y1
+        dst = out[y]
+        for k in range(n):
+            dst[k] = upper[k] + (lower[k] - upper[k]) * ty
+
+
+@numba.njit(nogil=True, cache=True)
+def _lerp_row(line, scale, i0, i1, tx, conv, dst):
+    """dst[k] = the horizontal lerp of output element k from the source row `line` (uint8, w * 3),
+    converted to float32 once first (a contiguous loop the compiler vectorises)."""
+    for j in range(conv.shape[0]):
+        conv[j] = _F32(line[j]) * scale
+    for k in range(dst.shape[0]):
+        left = conv[i0[k]]
+        dst[k] = left + (conv[i1[k]] - left) * tx[k]
+
+
+def _rows(region: np.ndarray) -> np.ndarray:
+    """(h, w * 3) view of an (h, w, 3) uint8 region whose pixels are contiguous within a row."""
+    if region.strides[1:] != (3, 1):
+        region = np.ascontiguousarray(region)
+    h, w = region.shape[:2]
+    return np.lib.stride_tricks.as_strided(region, (h, w * 3), (region.strides[0], 1))
+
+
+def window_float(
+    jpeg: bytes, params: VggParams, image_size: int, scratch=None, file="", offset: int = 0
+) -> np.ndarray:
+    """(S, S, 3) float32 in [0, 1]: the seed's resized, cropped, flipped image before the means, from a
+    cropped decode of the rows and columns the window reads (the fast path)."""
+    height, width = jpeg_size(jpeg, file, offset)
+    new_h, new_w = smallest_size_at_least(height, width, params.side)
+    window = source_window(height, width, params, image_size)
+    region = decode_and_crop_jpeg(jpeg, window, file, offset)
+    out = scratch if scratch is not None else np.empty((image_size, image_size, 3), np.float32)
+    _window_bilinear(
+        _rows(region), window[0], window[1], height, width, new_h, new_w,
+        params.top, params.left, params.flip, out.reshape(image_size, image_size * 3),
+    )  # fmt: skip
+    return out
+
+
+def full_float(image: np.ndarray, params: VggParams, image_size: int) -> np.ndarray:
+    """(S, S, 3) float32: the seed's steps as written, on the whole decoded (H, W, 3) uint8 image:
+    resize all of it to the side, crop, flip (the slow reference the fast path is tested against)."""
+    height, width = image.shape[:2]
+    resized = np.empty((*smallest_size_at_least(height, width, params.side), 3), np.float32)
+    resize(image, resized, "bilinear", in_scale=1 / 255)
+    crop = resized[params.top : params.top + image_size, params.left : params.left + image_size]
+    return np.ascontiguousarray(crop[:, ::-1] if params.flip else crop)
+
+
+@numba.njit(nogil=True, cache=True)
+def _store(x, out):
+    """out = round(x * 255) clamped to [0, 255] (the bilinear result of [0, 1] values stays in it)."""
+    src, dst = x.ravel(), out.ravel()
+    for k in range(src.size):
+        v = min(max(src[k] * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))
+        dst[k] = np.uint8(min(np.int32(v), 255))
+
+
+def _output(image_size: int, out) -> np.ndarray:
+    if out is None:
+        return np.empty((image_size, image_size, 3), np.uint8)
+    if out.shape != (image_size, image_size, 3) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous ({image_size}, {image_size}, 3) uint8 array")
+    return out
+
+
+def _scratch(image_size: int, scratch) -> np.ndarray:
+    if scratch is None or scratch.shape != (image_size, image_size, 3) or not scratch.flags.c_contiguous:
+        return np.empty((image_size, image_size, 3), np.float32)
+    return scratch
+
+
+def train_transform(
+    jpeg: bytes, rng: np.random.Generator, image_size: int, file="", offset: int = 0, out=None, scratch=None
+) -> np.ndarray:
+    """(S, S, 3) uint8: the seed's training image (random side, crop and flip) before the means."""
+    height, width = jpeg_size(jpeg, file, offset)
+    params = sample_train_params(rng, height, width, image_size)
+    work = window_float(jpeg, params, image_size, _scratch(image_size, scratch), file, offset)
+    out = _output(image_size, out)
+    _store(work, out)
+    return out
+
+
+def eval_transform(
+    jpeg: bytes, image_size: int, file="", offset: int = 0, out=None, scratch=None
+) -> np.ndarray:
+    """(S, S, 3) uint8: the seed's evaluation image (side 256, central crop) before the means."""
+    height, width = jpeg_size(jpeg, file, offset)
+    params = eval_params(height, width, image_size)
+    work = window_float(jpeg, params, image_size, _scratch(image_size, scratch), file, offset)
+    out = _output(image_size, out)
+    _store(work, out)
+    return out
+
+
+def apply_eval(image: np.ndarray, image_size: int, out=None) -> np.ndarray:
+    """(S, S, 3) uint8 evaluation image of an already decoded (H, W, 3) uint8 image."""
+    params = eval_params(*image.shape[:2], image_size)
+    out = _output(image_size, out)
+    _store(full_float(image, params, image_size), out)
+    return out
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) this module's kernels in this process."""
+    src = np.zeros((2, 6), np.uint8)
+    work = np.empty((1, 3), np.float32)
+    for flip in (False, True):
+        _window_bilinear(src, 0, 0, 2, 2, 2, 2, 0, 0, flip, work)
+    _store(work.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))
