@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, default_cache_dir
+from fasttrain.config import Config, default_cache_dir, processes_per_node, resolve_node_batch
 from fasttrain.curves import Curves
 from fasttrain.data import build_loader
 from fasttrain.data.sharding import open_split
@@ -48,6 +48,7 @@ class TrainingStopped(FasttrainError, RuntimeError):
 
 
 def train(cfg: Config) -> dict:
+    cfg = resolve_node_batch(cfg, processes_per_node())  # one node's batch over its processes
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
@@ -86,7 +87,7 @@ def train(cfg: Config) -> dict:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
-    schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
+    schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
     run = build_run(
         cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
     )
@@ -127,7 +128,7 @@ def train(cfg: Config) -> dict:
         rng = get_rng_state()
         if eval_loader is None:
             eval_loader = build_loader(
-                cfg,
+                dataclasses.replace(cfg, batch_size=cfg.eval_batch_per_process),
                 "validation",
                 training=False,
                 rank=info.rank,
