@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, default_cache_dir, processes_per_node, resolve_node_batch
+from fasttrain.config import Config, default_cache_dir
 from fasttrain.curves import Curves
 from fasttrain.data import build_loader
 from fasttrain.data.sharding import open_split
@@ -35,6 +35,7 @@ from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.run import build_run
+from fasttrain.run_config import processes_per_node, resolve_node_batch
 from fasttrain.schedule import LRSchedule
 
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 import fasttrain.train
-from fasttrain.config import Config, ConfigError, resolve_node_batch, upgrade_saved_config
+from fasttrain.config import Config, ConfigError, upgrade_saved_config
 from fasttrain.data.sharding import RecordTable, epoch_positions, num_batches, open_split
 from fasttrain.flags import parse_args
 from fasttrain.models import MODEL_NAMES
 from fasttrain.recipes import RECIPES
 from fasttrain.resume import changed_settings, shaping_changes
+from fasttrain.run_config import resolve_node_batch
 from fasttrain.schedule import LRSchedule
 
 NUM_TRAIN_IMAGES = 1281167  # imagenet_main.py _NUM_IMAGES['train']
