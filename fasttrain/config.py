@@ -25,15 +25,18 @@ class ConfigError(SettingError):
 @dataclass
 class Config:
     # --- run control -------------------------------------------------------------------------
-    recipe: Literal["demo", "inception_v3", "resnet50", "resnet101"] | None = None
+    recipe: (
+        Literal["demo", "inception_v3", "resnet50", "resnet101", "resnet50_v1.5", "resnet101_v1.5"] | None
+    ) = None
     """Named recipe these values start from (fasttrain/recipes.py): demo (the CLI's when none is named),
-    inception_v3, resnet50 or resnet101; None in the base, these field defaults, which is no recipe."""
+    inception_v3, resnet50/resnet101 (the ResNet seed: pre-activation v2, VGG preprocessing) or
+    resnet50_v1.5/resnet101_v1.5 (TF official 2018); None in the base, these field defaults, no recipe."""
     train_dir: str = ""
     """Run directory for checkpoints, config.json and metrics.jsonl (default: runs/<recipe>)."""
     max_steps: int = 0
     """Number of optimizer steps to train for (0: train_epochs epochs)."""
     train_epochs: float = 0.0
-    """Epochs to train for when max_steps is 0 (the ResNet seed's 90)."""
+    """Epochs to train for when max_steps is 0 (the ResNet seed's --train-epochs, 100)."""
     seed: int = 0
     """Seed for model initialisation, data order and augmentation (`0 <= seed < 2**32`)."""
     deterministic: bool = False
@@ -54,7 +57,7 @@ class Config:
     """Evaluate top-1/top-5 on the validation split, raw and EMA weights, when training ends."""
     eval_every_epochs: float = 0.0
     """Also evaluate, raw and EMA, every N epochs while training (0: never; the ResNet seed's
-    epochs_per_eval)."""
+    --epochs_per_eval, 1)."""
     max_eval_batches: int = 0
     """Evaluate on at most this many batches per rank (0: the whole validation split)."""
     max_nonfinite_steps: int = 20
@@ -85,6 +88,10 @@ class Config:
     """DataLoader worker processes per rank (torch backend) or DALI CPU threads."""
     shuffle_buffer: int = 2048
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
+    input_order: Literal["rank_slices", "one_stream"] = "rank_slices"
+    """Training record order (fasttrain/data/sharding.py): rank_slices (each rank shuffles its own
+    contiguous slice of the shard-shuffled stream) or one_stream (the ResNet seed's: one shard-shuffled
+    stream through one shuffle buffer, its batches dealt to the ranks in turn); torch backend."""
     image_size: int = 224
     """Training and evaluation image side in pixels."""
     preprocess: Literal["inception", "resnet", "vgg"] = "resnet"
@@ -111,7 +118,9 @@ class Config:
     """Architecture: resnet18/34/50/101/152 (v1.5), resnet18/34/50/101/152/200_v2 (the ResNet seed's
     pre-activation v2) or inception_v3."""
     resnet_size: int = 0
-    """The ResNet seed's flag: 18, 34, 50, 101 or 152 selects model resnet<N> (0: use --model)."""
+    """The ResNet seed's flag: 18, 34, 50, 101, 152 or 200 selects resnet<N>_v2 when the model is a v2
+    (the resnet50/101 recipes), resnet<N> (v1.5, up to 152) otherwise; config.json holds the model it
+    selected (0: use --model)."""
     base_channels: int = 64
     """Width of the first ResNet stage (64 is the standard architecture; the demo uses less)."""
     zero_init_residual: bool = True
@@ -127,7 +136,15 @@ class Config:
 
     # --- optimisation ----------------------------------------------------------------------
     batch_size: int = 32
-    """Images per device per step (the seeds' --batch_size / --train-batch-size)."""
+    """Training images per process per step (the Inception seed's --batch_size); set from
+    node_batch_size when the run starts if that is given (config.json holds the result)."""
+    node_batch_size: int = 0
+    """Training images per node per step, divided evenly over the node's processes (torchrun's
+    --nproc_per_node, 1 without torchrun) into batch_size: the ResNet seed's --train-batch-size
+    (0: batch_size is given per process)."""
+    eval_batch_size: int = 0
+    """Evaluation images per batch, one node's and divided like node_batch_size when that is given,
+    else one process's (0: batch_size): the ResNet seed's --eval-batch-size; results do not depend on it."""
     optimizer: Literal["rmsprop", "momentum"] = "momentum"
     """rmsprop (TensorFlow's RMSPropOptimizer) or momentum (TensorFlow's MomentumOptimizer)."""
     optimizer_impl: Literal["auto", "triton", "chunked", "torch"] = "auto"
@@ -175,14 +192,25 @@ class Config:
     """Synchronise BatchNorm statistics across ranks (default: per rank, as in the seeds)."""
 
     def __post_init__(self) -> None:
+        self.model = _resolve_model(self.model, self.resnet_size)
         _validate(self)
         # A copy, in floats: a Config made from a recipe must not share the recipe's list.
         self.lr_boundary_epochs = [float(b) for b in self.lr_boundary_epochs]
 
     @property
     def model_name(self) -> str:
-        """The architecture after applying --resnet_size."""
-        return f"resnet{self.resnet_size}" if self.resnet_size else self.model
+        """The architecture (model holds it with --resnet_size applied)."""
+        return self.model
+
+    @property
+    def eval_batch_per_process(self) -> int:
+        """Evaluation images per process per batch: eval_batch_size as its docstring says, with the
+        node's process count read off the resolved batches (node_batch_size / batch_size)."""
+        if not self.eval_batch_size:
+            return self.batch_size
+        if self.node_batch_size:
+            return max(1, self.eval_batch_size * self.batch_size // self.node_batch_size)
+        return self.eval_batch_size
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
@@ -224,6 +252,8 @@ _NON_NEGATIVE = (
     "eval_every_epochs",
     "histogram_every",
     "num_gpus",
+    "node_batch_size",
+    "eval_batch_size",
     "weight_decay",
     "label_smoothing",
     "aux_loss_weight",
@@ -232,6 +262,28 @@ _NON_NEGATIVE = (
     "momentum",
     "rmsprop_epsilon",
 )
+
+
+RESNET_SIZES = (18, 34, 50, 101, 152, 200)
+
+
+def _resolve_model(model: str, resnet_size: int) -> str:
+    """The model --resnet_size selects, in the family of `model`: resnet<N>_v2 for a v2 model (the
+    ResNet seed's `imagenet_resnet_v2(resnet_size, ...)`), resnet<N> for v1.5."""
+    if not resnet_size:
+        return model
+    if resnet_size not in RESNET_SIZES:
+        raise ConfigError(f"--resnet_size={resnet_size} is not one of {', '.join(map(str, RESNET_SIZES))}")
+    if not model.startswith("resnet"):
+        raise ConfigError(f"--resnet_size={resnet_size} and --model={model} conflict; give one of them")
+    if model.endswith("_v2"):
+        return f"resnet{resnet_size}_v2"
+    if resnet_size == 200:
+        raise ConfigError(
+            f"--resnet_size=200 is a v2 model only (resnet200_v2, the resnet50/resnet101 recipes); "
+            f"--model={model} is v1.5, which goes up to 152"
+        )
+    return f"resnet{resnet_size}"
 
 
 def _validate(cfg: Config) -> None:
@@ -253,8 +305,6 @@ def _validate(cfg: Config) -> None:
             raise ConfigError(f"--{name} must be in [0, 1], got {value}")
     if cfg.bn_eps is not None and not cfg.bn_eps > 0:
         raise ConfigError(f"--bn_eps must be positive, got {cfg.bn_eps}")
-    if cfg.resnet_size not in (0, 18, 34, 50, 101, 152):
-        raise ConfigError(f"--resnet_size={cfg.resnet_size} is not one of 18, 34, 50, 101, 152")
     if cfg.label_offset not in (0, -1):
         raise ConfigError(f"--label_offset must be 0 (background class 0) or -1, got {cfg.label_offset}")
     if not 0.0 <= cfg.ema_decay < 1.0:
@@ -319,8 +369,14 @@ def _check_triton(device: str) -> None:
         )
 
 
-# The seeds' spellings that are not field names.
-ALIASES = {"train_batch_size": "batch_size", "output_dir": "train_dir"}
+# The seeds' spellings that are not field names (the ResNet seed's imagenet_main.py flags; fasttrain/
+# flags.py adds those whose value it converts and those it only notes).
+ALIASES = {
+    "train_batch_size": "node_batch_size",
+    "output_dir": "train_dir",
+    "epochs_per_eval": "eval_every_epochs",
+    "learning_rate": "initial_learning_rate",
+}
 
 
 def make_config(**overrides) -> Config:
@@ -330,13 +386,21 @@ def make_config(**overrides) -> Config:
     recipe = overrides.get("recipe", "demo")
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")
-    size = overrides.get("resnet_size")
-    if size and "model" in overrides and overrides["model"] != f"resnet{size}":
+    size, model = overrides.get("resnet_size"), overrides.get("model")
+    if size and model and model not in (f"resnet{size}", f"resnet{size}_v2"):
         # Both given: the seed's flag would silently win, training a model the user did not name.
-        raise ConfigError(f"--resnet_size={size} and --model={overrides['model']} conflict; give one of them")
+        raise ConfigError(f"--resnet_size={size} and --model={model} conflict; give one of them")
     unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise ConfigError(f"unknown config field(s): {', '.join(sorted(unknown))}")
+    if "batch_size" in overrides:
+        if overrides.get("node_batch_size"):
+            node, per_process = overrides["node_batch_size"], overrides["batch_size"]
+            raise ConfigError(
+                f"--node_batch_size={node} and --batch_size={per_process} conflict: the node's batch is "
+                "divided into the per-process one; give one of them"
+            )
+        overrides = {"node_batch_size": 0, **overrides}  # a per-process batch replaces a recipe's node batch
     return dataclasses.replace(RECIPES[recipe], **overrides)
 
 
@@ -346,23 +410,17 @@ def number_list(text: str) -> list[float]:
     return [float(v) for v in text.split(",") if v.strip()]
 
 
-def upgrade_saved_config(saved: dict) -> dict:
-    """A config saved by any fasttrain version (config.json, a checkpoint's "config") in this version's
-    types: lr_boundary_epochs was saved as the flag's text, "30,60,80,90", before it was a list."""
-    text = saved.get("lr_boundary_epochs")
-    if not isinstance(text, str):
-        return saved
-    try:
-        return {**saved, "lr_boundary_epochs": number_list(text)}
-    except ValueError:
-        raise ConfigError(
-            f"the saved lr_boundary_epochs {text!r} is not a comma-separated list of numbers"
-        ) from None
-
-
 def default_cache_dir() -> Path:
     """Where the demo data set and index files for read-only data directories are cached."""
     root = os.environ.get("FASTTRAIN_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain"
     )
     return Path(root)
+
+
+def upgrade_saved_config(saved: dict) -> dict:
+    """A saved config in this version's terms (fasttrain/run_config.py, where it lives with the other
+    resolving; resume and the evaluator call it from here)."""
+    from fasttrain.run_config import upgrade_saved_config as upgrade  # run_config imports this module
+
+    return upgrade(saved)

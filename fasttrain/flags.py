@@ -5,13 +5,21 @@ same fields, docstrings and recipes.
 and `--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
 comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe (demo when none is named) sets the
 defaults and the flags override it. `python -m fasttrain.flags` prints README's table.
+
+The seeds' command lines are accepted as they are spelled: the ResNet seed's (imagenet_main.py) names
+that are not field names are aliases (config.ALIASES, and SEED_CONVERSIONS here for the two whose value
+changes convention); the flags of either seed that fasttrain has no use for are taken with a one-line
+note on stderr saying what it does instead (NOTED_FLAGS). An unknown flag names the closest known one.
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import inspect
+import os
+import sys
 import textwrap
 import typing
 
@@ -23,6 +31,63 @@ _HINTS = typing.get_type_hints(Config)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
+# TF 1.4's fused batch norm raised any smaller epsilon to this (cuDNN's minimum): the ResNet seed's
+# layers, fused=True with epsilon 1e-5, ran at 1.001e-5 (tf.layers normalization.py, _fused_batch_norm).
+TF_FUSED_BN_MIN_EPSILON = 1.001e-5
+
+
+def _bn_decay(decay: float) -> float:
+    return 1 - decay  # TF's moving = decay * moving + (1 - decay) * batch; torch's momentum is 1 - decay
+
+
+def _bn_epsilon(eps: float) -> float:
+    return max(eps, TF_FUSED_BN_MIN_EPSILON)
+
+
+# The ResNet seed's flags whose value is converted into a field's convention: name -> (field, convert,
+# the note printed when the conversion is not the expected one, or None). The seed parsed both but its
+# model kept resnet_model.py's constants (0.997, 1e-5); here they set the BN of the model that trains.
+SEED_CONVERSIONS = {
+    "batch_norm_decay": ("bn_momentum", _bn_decay, None),
+    "batch_norm_epsilon": (
+        "bn_eps",
+        _bn_epsilon,
+        f"raised to {TF_FUSED_BN_MIN_EPSILON}, TF 1.4's fused batch-norm floor, as the seed ran it",
+    ),
+}
+
+# The seeds' flags fasttrain has no use for: accepted (with any value) and noted once, saying what
+# fasttrain does instead. ResNet seed: imagenet_main.py; Inception seed: inception_train.py and
+# image_processing.py.
+NOTED_FLAGS = {
+    "work_dir": "the UAI SDK's working directory; fasttrain writes only to --train_dir (--output_dir)",
+    "log_dir": "the UAI SDK's log directory; fasttrain logs to stdout and writes metrics.jsonl and "
+    "TensorBoard files into --train_dir",
+    "variable_strategy": "no parameter server: every process holds the variables and gradients are "
+    "all-reduced (--grad_sync)",
+    "sync": "training is always synchronous (one all-reduce per step)",
+    "num_layers": "the seed never read it (a CIFAR leftover); the depth is --resnet_size or --model",
+    "use_distortion_for_training": "training images are always augmented (the seed's flag was argparse "
+    "type=bool, so any value it was given meant True)",
+    "num_preprocess_threads": "images are decoded and augmented by --num_workers worker processes "
+    "per rank (torch backend) or DALI threads",
+    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; --num_workers "
+    "sets the decoding processes",
+    "input_queue_memory_factor": "the shuffle buffer holds --shuffle_buffer records",
+    "log_device_placement": "one process per device (torchrun's LOCAL_RANK) holds the whole model; "
+    "there is no placement to log",
+    "data_format": "the memory layout is --channels_last (NHWC; default on CUDA GPUs with tensor cores)",
+}
+
+# Shown by --help after the flags: the other commands a user reaches for.
+ENTRY_POINTS = (
+    ("python -m fasttrain selfcheck", "check this machine's GPU paths against their references"),
+    ("python -m fasttrain.data", "check or list TFRecord shards, write a synthetic set (verify, ls, ...)"),
+    ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
+    ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
+    ("python -m fasttrain.convert", "convert the seeds' TensorFlow checkpoints and fasttrain's"),
+)
+
 
 def parse_args(argv: list[str]) -> Config:
     """Build the Config for a command line: the recipe's defaults, then the flags in order.
@@ -33,6 +98,8 @@ def parse_args(argv: list[str]) -> Config:
     """
     values: dict[str, object] = {}
     spelled: dict[str, str] = {}  # field -> the flag that set it
+    given: dict[str, object] = {}  # field -> the value as that flag gave it (before a seed conversion)
+    notes: dict[str, str] = {}  # flag -> its note, each printed once
     wants_help = False
     i = 0
     while i < len(argv):
@@ -43,9 +110,19 @@ def parse_args(argv: list[str]) -> Config:
         if not arg.startswith("--"):
             raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
         flag, eq, text = arg.partition("=")
+        raw = flag[2:].replace("-", "_")
+        if raw in NOTED_FLAGS:
+            # Its value, if any, is the next word unless that is a flag: --sync, --log_dir /data/logs.
+            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+            notes.setdefault(raw, f"{flag} is accepted for the seeds' command lines: {NOTED_FLAGS[raw]}")
+            i += 1
+            continue
         name, negated = _canonical(flag)
         if name not in _FIELDS:
-            raise ConfigError(f"unknown flag {flag} (python -m fasttrain --help lists the flags)")
+            raise ConfigError(
+                f"unknown flag {flag}{_suggestion(raw)} (python -m fasttrain --help lists the flags)"
+            )
         is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
         if negated:
             if eq or not is_bool:
@@ -60,15 +137,50 @@ def parse_args(argv: list[str]) -> Config:
                 raise ConfigError(f"{flag} needs a value")
             i += 1
             value = _convert(name, argv[i])
+        typed = value
+        if raw in SEED_CONVERSIONS:
+            _, convert, why = SEED_CONVERSIONS[raw]
+            value = convert(value)
+            if why and value != typed:
+                notes[raw] = f"{flag}={_flag_text(typed)} sets --{name}={_flag_text(value)} ({why})"
         before = spelled.get(name)
         if before is not None and _is_alias(before) != _is_alias(flag) and values[name] != value:
-            raise ConfigError(f"{before}={values[name]} and {flag}={value} conflict; give one of them")
-        values[name], spelled[name] = value, flag
+            was, now = _flag_text(given[name]), _flag_text(typed)
+            raise ConfigError(f"{before}={was} and {flag}={now} conflict; give one of them")
+        values[name], spelled[name], given[name] = value, flag, typed
         i += 1
     if wants_help:
         print(_usage(make_config(recipe=values.get("recipe", "demo"))))
         raise SystemExit(0)
-    return make_config(**values)
+    if values.get("node_batch_size") and "batch_size" in values:
+        raise ConfigError(
+            f"{spelled['node_batch_size']}={values['node_batch_size']} (one node's batch, divided over its "
+            f"processes) and {spelled['batch_size']}={values['batch_size']} (one process's) conflict; "
+            "give one of them"
+        )
+    cfg = make_config(**values)
+    _print_notes(notes.values())
+    return cfg
+
+
+def _print_notes(notes) -> None:
+    """Each note once per command line, from one process: under torchrun every rank parses the flags."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    for note in notes:
+        sys.stderr.write(f"fasttrain: note: {note}\n")
+
+
+def known_flags() -> list[str]:
+    """Every flag name the parser takes (fields, the seeds' aliases, the noted flags), `_` spelled."""
+    return sorted({*_FIELDS, *ALIASES, *SEED_CONVERSIONS, *NOTED_FLAGS})
+
+
+def _suggestion(name: str) -> str:
+    """'; did you mean --max_steps?' for the closest known flag (difflib's ratio, at least 0.75: close
+    enough for a dropped or swapped letter, far enough not to guess at unrelated words)."""
+    close = difflib.get_close_matches(name, known_flags(), n=1, cutoff=0.75)
+    return f"; did you mean --{close[0]}?" if close else ""
 
 
 def _convert(name: str, text: str):
@@ -100,14 +212,15 @@ def _convert(name: str, text: str):
 def _canonical(flag: str) -> tuple[str, bool]:
     """Map '--some-flag' to ('some_flag', negated)."""
     name = flag[2:].replace("-", "_")
-    name = ALIASES.get(name, name)
+    name = ALIASES.get(name, SEED_CONVERSIONS.get(name, (name,))[0])
     if name not in _FIELDS and name.startswith("no_") and name[3:] in _FIELDS:
         return name[3:], True
     return name, False
 
 
 def _is_alias(flag: str) -> bool:
-    return flag[2:].replace("-", "_") in ALIASES
+    name = flag[2:].replace("-", "_")
+    return name in ALIASES or name in SEED_CONVERSIONS
 
 
 def _usage(recipe: Config) -> str:
@@ -121,7 +234,15 @@ def _usage(recipe: Config) -> str:
     ]
     for name, doc in _field_docs().items():
         lines.append(f"  --{name:<34} {doc} [default: {_flag_text(getattr(recipe, name))}]")
+    lines += ["", "The seeds' spellings: " + ", ".join(f"--{a} (--{f})" for a, f in _seed_aliases().items())]
+    lines.append("Accepted with a note (no effect): " + ", ".join(f"--{n}" for n in NOTED_FLAGS))
+    lines += ["", "Other commands:"]
+    lines += [f"  {command:<38} {what}" for command, what in ENTRY_POINTS]
     return "\n".join(lines)
+
+
+def _seed_aliases() -> dict[str, str]:
+    return {**ALIASES, **{name: spec[0] for name, spec in SEED_CONVERSIONS.items()}}
 
 
 def flags_table() -> str:
@@ -145,6 +266,8 @@ def _flag_text(value) -> str:
     """A value as it is spelled on the command line."""
     if isinstance(value, list):
         return ",".join(f"{v:g}" for v in value)
+    if isinstance(value, float):  # 12 digits: 1 - 0.997 shows as 0.003, 1.001e-05 as itself
+        return f"{value:.12g}"
     return "(empty)" if value == "" else str(value)
 
 

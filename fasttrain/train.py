@@ -35,6 +35,7 @@ from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.run import build_run
+from fasttrain.run_config import processes_per_node, resolve_node_batch
 from fasttrain.schedule import LRSchedule
 
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
@@ -48,6 +49,7 @@ class TrainingStopped(FasttrainError, RuntimeError):
 
 
 def train(cfg: Config) -> dict:
+    cfg = resolve_node_batch(cfg, processes_per_node())  # one node's batch over its processes
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
@@ -86,7 +88,7 @@ def train(cfg: Config) -> dict:
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
-    schedule = LRSchedule(cfg, steps_per_epoch, global_batch, info.device)
+    schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
     run = build_run(
         cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
     )
@@ -127,7 +129,7 @@ def train(cfg: Config) -> dict:
         rng = get_rng_state()
         if eval_loader is None:
             eval_loader = build_loader(
-                cfg,
+                dataclasses.replace(cfg, batch_size=cfg.eval_batch_per_process),
                 "validation",
                 training=False,
                 rank=info.rank,

@@ -30,6 +30,7 @@ _SPECIAL = {
     "grad_sync": "ddp",
     "lr_boundary_epochs": "5,7",
     "histogram_every": "50",  # a multiple of the demo's log_every
+    "input_order": "one_stream",
 }
 
 
@@ -77,13 +78,14 @@ def test_seed_aliases_and_booleans():
             "--deterministic=false",
         ]
     )
-    assert (cfg.batch_size, cfg.train_dir, cfg.zero_init_residual, cfg.cuda_graph) == (
+    assert (cfg.node_batch_size, cfg.train_dir, cfg.zero_init_residual, cfg.cuda_graph) == (
         64,
         "/tmp/run",
         False,
         True,
     )
     assert cfg.deterministic is False
+    # The ResNet seed's own flags are covered, each to its field, in tests/test_resnet_seed_recipe.py.
 
 
 def test_inception_recipe_is_the_seed():
@@ -104,16 +106,19 @@ def test_inception_recipe_is_the_seed():
     assert cfg.checkpoint_every == 5000
 
 
-def test_resnet_recipe_is_the_seed():
-    cfg = parse_args(["--recipe=resnet101"])
-    assert cfg.model_name == "resnet101" and cfg.optimizer == "momentum" and cfg.lr_batch_scaling
+def test_resnet_v15_recipe_is_tf_official_2018():
+    # The ResNet seed's recipes (resnet50, resnet101) are tested in tests/test_resnet_seed_recipe.py.
+    cfg = parse_args(["--recipe=resnet101_v1.5"])
+    assert cfg.model == "resnet101" and cfg.optimizer == "momentum" and cfg.lr_batch_scaling
     assert (cfg.lr_boundary_epochs, cfg.learning_rate_decay_factor, cfg.weight_decay) == (
         [30.0, 60.0, 80.0, 90.0],
         0.1,
         1e-4,
     )
     assert (cfg.batch_size, cfg.image_size, cfg.bn_momentum, cfg.bn_eps) == (32, 224, 0.003, 1e-5)
-    assert parse_args(["--recipe=resnet50", "--resnet_size=152"]).model_name == "resnet152"
+    assert (cfg.preprocess, cfg.num_classes, cfg.label_offset, cfg.train_epochs) == ("resnet", 1000, -1, 90)
+    assert (cfg.node_batch_size, cfg.input_order) == (0, "rank_slices")
+    assert parse_args(["--recipe=resnet50_v1.5", "--resnet_size=152"]).model == "resnet152"
 
 
 @pytest.mark.parametrize(
@@ -182,7 +187,8 @@ def test_help_shows_the_named_recipes_values_as_defaults(capsys):
 
 def test_recipes_are_configs_named_for_themselves():
     names = typing.get_args(typing.get_args(typing.get_type_hints(Config)["recipe"])[0])
-    assert list(RECIPES) == list(names) == ["demo", "inception_v3", "resnet50", "resnet101"]
+    assert list(RECIPES) == list(names)
+    assert list(names) == ["demo", "inception_v3", "resnet50", "resnet101", "resnet50_v1.5", "resnet101_v1.5"]
     for name, recipe in RECIPES.items():
         assert isinstance(recipe, Config) and recipe.recipe == name
         assert make_config(recipe=name) == recipe
@@ -215,8 +221,8 @@ def test_lr_boundary_epochs_is_a_list_the_flag_spells_with_commas():
         parse_args(["--lr_boundary_epochs=a,b"])
 
 
-# A config.json written before lr_boundary_epochs was a list (the resnet50 recipe, by commit d345055);
-# checkpoints saved the same values under "config".
+# A config.json written before lr_boundary_epochs was a list (the resnet50 recipe, by commit d345055,
+# which is resnet50_v1.5 now); checkpoints saved the same values under "config".
 _SAVED_BEFORE_LISTS = """\
 {
   "aux_loss_weight": 0.0,
@@ -290,7 +296,7 @@ _SAVED_BEFORE_LISTS = """\
 def test_a_config_saved_before_lr_boundary_epochs_was_a_list_still_loads():
     saved = json.loads(_SAVED_BEFORE_LISTS)
     assert saved["lr_boundary_epochs"] == "30,60,80,90"
-    now = make_config(recipe="resnet50", data_dir="/data/imagenet", train_dir="runs/r50")
+    now = make_config(recipe="resnet50_v1.5", data_dir="/data/imagenet", train_dir="runs/r50")
     assert Config(**upgrade_saved_config(saved)) == now  # as the evaluator reads config.json
     assert changed_settings(saved, now) == []  # as a resume compares a checkpoint's config
     assert changed_settings(saved, dataclasses.replace(now, lr_boundary_epochs=[30, 60])) == [

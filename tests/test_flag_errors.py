@@ -27,16 +27,39 @@ def test_resnet_size_and_a_different_model_conflict():
     _refused(["--resnet_size", "50", "--model", "resnet101"], "--resnet_size=50 and --model=resnet101")
     _refused(["--model=inception_v3", "--resnet_size=18"], "conflict")
     # Agreeing, or one of them from the recipe, is fine: the flag overrides the recipe.
-    assert parse_args(["--resnet_size=50", "--model=resnet50"]).model_name == "resnet50"
-    assert parse_args(["--recipe=resnet101", "--resnet_size=50"]).model_name == "resnet50"
-    assert parse_args(["--recipe=resnet101", "--model=resnet152"]).model_name == "resnet152"
+    assert parse_args(["--resnet_size=50", "--model=resnet50"]).model == "resnet50"
+    assert parse_args(["--recipe=resnet101_v1.5", "--resnet_size=50"]).model == "resnet50"
+    assert parse_args(["--recipe=resnet101", "--resnet_size=50"]).model == "resnet50_v2"
+    assert parse_args(["--recipe=resnet101", "--model=resnet152"]).model == "resnet152"
+    assert parse_args(["--resnet_size=50", "--model=resnet50_v2"]).model == "resnet50_v2"
+    _refused(
+        ["--resnet_size=50", "--model=resnet101_v2"], "--resnet_size=50 and --model=resnet101_v2 conflict"
+    )
+
+
+def test_resnet_size_200_is_a_v2_model_only():
+    assert parse_args(["--recipe=resnet50", "--resnet_size=200"]).model == "resnet200_v2"
+    _refused(["--recipe=resnet50_v1.5", "--resnet_size=200"], "--resnet_size=200 is a v2 model only")
+    _refused(["--resnet_size=201"], "--resnet_size=201 is not one of 18, 34, 50, 101, 152, 200")
 
 
 def test_a_seed_alias_and_its_field_with_different_values_conflict():
-    _refused(["--train_batch_size=64", "--batch_size=32"], "--train_batch_size=64 and --batch_size=32")
     _refused(["--train_dir=a", "--output_dir=b"], "--train_dir=a and --output_dir=b")
-    assert parse_args(["--train-batch-size=64", "--batch_size=64"]).batch_size == 64
+    _refused(
+        ["--epochs_per_eval=2", "--eval_every_epochs=1"], "--epochs_per_eval=2 and --eval_every_epochs=1"
+    )
+    _refused(["--learning-rate=0.2", "--initial_learning_rate=0.1"], "conflict")
+    _refused(["--batch-norm-decay=0.9", "--bn_momentum=0.5"], "--batch-norm-decay=0.9 and --bn_momentum=0.5")
     assert parse_args(["--batch_size=8", "--batch_size=16"]).batch_size == 16  # a repeat: the last wins
+
+
+def test_a_node_batch_and_a_process_batch_conflict():
+    # One node's batch is divided into the per-process one: both given, which was meant?
+    _refused(["--train_batch_size=64", "--batch_size=32"], "--train_batch_size=64 (one node's batch")
+    _refused(["--train-batch-size=64", "--batch_size=64"], "and --batch_size=64 (one process's) conflict")
+    # A per-process batch alone replaces the recipe's node batch.
+    cfg = parse_args(["--recipe=resnet50", "--batch_size=32"])
+    assert (cfg.batch_size, cfg.node_batch_size) == (32, 0)
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])

@@ -32,15 +32,17 @@ def test_inception_exponential(step):
 
 
 @pytest.mark.parametrize("step", [0, 2999, 3000, 3001, 5999, 6000, 6001, 8000, 8999, 9000, 9001, 12000])
-def test_resnet_piecewise_with_batch_scaling(step):
-    cfg = make_config(recipe="resnet101")
+def test_resnet_v15_piecewise_with_batch_scaling(step):
+    # The ResNet seed's own schedule (no scaling, its float batches per epoch) is in
+    # tests/test_resnet_seed_recipe.py.
+    cfg = make_config(recipe="resnet101_v1.5")
     sched = LRSchedule(cfg, steps_per_epoch=100, global_batch=128)
     lr0 = 0.1 * 128 / 256
     values = [lr0, lr0 * 0.1, lr0 * 0.01, lr0 * 1e-3, lr0 * 1e-4]
     assert sched.at(step) == pytest.approx(tf_piecewise_constant(step, [3000, 6000, 8000, 9000], values))
 
 
-@pytest.mark.parametrize("recipe", ["inception_v3", "resnet50", "demo"])
+@pytest.mark.parametrize("recipe", ["inception_v3", "resnet50", "resnet50_v1.5", "demo"])
 def test_device_schedule_equals_host(recipe):
     sched = LRSchedule(make_config(recipe=recipe), steps_per_epoch=37, global_batch=96)
     step = torch.zeros((), dtype=torch.int64)

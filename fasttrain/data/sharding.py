@@ -1,21 +1,34 @@
 """Which records a rank reads in an epoch, and in which order: a pure function of the index files.
 
 The split is a table of N records (shards in name order, records in file order; a record's position in
-this table is its *global position*). For epoch e of a run seeded s, rank r of W reads:
+this table is its *global position*). For epoch e of a run seeded s, rank r of W, batch B per rank:
 
     training:   shard order  = permutation of the shards, rng(s, e)
                 stream       = records of the shards in that order (N of them)
+      input_order rank_slices (fasttrain's):
                 rank slice   = stream[r N // W : (r + 1) N // W]    (contiguous: mostly sequential reads)
                 rank order   = tf.data's shuffle(buffer) applied to the slice, rng(s, e, r)
                 kept         = its first N // W records (every rank the same count), cut into
                                N // W // B batches of B; the tail is dropped
+      input_order one_stream (the ResNet seed's imagenet.py make_batch, one machine: files shuffled,
+                flat_map(TFRecordDataset), shuffle(1500), batch(B), tower i taking every i-th batch):
+                order        = tf.data's shuffle(buffer) applied to the whole stream, rng(s, e): the
+                               same on every rank
+                batches      = order cut into batches of B; batch k goes to rank k mod W, and every
+                               rank keeps N // W // B of them (the records after the last full round
+                               are dropped; with W = 1 the whole order is returned, its tail the
+                               partial batch the loaders drop)
     evaluation: records[r N // W : (r + 1) N // W] in table order, cut into ceil(count / B) batches,
                 the last one partial
 
-so every record appears exactly once per epoch across ranks (up to the N mod W + tail records dropped
-in training), and the order depends only on (seed, epoch, world size) and the data, never on the
+so every record appears exactly once per epoch across ranks (up to the tail records dropped in
+training), and the order depends only on (seed, epoch, world size, B) and the data, never on the
 number of DataLoader workers. Knowing every batch's records without reading any data is what lets a
-resumed run skip straight to batch b.
+resumed run skip straight to batch b. `open_split(cfg, ...)` records cfg.input_order and cfg.batch_size
+in the table it returns, so every loader's `epoch_positions(table, ...)` follows the run's order.
+
+The seed's distributed mode (several workers) had each worker read the whole data set in its own
+order; one_stream deals one stream over all ranks instead, so an epoch is N records on any world size.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ class RecordTable:
     offsets: np.ndarray  # (N,) int64 byte offset of the framed record
     sizes: np.ndarray  # (N,) int64 framed size (payload + 16)
     shard_starts: np.ndarray  # (num_shards + 1,) global position of each shard's first record
+    input_order: str = "rank_slices"  # how training epochs are ordered (Config.input_order)
+    batch_size: int = 0  # per rank: the unit one_stream deals to the ranks (open_split sets both)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -136,11 +151,26 @@ def epoch_positions(
         [np.arange(starts[s], starts[s + 1]) for s in rng.permutation(len(starts) - 1)]
         or [np.zeros(0, np.int64)]
     )
+    if table.input_order == "one_stream" and table.batch_size:
+        return _dealt_batches(stream, table.batch_size, seed, epoch, rank, world_size, shuffle_buffer)
     mine = stream[lo:hi]
     mine = mine[
         shuffle_buffer_order(len(mine), shuffle_buffer, np.random.default_rng([seed, epoch, rank, 0x5B]))
     ]
     return mine[: n // world_size]
+
+
+def _dealt_batches(
+    stream: np.ndarray, batch: int, seed: int, epoch: int, rank: int, world_size: int, shuffle_buffer: int
+) -> np.ndarray:
+    """one_stream (module doc): the whole stream through one buffer, batch k to rank k mod W."""
+    order = stream[
+        shuffle_buffer_order(len(stream), shuffle_buffer, np.random.default_rng([seed, epoch, 0x1500]))
+    ]
+    if world_size == 1:
+        return order
+    rounds = len(stream) // world_size // batch
+    return order[: rounds * world_size * batch].reshape(rounds, world_size, batch)[:, rank].reshape(-1)
 
 
 def num_batches(n: int, training: bool, rank: int, world_size: int, batch_size: int) -> int:
@@ -155,6 +185,7 @@ def open_split(cfg, split: str, training: bool, rank: int, world_size: int) -> t
     """The split's record table and this rank's batches per epoch; DataError when training gets none,
     LabelRangeError when the first labels misfit --label_offset / --num_classes (check_labels)."""
     table = load_split(cfg.data_dir, split, cfg.data_cache_dir or None)
+    table.input_order, table.batch_size = cfg.input_order, cfg.batch_size
     check_labels(table, cfg.label_offset, cfg.num_classes)
     batches = num_batches(len(table), training, rank, world_size, cfg.batch_size)
     if training and batches == 0:

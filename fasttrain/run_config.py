@@ -1,0 +1,71 @@
+"""The run's config as resolved and as saved.
+
+A node's batch over its processes (`resolve_node_batch`, which train() applies first, so config.json
+and the checkpoints hold the per-process batch that trained; the model --resnet_size selects is
+resolved by Config itself), and config.json files of earlier versions read in this version's terms
+(`upgrade_saved_config`, for a resume's comparison and the evaluator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING
+
+from fasttrain.config import ConfigError, number_list
+
+if TYPE_CHECKING:
+    from fasttrain.config import Config
+
+
+def processes_per_node() -> int:
+    """This node's process count: torchrun's LOCAL_WORLD_SIZE (its --nproc_per_node), 1 without it."""
+    text = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    try:
+        return max(1, int(text))
+    except ValueError:
+        raise ConfigError(f"LOCAL_WORLD_SIZE={text!r} is not a process count (torchrun sets it)") from None
+
+
+def resolve_node_batch(cfg: Config, processes: int) -> Config:
+    """cfg on a node of `processes` processes: batch_size = node_batch_size / processes (the ResNet seed's
+    `int(batch_size / num_shards)` per tower, imagenet.py make_batch), which must divide evenly, as the
+    seed requires of --train-batch-size and --eval-batch-size over --num_gpus (imagenet_main.py)."""
+    if not cfg.node_batch_size:
+        return cfg
+    for name, spelled in (
+        ("node_batch_size", "--train-batch-size"),
+        ("eval_batch_size", "--eval-batch-size"),
+    ):
+        value = getattr(cfg, name)
+        if value % processes:
+            raise ConfigError(
+                f"--{name}={value} (the seed's {spelled}) is one node's batch and does not divide over "
+                f"its {processes} processes (torchrun --nproc_per_node={processes}): choose a multiple "
+                f"of {processes}"
+            )
+    return dataclasses.replace(cfg, batch_size=cfg.node_batch_size // processes)
+
+
+def upgrade_saved_config(saved: dict) -> dict:
+    """A config saved by any fasttrain version (config.json, a checkpoint's "config") in this version's
+    terms. lr_boundary_epochs was saved as the flag's text, "30,60,80,90", before it was a list. Before
+    input_order existed (the ResNet seed's recipes came with it), recipes resnet50/resnet101 were what
+    resnet50_v1.5/resnet101_v1.5 are now, and "model" was saved as given, not after resnet_size
+    (resnet_size 50 beside model "resnet101" trained resnet50)."""
+    saved = dict(saved)
+    text = saved.get("lr_boundary_epochs")
+    if isinstance(text, str):
+        try:
+            saved["lr_boundary_epochs"] = number_list(text)
+        except ValueError:
+            raise ConfigError(
+                f"the saved lr_boundary_epochs {text!r} is not a comma-separated list of numbers"
+            ) from None
+    if "input_order" not in saved:
+        if saved.get("recipe") in ("resnet50", "resnet101"):
+            saved["recipe"] += "_v1.5"
+        size, model = saved.get("resnet_size"), saved.get("model")
+        if size and isinstance(model, str) and model.startswith("resnet"):
+            saved["model"] = f"resnet{size}"
+    return saved
