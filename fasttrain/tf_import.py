@@ -119,7 +119,9 @@ def model_state(
             f"TensorFlow checkpoint {ckpt.prefix} has no {EMA} shadows (the run kept no EMA)"
         )
     own = model.state_dict()
-    out = {}
+    # The entries TF has no counterpart of (BN's num_batches_tracked, unused with a set momentum) as
+    # the model has them, so that the result is a whole state_dict.
+    out = {k: v.detach().cpu().clone() for k, v in own.items() if k not in vmap}
     for key, var in vmap.items():
         if skip and key.startswith(skip):
             continue
@@ -240,3 +242,30 @@ def export_tensors(
             "such variable: TF will compute with 1 (train with the exact seed network to avoid this)"
         )
     return out, notes
+
+
+def load_eval_weights(model: torch.nn.Module, optimizer, bn_ema, raw: dict, ema: dict | None) -> None:
+    """For evaluate_raw_and_ema: `raw` (a state_dict) into the model, and `ema` (a state_dict of the
+    averaged weights and BN statistics; None: the raw ones) into the optimizer's EMA buffer and the BN
+    EMA's shadows."""
+    model.load_state_dict(raw)
+    ema = ema or raw
+    if optimizer is not None and optimizer.ema_decay:
+        state = optimizer.state_dict()
+        for i, key in enumerate(_param_names(model, optimizer)):
+            state["state"][i]["ema"] = ema[key]
+        optimizer.load_state_dict(state)
+    if bn_ema is not None:
+        bn_ema.load_state_dict({name: ema[name] for name in bn_ema.names})
+
+
+def load_tf_for_eval(ckpt, model_name: str, model: torch.nn.Module, optimizer, bn_ema) -> int:
+    """A TF checkpoint as the seed's eval program sees it: raw weights, and the ExponentialMovingAverage
+    shadows as the EMA (the raw weights again when the run kept none). Returns its global_step (0
+    without one)."""
+    raw = model_state(ckpt, model_name, model)
+    names = ckpt.shapes()
+    has_ema = any(f"{v.name}/{EMA}" in names for v in name_map(model_name, model).values())
+    ema = model_state(ckpt, model_name, model, ema=True) if has_ema else None
+    load_eval_weights(model, optimizer, bn_ema, raw, ema)
+    return read_global_step(ckpt) if GLOBAL_STEP in names else 0
