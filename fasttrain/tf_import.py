@@ -202,6 +202,8 @@ def load_run(ckpt, cfg, run, log: Callable[[str], None]) -> int:
     )
     if shadows_missing and cfg.ema_decay:
         log(f"note: {shadows_missing} variables had no {EMA} shadow; their EMA starts at the current values")
+    if not cfg.ema_decay and any(n.endswith(f"/{EMA}") for n in names):
+        log(f"note: the TF run kept an EMA ({EMA} shadows), which ema_decay 0 leaves behind")
     return step
 
 

@@ -4,10 +4,11 @@ checkpoint and continued from it comes back exactly, in TF's layouts (checked el
 through the code under test); TF official ResNet-50's published variable names and shapes; each
 mismatch (another model, a missing, extra or misshapen variable, the other optimizer's slots) is one
 CheckpointError naming the variable; end to end (slow), a run continued from its TF export takes the
-same steps as fasttrain's own resume."""
+same steps as fasttrain's own resume, and fasttrain.evaluate gives its source's numbers on it."""
 
 import json
 import subprocess
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,7 +23,7 @@ from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.step import BufferEMA
 from fasttrain.tf_checkpoint import open_checkpoint, write_checkpoint
 from fasttrain.tf_import import export_tensors, load_run, model_state
-from fasttrain.tf_names import variable_map
+from fasttrain.tf_names import to_tf, variable_map
 
 
 def trained(kind="rmsprop", seed=0, num_classes=5):
@@ -137,9 +138,15 @@ def test_tf_layouts_and_slot_names_element_by_element(tmp_path):
 def test_tf_official_resnet50_names_and_shapes():
     """TF official (2018) ResNet-50 v1.5: conv2d ... conv2d_52, batch_normalization ... _52, dense;
     the first block's projection is made before its conv1 (conv2d_1 is the 1x1 64 -> 256)."""
-    vmap = variable_map("resnet50", create_model("resnet50", 1001))
-    shapes = {v.name: tuple(np.empty(0).shape) for v in vmap.values()}
+    model = create_model("resnet50", 1001)
+    vmap = variable_map("resnet50", model)
+    state = model.state_dict()
+    shapes = {v.name: to_tf(state[k].numpy(), v.layout).shape for k, v in vmap.items()}
     names = set(shapes)
+    assert shapes["resnet_model/conv2d/kernel"] == (7, 7, 3, 64)
+    assert shapes["resnet_model/conv2d_1/kernel"] == (1, 1, 64, 256)  # stage 1's projection
+    assert shapes["resnet_model/conv2d_2/kernel"] == (1, 1, 64, 64)
+    assert shapes["resnet_model/dense/kernel"] == (2048, 1001)
     assert len([n for n in names if n.endswith("/kernel")]) == 54  # 53 convolutions + dense
     assert {"resnet_model/conv2d_52/kernel", "resnet_model/batch_normalization_52/moving_variance"} <= names
     assert "resnet_model/conv2d_53/kernel" not in names
@@ -248,3 +255,20 @@ def test_a_continued_tf_run_takes_the_steps_fasttrains_resume_takes(tmp_path):
     for i, slots in a["optimizer"]["state"].items():
         for slot, value in slots.items():
             assert torch.equal(value, b["optimizer"]["state"][i][slot]), (i, slot)
+
+    # The evaluator on the TF checkpoint (raw weights and EMA shadows) gives its source's numbers.
+    def evaluated(checkpoint):
+        cmd = [
+            sys.executable,
+            "-m",
+            "fasttrain.evaluate",
+            str(tmp_path / "a"),
+            "--checkpoint",
+            str(checkpoint),
+        ]
+        out = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+
+    assert "EMA" in evaluated(tmp_path / "a" / "ckpt-12.pt")
+    assert evaluated(tmp_path / "tf") == evaluated(tmp_path / "a" / "ckpt-12.pt")
