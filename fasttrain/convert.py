@@ -48,33 +48,13 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _widths(reader, model_name: str) -> tuple[int, int]:
-    """(num_classes, base_channels) of the checkpoint's network: its classifier's and its stem
-    convolution's output widths (the last dimension of each in TF's layout)."""
-    from fasttrain.models import classifier_names, create_model
-    from fasttrain.tf_import import name_map
-
-    probe = create_model(model_name, 1001)
-    vmap = name_map(model_name, probe)
-    stem = next(iter(vmap.values())).name
-    classifier = vmap[f"{classifier_names(probe)[0]}.weight"].name
-    shapes = reader.shapes()
-    for name in (stem, classifier):
-        if name not in shapes:
-            raise CheckpointError(
-                f"TensorFlow checkpoint {reader.prefix} has no {name}: is it a {model_name}?"
-            )
-    base = shapes[stem][0][-1] if model_name.startswith("resnet") else 64
-    return int(shapes[classifier][0][-1]), int(base)
-
-
 def from_tf(args: argparse.Namespace) -> Path:
     from fasttrain.models import create_model
     from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import model_state, read_global_step
+    from fasttrain.tf_import import model_state, network_widths, read_global_step
 
     reader = open_checkpoint(args.source)
-    width, base_channels = _widths(reader, args.model)
+    width, base_channels = network_widths(reader, args.model)
     num_classes = args.num_classes or width
     model = create_model(args.model, num_classes, base_channels=base_channels)
     state = model_state(reader, args.model, model, ema=args.weights == "ema")

@@ -153,10 +153,12 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     path = run_dir / "config.json"
     if not path.is_file() and args.recipe:  # a TensorFlow run: the recipe says what a config.json would
         from fasttrain.config import make_config
+        from fasttrain.tf_checkpoint import open_checkpoint
+        from fasttrain.tf_import import config_for
 
-        return make_config(
-            recipe=args.recipe, **{k: v for k, v in vars(args).items() if k in ("data_dir", "device") and v}
-        )
+        given = {k: v for k, v in vars(args).items() if k in ("data_dir", "device") and v}
+        # num_classes and the ResNet width from the checkpoint: the recipe's may differ from the run's
+        return config_for(make_config(recipe=args.recipe, **given), open_checkpoint(run_dir))
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a fasttrain run directory (no config.json); name a --train_dir")
     try:

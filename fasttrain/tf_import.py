@@ -25,6 +25,7 @@ that epoch's first batch. Every mismatch is one CheckpointError line naming the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -132,6 +133,35 @@ def model_state(
             raise _fail(ckpt, model_name, f"variable {var.name} is missing")
         out[key] = value
     return out
+
+
+def network_widths(reader, model_name: str) -> tuple[int, int]:
+    """(num_classes, base_channels) of the checkpoint's network: its classifier's and its stem
+    convolution's output widths (the last dimension of each in TF's layout)."""
+    from fasttrain.models import classifier_names, create_model
+
+    probe = create_model(model_name, 1001)
+    vmap = name_map(model_name, probe)
+    stem = next(iter(vmap.values())).name
+    classifier = vmap[f"{classifier_names(probe)[0]}.weight"].name
+    shapes = reader.shapes()
+    for name in (stem, classifier):
+        if name not in shapes:
+            raise CheckpointError(
+                f"TensorFlow checkpoint {reader.prefix} has no {name}: is it a {model_name}?"
+            )
+    base = shapes[stem][0][-1] if model_name.startswith("resnet") else 64
+    return int(shapes[classifier][0][-1]), int(base)
+
+
+def config_for(cfg, ckpt):
+    """cfg with the checkpoint's class count (label_offset 0 for 1001: class 0 is the seeds'
+    background) and ResNet width: a recipe made for a TF run directory, which has no config.json."""
+    num_classes, base_channels = network_widths(ckpt, cfg.model_name)
+    changes = {"base_channels": base_channels}
+    if num_classes != cfg.num_classes:
+        changes.update(num_classes=num_classes, label_offset=0 if num_classes == 1001 else cfg.label_offset)
+    return dataclasses.replace(cfg, **changes)
 
 
 def read_global_step(ckpt) -> int:

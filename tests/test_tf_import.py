@@ -272,3 +272,17 @@ def test_a_continued_tf_run_takes_the_steps_fasttrains_resume_takes(tmp_path):
 
     assert "EMA" in evaluated(tmp_path / "a" / "ckpt-12.pt")
     assert evaluated(tmp_path / "tf") == evaluated(tmp_path / "a" / "ckpt-12.pt")
+
+
+def test_a_recipe_takes_the_checkpoints_class_count_and_width(tmp_path):
+    from fasttrain.config import make_config
+    from fasttrain.tf_import import config_for
+
+    prefix, _ = export(tmp_path)
+    cfg = config_for(make_config(recipe="demo"), open_checkpoint(prefix))  # demo: 10 classes, 16 wide
+    assert (cfg.num_classes, cfg.base_channels, cfg.label_offset) == (5, 8, -1)
+    seed_like = _edit(
+        prefix, lambda t: t.update({"resnet_model/dense/kernel": np.zeros((64, 1001), np.float32)})
+    )
+    cfg = config_for(make_config(recipe="demo"), open_checkpoint(seed_like))
+    assert (cfg.num_classes, cfg.label_offset) == (1001, 0)  # the seeds' class 0 is background
