@@ -115,16 +115,15 @@ def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]
     if not is_tf_checkpoint(path):
         return ckpt.load_checkpoint(Path(path))["model"]
     from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import model_state
+    from fasttrain.tf_import import model_state, name_map
 
     try:
         return model_state(open_checkpoint(path), cfg.model_name, model, skip=skip)
     except ckpt.CheckpointError as exc:
-        hint = (
-            ""
-            if cfg.fine_tune or "has shape" not in str(exc)
-            else " (pass fine_tune to re-initialise the classifier)"
-        )
+        heads = tuple(classifier_names(model))
+        head_names = [v.name for k, v in name_map(cfg.model_name, model).items() if k.startswith(heads)]
+        about_head = any(f"variable {name} has shape" in str(exc) for name in head_names)
+        hint = " (pass fine_tune to re-initialise the classifier)" if about_head and not cfg.fine_tune else ""
         raise ckpt.CheckpointError(f"{exc}{hint}", settings=("fine_tune", *exc.settings)) from None
 
 
