@@ -286,3 +286,26 @@ def test_a_recipe_takes_the_checkpoints_class_count_and_width(tmp_path):
     )
     cfg = config_for(make_config(recipe="demo"), open_checkpoint(seed_like))
     assert (cfg.num_classes, cfg.label_offset) == (1001, 0)  # the seeds' class 0 is background
+
+
+def test_pretrained_from_a_tf_checkpoint_and_fine_tune(tmp_path):
+    from fasttrain.config import make_config
+    from fasttrain.resume import restore_pretrained
+
+    prefix, (source, _, _) = export(tmp_path)
+    flags = dict(model="resnet18", base_channels=8, pretrained_model_checkpoint_path=str(prefix.parent))
+    model, logs = create_model("resnet18", 5, base_channels=8), []
+    restore_pretrained(model, make_config(num_classes=5, **flags), logs.append)
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value) or not value.is_floating_point(), key
+    assert logs == [f"restored weights from {prefix.parent}"]
+
+    other = create_model("resnet18", 7, base_channels=8)
+    with pytest.raises(
+        CheckpointError, match=r"dense/kernel has shape \(64, 5\), the model's is \(64, 7\) \(pass"
+    ):
+        restore_pretrained(other, make_config(num_classes=7, **flags), print)
+    torch.manual_seed(0)
+    restore_pretrained(other, make_config(num_classes=7, fine_tune=True, **flags), print)
+    assert torch.equal(other.conv1.weight, source.conv1.weight) and other.fc.weight.shape == (7, 64)
+    assert torch.all(other.fc.bias == 0)  # re-initialised as at construction
