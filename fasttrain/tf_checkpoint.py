@@ -33,6 +33,7 @@ TensorFlow's field numbers; enum fields are read as int32, their wire type.
 
 from __future__ import annotations
 
+import codecs
 import math
 import mmap
 import os
@@ -319,7 +320,8 @@ def newest_in_directory(directory: Path) -> Path:
     match = _STATE_LINE.search(text)
     if not match:
         raise CheckpointError(f"{state} names no model_checkpoint_path")
-    named = Path(match.group(1).encode().decode("unicode_escape"))
+    # A text-format string: C escapes, non-ASCII bytes as octal \NNN (protobuf's CEscape).
+    named = Path(codecs.escape_decode(match.group(1).encode())[0].decode("utf-8", "replace"))
     prefix = named if named.is_absolute() else directory / named
     # A run directory moved since TF wrote an absolute path: the checkpoint is beside the state file.
     if named.is_absolute() and not _exists(prefix) and _exists(directory / named.name):

@@ -1,5 +1,5 @@
 """fasttrain.tf_checkpoint against checkpoints TensorFlow 2.21 wrote (tests/data/make_tf_checkpoints.py):
-the V2 bundle and the V1 table read to the values TF saved, every dtype and shape bit for bit; damaged
+the V2 bundle and the V1 table (a partitioned variable assembled) read to the values TF saved, every dtype and shape bit for bit; damaged
 copies (a flipped byte, a cut file, a missing shard) and files that are not TF's each end in one
 CheckpointError naming the file; the V2 writer's output reads back exactly (TF's own reading of it is
 checked by hand, see the README)."""
@@ -167,3 +167,21 @@ def test_writer_matches_tensorflows_bytes_for_the_data_file(tmp_path):
     write_checkpoint(tmp_path / "model.ckpt-7", tensors)
     ours = (tmp_path / "model.ckpt-7.data-00000-of-00001").read_bytes()
     assert ours == (FIXTURES / "v2" / "model.ckpt-7.data-00000-of-00001").read_bytes()
+
+
+def test_v2_partitioned_variable_is_refused_by_name():
+    ckpt = open_checkpoint(FIXTURES / "v2-partitioned")
+    assert ckpt.shapes()["partitioned/weights"][0] == (6, 2)
+    assert np.array_equal(ckpt.get("conv0/weights"), expected()["conv0/weights"])  # the rest reads
+    with pytest.raises(CheckpointError, match=r"variable partitioned/weights is partitioned, which is not"):
+        ckpt.get("partitioned/weights")
+
+
+def test_checkpoint_file_escapes(tmp_path):
+    """The `checkpoint` file is a text proto: non-ASCII bytes written as octal escapes (CEscape)."""
+    run = tmp_path / "r\u00e9sum\u00e9"
+    shutil.copytree(FIXTURES / "v2", run)
+    for name in ("index", "data-00000-of-00001"):
+        (run / f"model.ckpt-7.{name}").rename(run / f"mod\u00e8le.ckpt-7.{name}")
+    (run / "checkpoint").write_text('model_checkpoint_path: "mod\\303\\250le.ckpt-7"\n')
+    assert open_checkpoint(run).prefix == run / "mod\u00e8le.ckpt-7"

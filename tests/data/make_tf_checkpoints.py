@@ -5,6 +5,7 @@
 Writes, with tf.compat.v1.train.Saver in graph mode:
   v2/model.ckpt-7.{index,data-00000-of-00001} and v2/checkpoint   the V2 bundle (Saver's default)
   v1/model.ckpt-7 and v1/checkpoint                                the V1 table (write_version=V1)
+  v2-partitioned/...                                               V2 with the partitioned variable too
   expected.npz                                                     every variable's value, by name
 The variables cover what the seeds' checkpoints hold: a float32 global_step (the Inception seed's), an
 int64 step (the ResNet seed's), a 4-D HWIO conv kernel, vectors, an ExponentialMovingAverage shadow,
@@ -47,7 +48,7 @@ def write(version: str) -> dict[str, np.ndarray]:
     with tf.Graph().as_default():
         for name, value in expected.items():
             tf.compat.v1.get_variable(name, initializer=tf.constant(value), use_resource=False)
-        if version == "v1":
+        if version in ("v1", "v2-partitioned"):
             parted = np.arange(12, dtype=np.float32).reshape(6, 2) / 4
             tf.compat.v1.get_variable(
                 "partitioned/weights",
@@ -56,7 +57,8 @@ def write(version: str) -> dict[str, np.ndarray]:
                 use_resource=False,
             )
             expected["partitioned/weights"] = parted
-        write_version = tf.compat.v1.train.SaverDef.V1 if version == "v1" else tf.compat.v1.train.SaverDef.V2
+        saver_def = tf.compat.v1.train.SaverDef
+        write_version = saver_def.V1 if version == "v1" else saver_def.V2
         saver = tf.compat.v1.train.Saver(write_version=write_version)
         directory = OUT / version
         directory.mkdir(parents=True, exist_ok=True)
@@ -75,6 +77,7 @@ def main() -> int:
     tf.compat.v1.disable_eager_execution()
     v2 = write("v2")
     v1 = write("v1")
+    write("v2-partitioned")  # fasttrain refuses V2 partitioned variables: a test of that error
     np.savez(OUT / "expected.npz", **{k.replace("/", "|"): v for k, v in {**v2, **v1}.items()})
     reader = tf.train.load_checkpoint(str(OUT / "v1" / "model.ckpt-7"))
     for name, value in v1.items():
