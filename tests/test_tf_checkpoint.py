@@ -1,8 +1,9 @@
 """fasttrain.tf_checkpoint against checkpoints TensorFlow 2.21 wrote (tests/data/make_tf_checkpoints.py):
-the V2 bundle and the V1 table (a partitioned variable assembled) read to the values TF saved, every dtype and shape bit for bit; damaged
-copies (a flipped byte, a cut file, a missing shard) and files that are not TF's each end in one
-CheckpointError naming the file; the V2 writer's output reads back exactly (TF's own reading of it is
-checked by hand, see the README)."""
+the V2 bundle and the V1 table (a partitioned variable assembled) read to the values TF saved, every
+dtype and shape bit for bit; damaged copies (a flipped byte, a cut file, a missing shard), files that
+are not TF's and a V2 partitioned variable each end in one CheckpointError naming the file or the
+variable; the V2 writer's output reads back exactly, and its data file is TF's byte for byte (TF's
+own reading of the whole is checked by hand, see the README)."""
 
 import shutil
 from pathlib import Path
