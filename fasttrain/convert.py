@@ -85,6 +85,8 @@ def _saved_config(state: dict, model: str):
         saved.update(model=model, resnet_size=0)
     if "model" not in saved:
         raise CheckpointError("the checkpoint names no model (no config): pass --model")
+    if "max_steps" not in saved and "train_epochs" not in saved:  # a from-tf file: Config wants a length
+        saved["max_steps"] = 1
     return Config(**upgrade_saved_config(saved))
 
 

@@ -105,3 +105,18 @@ def test_errors_are_one_line(run_dir, tmp_path, capsys):
     assert main(["to-tf", str(tmp_path / "nothing.pt"), "--out", str(tmp_path / "z")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
+
+
+def test_a_from_tf_file_goes_back_to_tf(run_dir, tmp_path):
+    """A weights-only file (from-tf's) has a config of three fields and no optimizer: to-tf writes its
+    weights, BN statistics and global_step, and from-tf reads the same weights again."""
+    first, again = tmp_path / "a" / "model.ckpt-42", tmp_path / "b" / "model.ckpt-42"
+    main(["to-tf", str(run_dir), "--out", str(first)])
+    main(["from-tf", str(first), "--model", "resnet18", "--out", str(tmp_path / "a.pt")])
+    assert main(["to-tf", str(tmp_path / "a.pt"), "--out", str(again)]) == 0
+    assert len(open_checkpoint(again).shapes()) == 62 + 40 + 1
+    main(["from-tf", str(again), "--model", "resnet18", "--out", str(tmp_path / "b.pt")])
+    a, b = load_checkpoint(tmp_path / "a.pt"), load_checkpoint(tmp_path / "b.pt")
+    assert b["step"] == 42
+    for key, value in a["model"].items():
+        assert torch.equal(b["model"][key], value), key
