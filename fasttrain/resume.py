@@ -130,13 +130,16 @@ def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]
 def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
-    prefix) continues that run (fasttrain.tf_import.load_run)."""
+    prefix) continues that run (fasttrain.tf_import.load_run), until run_dir holds checkpoints of its own."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
-        from fasttrain.tf_checkpoint import open_checkpoint
-        from fasttrain.tf_import import load_run
+        if not ckpt.list_checkpoints(run_dir):
+            from fasttrain.tf_checkpoint import open_checkpoint
+            from fasttrain.tf_import import load_run
 
-        return load_run(open_checkpoint(source), cfg, run, log)
+            return load_run(open_checkpoint(source), cfg, run, log)
+        # This run continued the TF run and has saved since: a restart goes on from its own checkpoints.
+        source = run_dir
     if cfg.checkpoint_dir and not source.is_dir():
         raise ckpt.CheckpointError(
             f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)
