@@ -309,3 +309,20 @@ def test_pretrained_from_a_tf_checkpoint_and_fine_tune(tmp_path):
     restore_pretrained(other, make_config(num_classes=7, fine_tune=True, **flags), print)
     assert torch.equal(other.conv1.weight, source.conv1.weight) and other.fc.weight.shape == (7, 64)
     assert torch.all(other.fc.bias == 0)  # re-initialised as at construction
+
+
+def test_checkpoint_dir_of_a_tf_run_until_the_run_has_its_own(tmp_path):
+    from fasttrain.checkpoint import save_checkpoint
+    from fasttrain.resume import restore_run
+
+    prefix, _ = export(tmp_path)
+    cfg = SimpleNamespace(**vars(config()), checkpoint_dir=str(prefix.parent))
+    run, logs = fresh_run(), []
+    assert restore_run(cfg, run, run_dir=tmp_path / "run", log=logs.append) == 30
+    assert "continuing TensorFlow run" in logs[0]
+
+    save_checkpoint(tmp_path / "run", 31, {"model": {}, "step": 31, "data": [{}], "rng": []})
+    loaded = []
+    run.load_state_dict, run.load_rank_state = loaded.append, lambda data, rng: None
+    assert restore_run(cfg, run, run_dir=tmp_path / "run", log=logs.append) == 31  # its own, not TF's
+    assert loaded[0]["step"] == 31 and logs[-1].startswith("resuming from step 31")
