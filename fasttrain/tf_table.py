@@ -34,6 +34,7 @@ _TRAILER_BYTES = 5  # compression type + masked crc32c
 
 
 def _varint(buf, pos: int, end: int, where) -> tuple[int, int]:
+    """(value, next position) of the varint at buf[pos:end]; where = (file, buf's offset in the file)."""
     result = shift = 0
     while pos < end and shift < 64:
         byte = buf[pos]
@@ -91,7 +92,7 @@ def read_table(data, path: Path):
             "truncated, or another kind of file)"
         )
     footer_at = len(data) - FOOTER_BYTES
-    where = (path, footer_at)
+    where = (path, 0)  # the footer's positions are the file's
     pos = footer_at
     meta_offset, pos = _varint(data, pos, footer_at + 40, where)
     meta_size, pos = _varint(data, pos, footer_at + 40, where)
@@ -100,9 +101,9 @@ def read_table(data, path: Path):
     # The metaindex holds nothing TF's writers use, but a damaged one is a damaged file: verify it.
     for _ in _entries(_block(data, meta_offset, meta_size, path), meta_offset, path):
         pass
-    for _, handle, _ in _entries(_block(data, index_offset, index_size, path), index_offset, path):
-        offset, p = _varint(handle, 0, len(handle), where)
-        size, _ = _varint(handle, p, len(handle), where)
+    for _, handle, at in _entries(_block(data, index_offset, index_size, path), index_offset, path):
+        offset, p = _varint(handle, 0, len(handle), (path, at))
+        size, _ = _varint(handle, p, len(handle), (path, at))
         yield from _entries(_block(data, offset, size, path), offset, path)
 
 
