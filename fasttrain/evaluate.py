@@ -3,12 +3,15 @@
 Also the seed's separate evaluation program (under torchrun too):
 
   python -m fasttrain.evaluate RUN_DIR [--checkpoint PATH] [--watch SECONDS] [--data_dir DIR] [--device D]
+  python -m fasttrain.evaluate TF_TRAIN_DIR --recipe inception_v3 --data_dir DIR    # a TensorFlow run
 
 evaluates RUN_DIR's newest checkpoint (or PATH) with the run's config.json (model, eval transform,
 validation split, --max_eval_batches), raw and EMA weights, prints top-1/top-5 and the image count, and
 appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to TensorBoard in RUN_DIR/eval
 (the seed's eval_dir: a second run beside the trainer's, same tags). --watch re-evaluates each new
-checkpoint, every SECONDS, until the run's final step or Ctrl-C.
+checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
+(its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
+`fasttrain.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
 """
 
 from __future__ import annotations
@@ -138,6 +141,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--data_dir", default="", help="the shards, if not where the run read them")
     parser.add_argument("--device", default="", help="auto, cuda or cpu (default: the run's)")
+    parser.add_argument(
+        "--recipe", default="", help="for a TensorFlow train directory (no config.json): its model's recipe"
+    )
     return parser.parse_args(argv)
 
 
@@ -145,6 +151,14 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     from fasttrain.config import Config, ConfigError, upgrade_saved_config
 
     path = run_dir / "config.json"
+    if not path.is_file() and args.recipe:  # a TensorFlow run: the recipe says what a config.json would
+        from fasttrain.config import make_config
+        from fasttrain.tf_checkpoint import open_checkpoint
+        from fasttrain.tf_import import config_for
+
+        given = {k: v for k, v in vars(args).items() if k in ("data_dir", "device") and v}
+        # num_classes and the ResNet width from the checkpoint: the recipe's may differ from the run's
+        return config_for(make_config(recipe=args.recipe, **given), open_checkpoint(run_dir))
     if not path.is_file():
         raise ConfigError(f"{run_dir} is not a fasttrain run directory (no config.json); name a --train_dir")
     try:
@@ -190,7 +204,11 @@ class _Evaluator:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
         from fasttrain.resume import changed_settings, load_weights, shaping_changes
 
+        if _is_tf_checkpoint(path):
+            return _load_tf(self, path)
         state = load_checkpoint(path, map_location="cpu")
+        if "optimizer" not in state:  # written by python -m fasttrain.convert from-tf: weights only
+            return _load_tf(self, path, state)
         try:
             load_weights(state, self.model, self.optimizer, self.bn_ema)
         except (KeyError, RuntimeError, ValueError) as exc:
@@ -221,6 +239,31 @@ class _Evaluator:
         return {"step": step, **result}
 
 
+def _is_tf_checkpoint(path: Path) -> bool:
+    from fasttrain.tf_checkpoint import is_tf_checkpoint
+
+    return is_tf_checkpoint(path)
+
+
+def _load_tf(evaluator: _Evaluator, path: Path, converted: dict | None = None) -> int:
+    """A TensorFlow checkpoint (raw weights and its ExponentialMovingAverage shadows, as the seed's eval
+    program restores them), or the `converted` state of a `fasttrain.convert from-tf` file (weights
+    only: its EMA is the weights), loaded into the evaluator (fasttrain.tf_import); returns the step."""
+    from fasttrain.checkpoint import CheckpointError
+    from fasttrain.tf_checkpoint import open_checkpoint
+    from fasttrain.tf_import import load_eval_weights, load_tf_for_eval
+
+    parts = (evaluator.model, evaluator.optimizer, evaluator.bn_ema)
+    if converted is None:
+        return load_tf_for_eval(open_checkpoint(path), evaluator.cfg.model_name, *parts)
+    try:
+        load_eval_weights(*parts, converted["model"], None)
+    except (KeyError, RuntimeError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0]
+        raise CheckpointError(f"{path} does not fit model {evaluator.cfg.model_name} ({reason})") from None
+    return int(converted["step"])
+
+
 def _agreed(value, info):
     """Rank 0's value on every rank: all ranks evaluate the same checkpoint."""
     if info.world_size == 1:
@@ -239,6 +282,10 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
     cfg = _run_config(run_dir, args)
     info = init_distributed(cfg.device)
     evaluator = _Evaluator(run_dir, cfg, info)
+    if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
+        from fasttrain.tf_checkpoint import checkpoint_prefix
+
+        args.checkpoint = str(checkpoint_prefix(run_dir))  # a TF train directory: its newest, once
     if args.checkpoint:
         return [evaluator(Path(args.checkpoint))]
     results, done = [], None

@@ -25,6 +25,7 @@ from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, upgrade_saved_config
 from fasttrain.distributed import rank0_error
 from fasttrain.models import classifier_names, reset_classifier
+from fasttrain.tf_checkpoint import is_tf_checkpoint
 
 if TYPE_CHECKING:
     from fasttrain.run import Run
@@ -81,8 +82,8 @@ def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
 
 def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
     """Start from another run's weights; with --fine_tune, all but the re-initialised classifier."""
-    state = ckpt.load_checkpoint(Path(cfg.pretrained_model_checkpoint_path))["model"]
     skip = tuple(classifier_names(model)) if cfg.fine_tune else ()
+    state = _pretrained_state(model, cfg, skip)
     own = model.state_dict()
     wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
     missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
@@ -107,10 +108,38 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
     )
 
 
+def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]) -> dict:
+    """The pretrained checkpoint's model state: a fasttrain file's, or a TF checkpoint's raw weights
+    (what the Inception seed restores), the `skip` prefixes left out (fasttrain.tf_import)."""
+    path = cfg.pretrained_model_checkpoint_path
+    if not is_tf_checkpoint(path):
+        return ckpt.load_checkpoint(Path(path))["model"]
+    from fasttrain.tf_checkpoint import open_checkpoint
+    from fasttrain.tf_import import model_state, name_map
+
+    try:
+        return model_state(open_checkpoint(path), cfg.model_name, model, skip=skip)
+    except ckpt.CheckpointError as exc:
+        heads = tuple(classifier_names(model))
+        head_names = [v.name for k, v in name_map(cfg.model_name, model).items() if k.startswith(heads)]
+        about_head = any(f"variable {name} has shape" in str(exc) for name in head_names)
+        hint = " (pass fine_tune to re-initialise the classifier)" if about_head and not cfg.fine_tune else ""
+        raise ckpt.CheckpointError(f"{exc}{hint}", settings=("fine_tune", *exc.settings)) from None
+
+
 def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
-    continues from (0 when there is none)."""
+    continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
+    prefix) continues that run (fasttrain.tf_import.load_run), until run_dir holds checkpoints of its own."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
+    if cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
+        if not ckpt.list_checkpoints(run_dir):
+            from fasttrain.tf_checkpoint import open_checkpoint
+            from fasttrain.tf_import import load_run
+
+            return load_run(open_checkpoint(source), cfg, run, log)
+        # This run continued the TF run and has saved since: a restart goes on from its own checkpoints.
+        source = run_dir
     if cfg.checkpoint_dir and not source.is_dir():
         raise ckpt.CheckpointError(
             f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)

@@ -1,0 +1,122 @@
+"""python -m fasttrain.convert: to-tf then from-tf gives back the checkpoint's weights (raw) and its
+EMA of weights and BN statistics (--weights ema), bit for bit; to-tf writes every variable the seed's
+run holds (weights, BN statistics, both RMSProp slots, EMA shadows, global_step) and the `checkpoint`
+file; the classifier width and ResNet width come from the checkpoint; a file that is not a checkpoint
+or a checkpoint of another model is one line on stderr, exit 1, no traceback."""
+
+import dataclasses
+
+import pytest
+import torch
+from test_tf_import import trained
+
+from fasttrain.checkpoint import load_checkpoint, save_checkpoint
+from fasttrain.config import make_config
+from fasttrain.convert import main
+from fasttrain.tf_checkpoint import open_checkpoint
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    model, opt, bn_ema = trained("rmsprop")
+    cfg = make_config(model="resnet18", base_channels=8, num_classes=5, optimizer="rmsprop", ema_decay=0.9)
+    names = [n for n, _ in model.named_parameters()]
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "bn_ema": bn_ema.state_dict(),
+        "ema": dict(zip(names, opt.ema_parameters(list(model.parameters())))),
+        "step": 42,
+        "config": dataclasses.asdict(cfg),
+    }
+    directory = tmp_path_factory.mktemp("run")
+    save_checkpoint(directory, 42, state)
+    return directory
+
+
+def test_to_tf_then_from_tf_is_the_identity(run_dir, tmp_path, capsys):
+    prefix = tmp_path / "tf" / "model.ckpt-42"
+    assert main(["to-tf", str(run_dir), "--out", str(prefix)]) == 0
+    assert (prefix.parent / "checkpoint").read_text().startswith('model_checkpoint_path: "model.ckpt-42"')
+    names = open_checkpoint(prefix.parent).shapes()
+    # ResNet-18: 62 parameters (20 convs, 20 BNs x 2, fc x 2) and 40 BN statistics; each parameter has
+    # ms, momentum and a shadow, each statistic a shadow; and global_step.
+    assert len(names) == 62 + 40 + 62 * 3 + 40 + 1
+    assert names["global_step"][0] == ()
+    assert "resnet_model/batch_normalization_19/moving_variance/ExponentialMovingAverage" in names
+    assert "resnet_model/dense/bias/RMSProp_1" in names
+
+    saved = load_checkpoint(run_dir / "ckpt-42.pt")
+    for weights, want in (
+        ("raw", saved["model"]),
+        ("ema", {**saved["model"], **saved["ema"], **saved["bn_ema"]}),
+    ):
+        out = tmp_path / f"{weights}.pt"
+        assert (
+            main(
+                [
+                    "from-tf",
+                    str(prefix.parent),
+                    "--model",
+                    "resnet18",
+                    "--weights",
+                    weights,
+                    "--out",
+                    str(out),
+                ]
+            )
+            == 0
+        )
+        back = load_checkpoint(out)
+        assert back["step"] == 42 and back["config"] == {
+            "model": "resnet18",
+            "num_classes": 5,
+            "base_channels": 8,
+        }
+        for key, value in want.items():
+            if value.is_floating_point():
+                assert torch.equal(back["model"][key], value), (weights, key)
+    assert "5 classes, step 42" in capsys.readouterr().out
+
+
+def test_global_step_dtype_is_the_seeds(run_dir, tmp_path):
+    prefix = tmp_path / "tf" / "model.ckpt-42"
+    main(["to-tf", str(run_dir / "ckpt-42.pt"), "--out", str(prefix)])
+    step = open_checkpoint(prefix).get("global_step")
+    assert step.dtype.name == "int64" and step == 42  # the ResNet seeds' (the Inception seed's is float32)
+
+
+def test_errors_are_one_line(run_dir, tmp_path, capsys):
+    junk = tmp_path / "junk.ckpt"
+    junk.write_bytes(b"not a checkpoint" * 10)
+    assert main(["from-tf", str(junk), "--model", "resnet18", "--out", str(tmp_path / "x.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{junk} is not a TensorFlow checkpoint file" in err
+
+    prefix = tmp_path / "tf" / "model.ckpt-42"
+    main(["to-tf", str(run_dir), "--out", str(prefix)])
+    capsys.readouterr()
+    assert main(["from-tf", str(prefix), "--model", "resnet34", "--out", str(tmp_path / "y.pt")]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "does not fit model resnet34: variable resnet_model/conv2d_5/kernel" in err
+    )
+
+    assert main(["to-tf", str(tmp_path / "nothing.pt"), "--out", str(tmp_path / "z")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "does not exist" in err
+
+
+def test_a_from_tf_file_goes_back_to_tf(run_dir, tmp_path):
+    """A weights-only file (from-tf's) has a config of three fields and no optimizer: to-tf writes its
+    weights, BN statistics and global_step, and from-tf reads the same weights again."""
+    first, again = tmp_path / "a" / "model.ckpt-42", tmp_path / "b" / "model.ckpt-42"
+    main(["to-tf", str(run_dir), "--out", str(first)])
+    main(["from-tf", str(first), "--model", "resnet18", "--out", str(tmp_path / "a.pt")])
+    assert main(["to-tf", str(tmp_path / "a.pt"), "--out", str(again)]) == 0
+    assert len(open_checkpoint(again).shapes()) == 62 + 40 + 1
+    main(["from-tf", str(again), "--model", "resnet18", "--out", str(tmp_path / "b.pt")])
+    a, b = load_checkpoint(tmp_path / "a.pt"), load_checkpoint(tmp_path / "b.pt")
+    assert b["step"] == 42
+    for key, value in a["model"].items():
+        assert torch.equal(b["model"][key], value), key
