@@ -101,6 +101,11 @@ class Config:
     """Training records per epoch for the LR schedule (0: counted from the data)."""
     skip_corrupt: bool = False
     """Skip corrupt records (counted in the log) instead of stopping with an error."""
+    loader: Literal["threads", "processes"] = "threads"
+    """torch backend: decode in num_workers threads of the training process (less CPU per image),
+    or in DataLoader processes, which can win with many workers per rank: the GIL-held part of an
+    image (crop sampling, Example parsing) caps threads near 1 / that fraction of a core's work
+    (bench/bench_input.py measures both)."""
 
     # --- model -----------------------------------------------------------------------------
     model: Literal[
