@@ -142,8 +142,10 @@ class _Epoch:
             raise batch.error
         slot = j % len(self.images)
         images, labels = self.images[slot], self.labels[slot]
-        if batch.good < batch.size and not self.training:  # an evaluation batch without its skips
-            images, labels = images[: batch.good], labels[: batch.good]
+        # An evaluation batch shrinks by its skipped records, and the last one may be partial.
+        rows = batch.size if self.training else batch.good
+        if rows < len(labels):
+            images, labels = images[:rows], labels[:rows]
         return images, labels, batch.skipped
 
     def close(self) -> None:
