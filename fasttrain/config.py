@@ -82,7 +82,8 @@ class Config:
     data_cache_dir: str = ""
     """Cache for the demo data set and for index files of read-only data directories."""
     num_workers: int = 4
-    """DataLoader worker processes per rank (torch backend) or DALI CPU threads."""
+    """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
+    threads."""
     shuffle_buffer: int = 2048
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
     image_size: int = 224

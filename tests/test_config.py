@@ -30,6 +30,7 @@ _SPECIAL = {
     "grad_sync": "ddp",
     "lr_boundary_epochs": "5,7",
     "histogram_every": "50",  # a multiple of the demo's log_every
+    "loader": "processes",
 }
 
 

@@ -1,4 +1,6 @@
-"""The PyTorch input pipeline: TFRecord shards -> the seeds' transforms as TensorFlow computes them
+"""The PyTorch input pipeline in DataLoader worker processes (Config.loader="processes"; the default,
+threads in the training process, is fasttrain.data.thread_loader, which shares `SampleReader` and
+gives the same batches): TFRecord shards -> the seeds' transforms as TensorFlow computes them
 (fasttrain.data.transforms) -> uint8 NHWC batches.
 
 Which records each rank reads, and in which batches, is planned from the index files alone
