@@ -111,7 +111,7 @@ class _Epoch:
         self.batch_size = b
         self.total = min(len(positions), self.count * b) - start * b  # samples left in the epoch
         slots = self.hold + PREFETCH
-        pin = torch.cuda.is_available()
+        self.cuda = pin = torch.cuda.is_available()
         self.images = [torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
         self.labels = [torch.empty(b, dtype=torch.int64, pin_memory=pin) for _ in range(slots)]
         self.events: list = [None] * slots  # CUDA: the consumer's copies out of each slot
@@ -131,7 +131,7 @@ class _Epoch:
         """(images, labels, skipped) of batch j, raising its error; releases batch j - hold."""
         with self.cond:
             released = max(self.released, j - self.hold + 1)
-            if released > self.released and torch.cuda.is_available():
+            if released > self.released and self.cuda:
                 for i in range(self.released, released):  # the copies enqueued so far come first
                     event = torch.cuda.Event()
                     event.record()
