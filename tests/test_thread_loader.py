@@ -202,3 +202,27 @@ def test_build_loader_takes_the_loader_setting(synthetic):
     assert build_loader(_cfg(synthetic, grad_accum_steps=2), "validation", training=False).hold == 1
     processes = build_loader(_cfg(synthetic, loader="processes"), "train", training=True)
     assert isinstance(processes, TorchLoader)
+
+
+def test_the_hot_path_kernels_release_the_gil():
+    """The threads decode and transform in parallel only where these calls drop the GIL: every numba
+    kernel of the transforms (nogil=True) and the cropped JPEG decode's library (a ctypes.CDLL,
+    which releases the GIL around each call; a PyDLL would hold it)."""
+    import ctypes
+
+    import numba
+
+    from fasttrain.data import color, jpeg, resize, transforms
+
+    kernels = [
+        getattr(module, name)
+        for module in (color, resize, transforms)
+        for name in dir(module)
+        if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
+    ]
+    assert len(kernels) >= 10
+    assert all(k.targetoptions.get("nogil") for k in kernels), [
+        k for k in kernels if not k.targetoptions.get("nogil")
+    ]
+    if jpeg.CROP_DECODE:
+        assert not jpeg._turbo.lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI
