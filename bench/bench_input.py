@@ -7,7 +7,9 @@ Settings (batch 32, 2 workers or threads in every row):
     vgg224               224 px, the ResNet seed's vgg_preprocessing (short side U{256..512}, random
                          224 crop, flip; tf-data: its imagenet.py + vgg_preprocessing, bench/tf_vgg.py)
 Rows, each in a process of its own (torch and TensorFlow never share one):
-    fasttrain-torch   fasttrain's torch backend through fasttrain.data.build_loader (bench/torch_input.py)
+    fasttrain-torch   fasttrain's torch backend through fasttrain.data.build_loader (bench/torch_input.py),
+                      loader="processes" (DataLoader worker processes)
+    fasttrain-threads the same with loader="threads" (fasttrain.data.thread_loader)
     fasttrain-dali    fasttrain's DALI backend in DALI's CPU-only mode, the same loader API
     tf-data           tf.data with the seeds' preprocessing (bench/tf_input.py), run by --tf-python
                       or this interpreter if it has tensorflow; else "not run"
@@ -22,10 +24,9 @@ the prefetch buffers it filled while idle; bench/input_serve.py) and one timed w
 uses no CPU once its buffers are full (measured: 0.0 CPU-seconds per row over 20 s idle, all four
 rows, process trees included), so the row being timed has the cores to itself. Reported per row:
 the median images/s over rounds, min and max, and median / the tf-data row's median in the same run
-(and that ratio round by round), and the CPU time per image: user + sys seconds of the row's process
-tree (its live descendants, e.g. DataLoader workers, and the children it reaped; /proc) over each
-window command, drain included (the drain empties the buffers the row refills during the window),
-divided by the window's images. Conditions recorded: CPU, cores, load average before and after each
+(and that ratio round by round); and the CPU time per image, user + system of the row's process tree
+over its timed windows (bench/input_serve.py's tree_cpu_seconds), which other load on the machine
+disturbs much less than the wall clock. Conditions recorded: CPU, cores, load average before and after each
 setting, versions (bench/common.py's environment), the data set's statistics, git commit. Writes
 results.json and results.md to --out. From the repository root (the rows run as `python -m bench.<row>`
 there, the tf-data row under --tf-python):
@@ -53,7 +54,7 @@ from bench.common import ROOT, environment
 from bench.photo_shards import cached_photo_shards
 
 SETTINGS = {"resnet224": ("resnet", 224), "inception299+colour": ("inception", 299), "vgg224": ("vgg", 224)}
-ROWS = ("fasttrain-torch", "fasttrain-dali", "tf-data", "plain-pytorch")
+ROWS = ("fasttrain-torch", "fasttrain-dali", "tf-data", "plain-pytorch", "fasttrain-threads")
 REFERENCE = "tf-data"
 REPLY_TIMEOUT = 900.0  # seconds; a window is sized to --seconds, warm-up may fill a 16k-record buffer
 
@@ -63,7 +64,8 @@ class Row:
 
     def __init__(self, name: str, cmd: list[str], log: Path):
         self.name, self.status, self.error, self.rates, self.info = name, "ok", "", [], {}
-        self.batches, self.cpu_ms = 0, []
+        self.batches = 0
+        self.cpu_seconds, self.images = 0.0, 0  # over the timed windows
         self._log = open(log, "w")
         self.proc = subprocess.Popen(
             cmd,
@@ -119,28 +121,6 @@ class Row:
         self._log.close()
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """user + sys CPU seconds of process `pid`, its live descendants and the children they reaped."""
-    ticks, stats = os.sysconf("SC_CLK_TCK"), {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        fields = text[text.rindex(")") + 2 :].split()  # from field 3 (state): ppid, ..., utime .. cstime
-        stats[int(entry)] = (int(fields[1]), sum(int(v) for v in fields[11:15]))
-    tree, todo = {pid}, [pid]
-    while todo:
-        parent = todo.pop()
-        for child, (ppid, _) in stats.items():
-            if ppid == parent and child not in tree:
-                tree.add(child)
-                todo.append(child)
-    return sum(stats[p][1] for p in tree if p in stats) / ticks
-
-
 def tf_interpreter(given: str) -> str | None:
     """The Python that runs the tf-data row: --tf-python, else this one if it imports tensorflow."""
     python = given or sys.executable
@@ -193,12 +173,12 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
             r.batches = max(args.min_batches, round(args.seconds * rate))
     for k in range(args.rounds):
         for r in live[k % len(live) :] + live[: k % len(live)] if live else []:
-            cpu = tree_cpu_seconds(r.proc.pid)
             r.send(cmd="window", drain=args.drain, batches=r.batches)
             reply = r.answer()
             if reply:
                 r.rates.append(r.batches * args.batch / reply["seconds"])
-                r.cpu_ms.append(1000 * (tree_cpu_seconds(r.proc.pid) - cpu) / (r.batches * args.batch))
+                r.cpu_seconds += reply.get("cpu_seconds", float("nan"))
+                r.images += r.batches * args.batch
     for r in live:
         r.close()
     out = []
@@ -210,9 +190,7 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
         if r.status == "ok":
             res.update(batches_per_window=r.batches, images_per_s=[round(x, 1) for x in r.rates])
             res.update(median=statistics.median(r.rates), min=min(r.rates), max=max(r.rates))
-            res.update(
-                cpu_ms_per_image=[round(x, 3) for x in r.cpu_ms], cpu_ms_median=statistics.median(r.cpu_ms)
-            )
+            res.update(cpu_ms_per_image=1000 * r.cpu_seconds / r.images)
         else:
             res["error"] = r.error
         out.append(res)
@@ -224,6 +202,8 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
             pairs = zip(r["images_per_s"], ref["images_per_s"], strict=True) if ref else ()
             r["vs_tf_data_per_round"] = [round(a / b, 3) for a, b in pairs]
             r["per_core"] = r["median"] / (os.cpu_count() or 1)
+            if ref and "cpu_ms_per_image" in r:  # images per CPU-second, relative to tf.data's
+                r["cpu_vs_tf_data"] = ref["cpu_ms_per_image"] / r["cpu_ms_per_image"]
     return dict(setting=setting, rows=out)
 
 
@@ -243,24 +223,26 @@ def write_markdown(results: dict, path: Path) -> None:
             ["SMOKE RUN: one-batch windows that prefetched batches fill; the numbers measure nothing.", ""]
             * results["smoke"]
         ),
-        "| setting | row | images/s median (min-max) | per core | vs tf.data | batch | load before/after "
-        "| CPU ms/image |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| setting | row | images/s median (min-max) | per core | vs tf.data | CPU ms/image | images per "
+        "CPU-s vs tf.data | batch | load before/after |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in results["settings"]:
         load = f"{s['load_before'][0]:.2f} / {s['load_after'][0]:.2f}"
         for r in s["rows"]:
             if r["status"] != "ok":
                 lines.append(
-                    f"| {s['setting']} | {r['row']} | {r['status']} {r.get('error', '')} | | | | {load} | |"
+                    f"| {s['setting']} | {r['row']} | {r['status']} {r.get('error', '')} | | | | | | {load} |"
                 )
                 continue
             ratio = f"{r['vs_tf_data']:.2f}x" if r.get("vs_tf_data") else "-"
             rate = f"{r['median']:.0f} ({r['min']:.0f}-{r['max']:.0f})"
             batch = f"{tuple(r['shape'])} {r['dtype']}"
+            cpu = f"{r['cpu_ms_per_image']:.2f}" if "cpu_ms_per_image" in r else "-"
+            cpu_ratio = f"{r['cpu_vs_tf_data']:.2f}x" if r.get("cpu_vs_tf_data") else "-"
             lines.append(
-                f"| {s['setting']} | {r['row']} | {rate} | {r['per_core']:.0f} | {ratio} | {batch} | {load} "
-                f"| {r.get('cpu_ms_median', float('nan')):.2f} |"
+                f"| {s['setting']} | {r['row']} | {rate} | {r['per_core']:.0f} | {ratio} | {cpu} "
+                f"| {cpu_ratio} | {batch} | {load} |"
             )
     path.write_text("\n".join(lines) + "\n")
 

@@ -3,9 +3,12 @@ bench/input_serve.py):
 
     fasttrain-torch  fasttrain's loader as the trainer builds it: bench/throughput.config_for (the
                      recipe's Config: resnet50's for resnet, inception_v3's, colour distortion
-                     included, for inception) with data_backend="torch", num_workers=2, then
+                     included, for inception) with data_backend="torch", loader="processes" (the
+                     DataLoader worker processes), num_workers=2, then
                      fasttrain.data.build_loader(cfg, split="train", training=True, device=cpu),
                      iterated across epochs by fasttrain.train.batch_stream. Must deliver (N, S, S, 3) uint8.
+    fasttrain-threads the same with loader="threads" (fasttrain.data.thread_loader: 2 threads of the
+                     row's own process). Both torch rows deliver the same images.
     fasttrain-dali   the same with data_backend="dali" on the CPU device, which DaliLoader runs in
                      DALI's CPU-only mode (device_id=None, CPU decoder and ops, num_threads=2);
                      (N, S, S, 3) float32, already normalised.
@@ -43,8 +46,9 @@ from fasttrain.data import build_loader
 from fasttrain.data.imagenet import list_shards
 from fasttrain.train import batch_stream
 
-ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch")
-MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3", "vgg": "resnet50"}
+ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch", "fasttrain-threads")
+LOADER_OF = {"torch": "processes", "threads": "threads"}  # the row name's suffix -> Config.loader
+MODEL_OF = {"resnet": "resnet50_v1.5", "inception": "inception_v3", "vgg": "resnet50"}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 SHUFFLE_QUEUE = 256  # records per worker and shard; tfrecord warns when a shard part holds fewer
@@ -52,12 +56,16 @@ SHUFFLE_QUEUE = 256  # records per worker and shard; tfrecord warns when a shard
 
 def fasttrain_batches(backend: str, data_dir: str, setting: str, size: int, batch: int, workers: int):
     cpu = torch.device("cpu")
-    spec = RowSpec("a", MODEL_OF[setting], batch, size, input=backend, data_dir=data_dir, num_workers=workers)
+    torch_loader = LOADER_OF.get(backend)  # None for dali
+    kind = "torch" if torch_loader else backend
+    spec = RowSpec("a", MODEL_OF[setting], batch, size, input=kind, data_dir=data_dir, num_workers=workers)
     cfg = config_for(spec, cpu)
     if setting == "vgg":  # the ResNet seed's preprocessing (a recipe may already choose it)
         cfg = dataclasses.replace(cfg, preprocess="vgg")
+    if torch_loader:
+        cfg = dataclasses.replace(cfg, loader=torch_loader)
     loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=cpu)
-    expected = (torch.uint8 if backend == "torch" else torch.float32, (batch, size, size, 3))
+    expected = (torch.float32 if backend == "dali" else torch.uint8, (batch, size, size, 3))
     for [(images, _labels)] in batch_stream(loader, 1):
         if (images.dtype, tuple(images.shape)) != expected:
             raise AssertionError(

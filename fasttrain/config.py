@@ -87,7 +87,8 @@ class Config:
     data_cache_dir: str = ""
     """Cache for the demo data set and for index files of read-only data directories."""
     num_workers: int = 4
-    """DataLoader worker processes per rank (torch backend) or DALI CPU threads."""
+    """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
+    threads."""
     shuffle_buffer: int = 2048
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
     input_order: Literal["rank_slices", "one_stream"] = "rank_slices"
@@ -110,6 +111,11 @@ class Config:
     """Training records per epoch for the LR schedule (0: counted from the data)."""
     skip_corrupt: bool = False
     """Skip corrupt records (counted in the log) instead of stopping with an error."""
+    loader: Literal["threads", "processes"] = "threads"
+    """torch backend: decode in num_workers threads of the training process (less CPU per image),
+    or in DataLoader processes, which can win with many workers per rank: the GIL-held part of an
+    image (crop sampling, Example parsing) caps threads near 1 / that fraction of a core's work
+    (bench/bench_input.py measures both)."""
 
     # --- model -----------------------------------------------------------------------------
     model: Literal[

@@ -31,6 +31,7 @@ _SPECIAL = {
     "lr_boundary_epochs": "5,7",
     "histogram_every": "50",  # a multiple of the demo's log_every
     "input_order": "one_stream",
+    "loader": "processes",
 }
 
 

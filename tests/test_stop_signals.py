@@ -32,11 +32,15 @@ def _stopped_step(stdout: str, signal_name: str) -> int:
     return int(lines[0].split("at step ")[1].split(";")[0])
 
 
+@pytest.mark.parametrize("loader", ["processes", "threads"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_signal_to_the_whole_process_group_saves_once_and_exits_0(data, tmp_path, sig):
+def test_signal_to_the_whole_process_group_saves_once_and_exits_0(data, tmp_path, sig, loader):
     run_dir = tmp_path / "run"
     # Two workers: the bug needs DataLoader workers; 12 steps per epoch, so workers restart often.
-    args = ("--num_workers=2", "--max_steps=100000", "--checkpoint_every=100000")
+    # The torch backend with either loader (auto would pick DALI where it is installed); the thread
+    # loader's threads block both signals, so they reach the trainer's main thread.
+    args = ("--num_workers=2", "--data_backend=torch", f"--loader={loader}")
+    args += ("--max_steps=100000", "--checkpoint_every=100000")
     proc = subprocess.Popen(
         trainer(data, run_dir, *args),
         env=trainer_env(),
@@ -53,7 +57,7 @@ def test_signal_to_the_whole_process_group_saves_once_and_exits_0(data, tmp_path
     step = _stopped_step(stdout, sig.name)
     assert sorted(p.name for p in run_dir.glob("ckpt-*")) == [f"ckpt-{step}.pt", f"ckpt-{step}.pt.sha256"]
     resumed = subprocess.run(
-        trainer(data, run_dir, "--num_workers=2", f"--max_steps={step + 2}"),
+        trainer(data, run_dir, *args[:3], f"--max_steps={step + 2}"),
         env=trainer_env(),
         capture_output=True,
         text=True,

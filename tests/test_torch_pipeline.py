@@ -1,4 +1,6 @@
-"""The torch loader: exactly-once sharding, worker-independent order, exact resume, corrupt records."""
+"""The torch backend's two loaders (Config.loader: DataLoader processes, fasttrain.data.torch_pipeline;
+threads, fasttrain.data.thread_loader), each test run on both: exactly-once sharding,
+worker-independent order, exact resume, corrupt records."""
 
 import io
 
@@ -12,6 +14,7 @@ from fasttrain.data import DataError
 from fasttrain.data.example import encode_example
 from fasttrain.data.sharding import shuffle_buffer_order
 from fasttrain.data.tfrecord import build_index, write_records
+from fasttrain.data.thread_loader import ThreadLoader
 from fasttrain.data.torch_pipeline import TorchLoader
 
 SHARD_SIZES = (20, 12, 16)  # 48 records; record i (file order) stores label i + 1
@@ -59,6 +62,11 @@ def _cfg(data_dir, **overrides):
     return make_config(**values)
 
 
+@pytest.fixture(params=["processes", "threads"])
+def Loader(request):  # noqa: N802 - stands for the class
+    return TorchLoader if request.param == "processes" else ThreadLoader
+
+
 def _epoch(loader, epoch=None):
     if epoch is not None:
         loader.set_epoch(epoch)
@@ -69,9 +77,9 @@ def _labels(batches):
     return [int(v) for _, labels in batches for v in labels]
 
 
-def test_exactly_once_over_two_ranks_and_two_workers_across_epochs(data):
+def test_exactly_once_over_two_ranks_and_two_workers_across_epochs(Loader, data):
     cfg = _cfg(data, num_workers=2)
-    loaders = [TorchLoader(cfg, "train", True, rank, 2) for rank in range(2)]
+    loaders = [Loader(cfg, "train", True, rank, 2) for rank in range(2)]
     orders = []
     for epoch in (0, 1):
         seen = []
@@ -89,21 +97,21 @@ def test_exactly_once_over_two_ranks_and_two_workers_across_epochs(data):
     assert loaders[0].num_records == 48
 
 
-def test_training_ranks_get_equal_batch_counts_with_uneven_records(tmp_path):
+def test_training_ranks_get_equal_batch_counts_with_uneven_records(Loader, tmp_path):
     data = _write_dataset(tmp_path / "d", (9, 8, 10))  # 27 records over 2 ranks: 13 each, 1 left over
     seen = []
     for rank in range(2):
-        loader = TorchLoader(_cfg(data, batch_size=3, num_classes=27), "train", True, rank, 2)
+        loader = Loader(_cfg(data, batch_size=3, num_classes=27), "train", True, rank, 2)
         batches = _epoch(loader)
         assert len(loader) == len(batches) == 4  # 13 // 3, the partial batch dropped
         seen += _labels(batches)
     assert len(seen) == len(set(seen)) == 24
 
 
-def test_evaluation_sees_every_record_once_in_order(data):
+def test_evaluation_sees_every_record_once_in_order(Loader, data):
     seen = []
     for rank in range(2):
-        loader = TorchLoader(_cfg(data, num_workers=2, batch_size=4), "validation", False, rank, 2)
+        loader = Loader(_cfg(data, num_workers=2, batch_size=4), "validation", False, rank, 2)
         batches = _epoch(loader)
         assert len(batches) == len(loader) == 7  # 25 records: six of 4 and one of 1
         assert batches[-1][1].shape == (1,)
@@ -112,14 +120,12 @@ def test_evaluation_sees_every_record_once_in_order(data):
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
-def test_batches_do_not_depend_on_the_number_of_workers(data):
+def test_batches_do_not_depend_on_the_number_of_workers(Loader, data):
     # 24 records per rank in batches of 5: 4 batches, shared unevenly by 3 workers.
-    reference = _epoch(TorchLoader(_cfg(data, batch_size=5), "train", True, 1, 2), epoch=1)
+    reference = _epoch(Loader(_cfg(data, batch_size=5), "train", True, 1, 2), epoch=1)
     assert len(reference) == 4
     for workers in (2, 3):
-        batches = _epoch(
-            TorchLoader(_cfg(data, batch_size=5, num_workers=workers), "train", True, 1, 2), epoch=1
-        )
+        batches = _epoch(Loader(_cfg(data, batch_size=5, num_workers=workers), "train", True, 1, 2), epoch=1)
         assert len(batches) == len(reference)
         for (a, la), (b, lb) in zip(batches, reference):
             assert torch.equal(a, b) and torch.equal(la, lb)
@@ -143,15 +149,15 @@ def _record_of_label(data, label):
     raise AssertionError("no such record")
 
 
-def test_resume_reproduces_the_batch_sequence_without_decoding_skipped_batches(data, tmp_path):
+def test_resume_reproduces_the_batch_sequence_without_decoding_skipped_batches(Loader, data, tmp_path):
     data = _write_dataset(tmp_path / "copy")
     cfg = _cfg(data, num_workers=2)
-    reference = _epoch(TorchLoader(cfg, "train", True, 0, 1), epoch=1)
+    reference = _epoch(Loader(cfg, "train", True, 0, 1), epoch=1)
 
     for label in _labels(reference[:3]):  # break every record of the batches the resumed run skips
         _corrupt(*_record_of_label(data, label))
 
-    loader = TorchLoader(cfg, "train", True, 0, 1)
+    loader = Loader(cfg, "train", True, 0, 1)
     loader.load_state_dict({"epoch": 1, "batch": 3})
     loader.set_epoch(1)  # the trainer may announce the resumed epoch: the position must survive
     assert loader.state_dict() == {"epoch": 1, "batch": 3}
@@ -166,7 +172,7 @@ def test_resume_reproduces_the_batch_sequence_without_decoding_skipped_batches(d
 
     shard, offset, _ = _record_of_label(data, _labels(reference[:1])[0])
     with pytest.raises(DataError, match=f"^corrupted record at offset {offset} in {shard}") as error:
-        _epoch(TorchLoader(cfg, "train", True, 0, 1), epoch=1)  # a fresh run does read them
+        _epoch(Loader(cfg, "train", True, 0, 1), epoch=1)  # a fresh run does read them
     assert "\n" not in str(error.value)  # one line, even from a worker process
 
     loader.load_state_dict({"epoch": 1, "batch": 3})
@@ -174,38 +180,38 @@ def test_resume_reproduces_the_batch_sequence_without_decoding_skipped_batches(d
     assert loader.state_dict()["batch"] == 0
 
 
-def test_skip_corrupt_counts_and_keeps_the_training_batch_shape(tmp_path):
+def test_skip_corrupt_counts_and_keeps_the_training_batch_shape(Loader, tmp_path):
     data = _write_dataset(tmp_path / "d")
     shard, offset, size = _record_of_label(data, 30)
     _corrupt(shard, offset, size)
     with pytest.raises(DataError, match=f"offset {offset} in {shard}"):
-        _epoch(TorchLoader(_cfg(data), "train", True, 0, 1))
+        _epoch(Loader(_cfg(data), "train", True, 0, 1))
 
-    loader = TorchLoader(_cfg(data, skip_corrupt=True), "train", True, 0, 1)
+    loader = Loader(_cfg(data, skip_corrupt=True), "train", True, 0, 1)
     batches = _epoch(loader)
     assert loader.skipped == 1
     assert all(images.shape[0] == 4 for images, _ in batches)
     seen = _labels(batches)
     assert 30 not in seen and len(seen) == 48 and len(set(seen)) == 47  # one good image repeated
 
-    evaluation = TorchLoader(_cfg(data, skip_corrupt=True), "train", False, 0, 1)
+    evaluation = Loader(_cfg(data, skip_corrupt=True), "train", False, 0, 1)
     seen = _labels(_epoch(evaluation))
     assert seen == [i for i in range(48) if i != 30] and evaluation.skipped == 1
 
 
-def test_label_out_of_range_is_an_error(data):
+def test_label_out_of_range_is_an_error(Loader, data):
     with pytest.raises(DataError, match=r"label 41 \+ label_offset -1 is outside \[0, 40\)"):
-        _epoch(TorchLoader(_cfg(data, num_classes=40), "validation", False, 0, 1))
+        _epoch(Loader(_cfg(data, num_classes=40), "validation", False, 0, 1))
 
 
-def test_too_few_records_for_one_batch_per_rank(data):
+def test_too_few_records_for_one_batch_per_rank(Loader, data):
     with pytest.raises(DataError, match="fewer than one batch per rank"):
-        TorchLoader(_cfg(data, batch_size=32), "train", True, 0, 2)
+        Loader(_cfg(data, batch_size=32), "train", True, 0, 2)
 
 
-def test_missing_data_dir(tmp_path):
+def test_missing_data_dir(Loader, tmp_path):
     with pytest.raises(DataError, match="does not exist"):
-        TorchLoader(_cfg(tmp_path / "nothing"), "train", True, 0, 1)
+        Loader(_cfg(tmp_path / "nothing"), "train", True, 0, 1)
 
 
 def test_shuffle_buffer_order_is_tf_data_shuffle():
@@ -222,6 +228,6 @@ def test_shuffle_buffer_order_is_tf_data_shuffle():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_batches_are_pinned_with_cuda(data):
-    images, labels = next(iter(TorchLoader(_cfg(data, num_workers=1), "train", True, 0, 1)))
+def test_batches_are_pinned_with_cuda(Loader, data):
+    images, labels = next(iter(Loader(_cfg(data, num_workers=1), "train", True, 0, 1)))
     assert images.is_pinned() and labels.is_pinned()

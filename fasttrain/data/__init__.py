@@ -108,9 +108,15 @@ def build_loader(
         fp16 = precision is not None and precision.name == "fp16"
         dtype = torch.float16 if fp16 else torch.float32
         return DaliLoader(cfg, split, training, rank, world_size, device, dtype=dtype)
-    from fasttrain.data.torch_pipeline import TorchLoader
+    if cfg.loader == "processes":
+        from fasttrain.data.torch_pipeline import TorchLoader
 
-    return TorchLoader(cfg, split, training, rank, world_size)
+        return TorchLoader(cfg, split, training, rank, world_size)
+    from fasttrain.data.thread_loader import ThreadLoader
+
+    # A training batch stays valid while batch_stream holds the step's grad_accum_steps micro-batches.
+    hold = cfg.grad_accum_steps if training else 1
+    return ThreadLoader(cfg, split, training, rank, world_size, hold=hold)
 
 
 class EpochPosition:

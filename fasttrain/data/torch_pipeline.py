@@ -1,4 +1,6 @@
-"""The PyTorch input pipeline: TFRecord shards -> the seeds' transforms as TensorFlow computes them
+"""The PyTorch input pipeline in DataLoader worker processes (Config.loader="processes"; the default,
+threads in the training process, is fasttrain.data.thread_loader, which shares `SampleReader` and
+gives the same batches): TFRecord shards -> the seeds' transforms as TensorFlow computes them
 (fasttrain.data.transforms) -> uint8 NHWC batches.
 
 Which records each rank reads, and in which batches, is planned from the index files alone
@@ -53,17 +55,14 @@ class _BatchDataset(IterableDataset):
         training: bool,
     ):
         self.table, self.positions, self.start, self.count = table, positions, start, count
-        self.epoch, self.training = epoch, training
+        self.cfg, self.epoch, self.training = cfg, epoch, training
         self.batch_size, self.image_size = cfg.batch_size, cfg.image_size
-        self.preprocess, self.color_distort = cfg.preprocess, cfg.color_distort
-        self.label_offset, self.num_classes = cfg.label_offset, cfg.num_classes
-        self.seed, self.skip_corrupt = cfg.seed, cfg.skip_corrupt
-        self._files: OrderedDict = OrderedDict()
-        self._scratch = np.empty((self.image_size, self.image_size, 3), np.float32)  # one per worker
+        self.skip_corrupt = cfg.skip_corrupt
 
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._reader = SampleReader(self.table, self.cfg, self.epoch, self.training)  # one per worker
         try:
             for j in range(self.start + worker, self.count, workers):
                 try:
@@ -75,9 +74,53 @@ class _BatchDataset(IterableDataset):
                     return
                 yield batch
         finally:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
+            self._reader.close()
+
+    def _batch(self, j: int):
+        positions = self.positions[j * self.batch_size : (j + 1) * self.batch_size]
+        batch = _batch_tensor((len(positions), self.image_size, self.image_size, 3))
+        images = batch.numpy()
+        labels, skipped = [], 0
+        for position in positions:
+            try:
+                labels.append(self._reader.sample(int(position), images[len(labels)]))
+            except DataError as e:
+                if not self.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
+                    raise
+                sys.stderr.write(f"skipping: {e}\n")  # one write: workers share the pipe
+                skipped += 1
+        good = len(labels)
+        if self.training and skipped:
+            if not good:
+                raise all_corrupt(j)
+            for k in range(skipped):  # keep the static batch shape: repeat good images of this batch
+                images[good + k] = images[k % good]
+                labels.append(labels[k % good])
+        elif skipped:
+            batch = batch[:good]
+        # Labels travel as a list: a tensor would cost one more shared-memory segment per batch,
+        # whose descriptor the main process fetches over a socket.
+        return batch, labels, skipped, None
+
+
+class SampleReader:
+    """One worker's (process or thread) record reading and transforms: its own open shards and scratch."""
+
+    def __init__(self, table: RecordTable, cfg: Config, epoch: int, training: bool):
+        self.table, self.epoch, self.training = table, epoch, training
+        self.image_size, self.preprocess, self.color_distort = (
+            cfg.image_size,
+            cfg.preprocess,
+            cfg.color_distort,
+        )
+        self.label_offset, self.num_classes, self.seed = cfg.label_offset, cfg.num_classes, cfg.seed
+        self._files: OrderedDict = OrderedDict()
+        self._scratch = np.empty((self.image_size, self.image_size, 3), np.float32)
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
     def _file(self, file_id: int):
         # A small LRU of open shards: the shuffle buffer keeps each worker within a few shards.
@@ -85,11 +128,11 @@ class _BatchDataset(IterableDataset):
         if f is None:
             if len(self._files) >= _MAX_OPEN_FILES:
                 self._files.popitem(last=False)[1].close()
-            f = open(self.table.files[file_id], "rb")  # noqa: SIM115 - closed by the LRU / __iter__
+            f = open(self.table.files[file_id], "rb")  # noqa: SIM115 - closed by the LRU / close()
         self._files[file_id] = f
         return f
 
-    def _sample(self, position: int, out: np.ndarray) -> int:
+    def sample(self, position: int, out: np.ndarray) -> int:
         """Writes the record's transformed image into `out` (S, S, 3) uint8; returns its label."""
         table = self.table
         file_id, offset = int(table.file_ids[position]), int(table.offsets[position])
@@ -116,34 +159,12 @@ class _BatchDataset(IterableDataset):
             )
         return record.label
 
-    def _batch(self, j: int):
-        positions = self.positions[j * self.batch_size : (j + 1) * self.batch_size]
-        batch = _batch_tensor((len(positions), self.image_size, self.image_size, 3))
-        images = batch.numpy()
-        labels, skipped = [], 0
-        for position in positions:
-            try:
-                labels.append(self._sample(int(position), images[len(labels)]))
-            except DataError as e:
-                if not self.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
-                    raise
-                sys.stderr.write(f"skipping: {e}\n")  # one write: workers share the pipe
-                skipped += 1
-        good = len(labels)
-        if self.training and skipped:
-            if not good:
-                raise DataError(
-                    f"every record of training batch {j} is corrupt; run python -m fasttrain.data "
-                    "verify on the data directory"
-                )
-            for k in range(skipped):  # keep the static batch shape: repeat good images of this batch
-                images[good + k] = images[k % good]
-                labels.append(labels[k % good])
-        elif skipped:
-            batch = batch[:good]
-        # Labels travel as a list: a tensor would cost one more shared-memory segment per batch,
-        # whose descriptor the main process fetches over a socket.
-        return batch, labels, skipped, None
+
+def all_corrupt(j: int) -> DataError:
+    return DataError(
+        f"every record of training batch {j} is corrupt; run python -m fasttrain.data verify on the "
+        "data directory"
+    )
 
 
 def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:

@@ -1,0 +1,252 @@
+"""The torch backend's default loader: decode and transform in a pool of threads of the training process.
+
+The records, batches and per-sample random numbers are exactly those of the DataLoader-process loader
+(fasttrain.data.torch_pipeline; both build a sample with its `SampleReader`): the epoch's plan comes
+from the index files (fasttrain.data.sharding), sample i of the plan draws from a generator seeded
+with (seed, epoch, global position), so the images are bit for bit the same, whichever thread makes
+which sample. What changes is where the work runs and where the pixels go:
+
+    ring    R = hold + 2 batch buffers (B, S, S, 3) uint8 and (B,) int64, allocated once per epoch
+            (pinned with CUDA); batch j lives in slot j mod R.
+    work    the threads take the plan's samples one at a time, in order, from a shared counter; a
+            thread reads the record itself (its own open shards: file read, CRC, Example parsing,
+            decode, transform) and writes the image straight into its row of batch j's slot.
+    order   the consumer receives batch j once all its samples are done; batches come out in plan
+            order whatever the thread count.
+    reuse   slot j mod R is written for batch j only after the consumer has asked for batch
+            j - R + hold, i.e. released batch j - R (see `hold` below); with CUDA the writer first
+            waits for a CUDA event recorded at that release, so copies the consumer enqueued from
+            the pinned buffer (non_blocking .to() / static-input copy_, fasttrain.step) finish
+            before the bytes change.
+
+So no batch is allocated, pickled or put in shared memory, and no process boundary is crossed. The
+consumer contract: **a yielded batch stays valid until `hold` more batches have been requested**
+(hold = grad_accum_steps for training, which is how many micro-batches fasttrain.train.batch_stream
+keeps at once; 1 for evaluation). Keep a batch longer (a list of an epoch's batches) and it must be
+cloned. The GPU event path is not exercised on this project's CPU-only machine.
+
+Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG through ctypes.CDLL, whose calls drop
+the GIL), the numba kernels (nogil=True) and file reads run without the GIL. What holds it is
+small beside them, measured per image on the benchmark's photos (ResNet 224, one thread, a loaded
+2-core machine): Example parsing (protobuf) 0.10 ms, the generator's seeding 0.06 ms, the crop
+sampling 0.08 ms, and read + CRC 0.05 ms (google-crc32c, 60 kB at about 6 GB/s), against 1.3 ms of
+decode and 0.5 ms of resize. Each thread reads its own records, so the reading parallelises with
+the rest and the GIL-held part (about 1/8 of an image) does not serialise a pool of a few threads.
+
+Errors, as in the process loader: a bad record raises DataError naming shard and offset when the
+consumer reaches its batch (one line); with skip_corrupt it is counted, reported on stderr, and a
+training batch is compacted and topped up with copies of its good images (the same copies the
+process loader makes); an evaluation batch shrinks. SIGTERM/SIGINT: the threads start with both
+signals blocked, so the kernel delivers them to the main thread, whose handler (fasttrain.monitor)
+asks the trainer to stop. Ending the iteration (exhausted, closed, or an exception in the consumer)
+stops and joins every thread; a thread finishes the sample it is on first (milliseconds).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import torch
+
+from fasttrain.config import Config
+from fasttrain.data import DataError, EpochPosition, LabelRangeError
+from fasttrain.data.sharding import epoch_positions, open_split
+from fasttrain.data.torch_pipeline import SampleReader, all_corrupt
+from fasttrain.data.transforms import warm_up
+from fasttrain.stop_signals import stop_signals_blocked
+
+PREFETCH = 2  # batches made ahead of the consumer: enough to cover one slow sample's jitter
+
+
+class ThreadLoader(EpochPosition):
+    """The torch backend of the loader protocol, threads in this process (uint8 NHWC, pinned with CUDA)."""
+
+    normalized = False
+
+    def __init__(
+        self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1, hold: int = 1
+    ):
+        self.cfg, self.split, self.training = cfg, split, training
+        self.rank, self.world_size = rank, world_size
+        self.table, self._len = open_split(cfg, split, training, rank, world_size)
+        warm_up()  # compile (or load) the kernels before the threads call them
+        self.num_records = len(self.table)
+        # num_workers 0 means "no helper processes" to the process loader: here one thread.
+        self.num_threads = 1 if cfg.deterministic else max(1, cfg.num_workers)
+        self.hold = max(1, hold)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        cfg = self.cfg
+        positions = epoch_positions(
+            self.table, self.training, cfg.seed, self.epoch, self.rank, self.world_size, cfg.shuffle_buffer
+        )
+        start = self._begin_epoch()
+        if start >= self._len:
+            return
+        epoch = _Epoch(self, positions, start)
+        try:
+            for j in range(start, self._len):
+                images, labels, skipped = epoch.get(j)
+                self.skipped += skipped
+                self._position += 1
+                if len(labels):  # an evaluation batch whose records were all skipped
+                    yield images, labels
+        finally:
+            epoch.close()
+
+
+class _Epoch:
+    """One epoch's threads and ring; `get(j)` hands out batch j (start <= j < count, in order)."""
+
+    def __init__(self, loader: ThreadLoader, positions: np.ndarray, start: int):
+        cfg = loader.cfg
+        self.cfg, self.table, self.training, self.epoch = cfg, loader.table, loader.training, loader.epoch
+        self.positions, self.start, self.count, self.hold = positions, start, loader._len, loader.hold
+        b, s = cfg.batch_size, cfg.image_size
+        self.batch_size = b
+        self.total = min(len(positions), self.count * b) - start * b  # samples left in the epoch
+        slots = self.hold + PREFETCH
+        self.cuda = pin = torch.cuda.is_available()
+        self.images = [torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
+        self.labels = [torch.empty(b, dtype=torch.int64, pin_memory=pin) for _ in range(slots)]
+        self.events: list = [None] * slots  # CUDA: the consumer's copies out of each slot
+        self.cond = threading.Condition()
+        self.next_sample = 0  # the next sample (counted from batch `start`) a thread takes
+        self.released = start  # batches below this one the consumer no longer holds
+        self.stopping = False
+        self.batches: dict[int, _Batch] = {}  # batches being made or ready, by index
+        self.threads = []
+        with stop_signals_blocked():  # the threads inherit the mask: signals go to the main thread
+            for k in range(loader.num_threads):
+                t = threading.Thread(target=self._work, name=f"fasttrain-loader-{k}", daemon=True)
+                t.start()
+                self.threads.append(t)
+
+    def get(self, j: int):
+        """(images, labels, skipped) of batch j, raising its error; releases batch j - hold."""
+        with self.cond:
+            released = max(self.released, j - self.hold + 1)
+            if released > self.released and self.cuda:
+                for i in range(self.released, released):  # the copies enqueued so far come first
+                    event = torch.cuda.Event()
+                    event.record()
+                    self.events[i % len(self.images)] = event
+            self.released = released
+            self.cond.notify_all()
+            while not (j in self.batches and self.batches[j].ready):
+                self.cond.wait()
+            batch = self.batches.pop(j)
+        if batch.error is not None:
+            raise batch.error
+        slot = j % len(self.images)
+        images, labels = self.images[slot], self.labels[slot]
+        # An evaluation batch shrinks by its skipped records, and the last one may be partial.
+        rows = batch.size if self.training else batch.good
+        if rows < len(labels):
+            images, labels = images[:rows], labels[:rows]
+        return images, labels, batch.skipped
+
+    def close(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        for t in self.threads:
+            t.join()
+
+    def _take(self):
+        """(j, i, batch, event) of the next sample to make, or None when there is none or we stop."""
+        with self.cond:
+            while True:
+                if self.stopping or self.next_sample >= self.total:
+                    return None
+                u = self.next_sample
+                j, i = self.start + u // self.batch_size, u % self.batch_size
+                if j < self.released + len(self.images):  # its slot is free
+                    break
+                self.cond.wait()
+            self.next_sample += 1
+            batch = self.batches.get(j)
+            if batch is None:
+                size = len(self.positions[j * self.batch_size : (j + 1) * self.batch_size])
+                batch = self.batches[j] = _Batch(size)
+            return j, i, batch, self.events[j % len(self.images)]
+
+    def _work(self) -> None:
+        reader = SampleReader(self.table, self.cfg, self.epoch, self.training)
+        try:
+            while (task := self._take()) is not None:
+                j, i, batch, event = task
+                if event is not None:
+                    event.synchronize()
+                slot = j % len(self.images)
+                label, error = None, None
+                try:
+                    position = int(self.positions[j * self.batch_size + i])
+                    label = reader.sample(position, self.images[slot].numpy()[i])
+                    self.labels[slot].numpy()[i] = label
+                except DataError as e:
+                    if not self.cfg.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
+                        error = e
+                    else:
+                        sys.stderr.write(f"skipping: {e}\n")
+                except Exception as e:  # noqa: BLE001 - a bug or MemoryError: raised in the consumer
+                    error = e
+                self._done(j, i, batch, label, error)
+        finally:
+            reader.close()
+
+    def _done(self, j: int, i: int, batch: _Batch, label, error) -> None:
+        with self.cond:
+            batch.record(i, label, error)
+            if batch.finished < batch.size:
+                return
+        batch.finish(j, self.images[j % len(self.images)], self.labels[j % len(self.images)], self.training)
+        with self.cond:
+            batch.ready = True
+            self.cond.notify_all()
+
+
+class _Batch:
+    """The samples of one batch done so far: good rows, skips and the first error (by row)."""
+
+    def __init__(self, size: int):
+        self.size, self.finished, self.ready = size, 0, False
+        self.good_rows = np.zeros(size, bool)
+        self.error_row, self.error = size, None
+
+    @property
+    def good(self) -> int:
+        return int(self.good_rows.sum())
+
+    @property
+    def skipped(self) -> int:
+        return self.size - self.good if self.error is None else 0
+
+    def record(self, i: int, label, error) -> None:
+        self.finished += 1
+        if error is not None and i < self.error_row:  # the process loader meets row order's first
+            self.error_row, self.error = i, error
+        self.good_rows[i] = label is not None
+
+    def finish(self, j: int, images: torch.Tensor, labels: torch.Tensor, training: bool) -> None:
+        """Move the good rows to the front (in order); top a training batch up as the process loader does."""
+        if self.error is not None or self.good == self.size:
+            return
+        rows = np.flatnonzero(self.good_rows)
+        images, labels = images.numpy(), labels.numpy()
+        for k, row in enumerate(rows):  # row >= k: copying forwards never overwrites a pending row
+            if row != k:
+                images[k], labels[k] = images[row], labels[row]
+        good = len(rows)
+        if not training:
+            return
+        if not good:
+            self.error = all_corrupt(j)
+            return
+        for k in range(self.size - good):
+            images[good + k], labels[good + k] = images[k % good], labels[k % good]

@@ -1,0 +1,228 @@
+"""fasttrain/data/thread_loader.py: the same batches as the DataLoader-process loader, the ring's
+consumer contract, errors, signal masks and no thread left behind.
+
+The reference for the images is the process loader (fasttrain.data.torch_pipeline), whose transforms
+tests/test_transforms_tf.py checks against TensorFlow's pixels; equality here is exact (torch.equal):
+both loaders must run the same code on the same records with the same per-sample seeds, so there is
+no rounding to allow for.
+"""
+
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+import torch
+
+from fasttrain.config import make_config
+from fasttrain.data import DataError, build_loader
+from fasttrain.data.tfrecord import build_index
+from fasttrain.data.thread_loader import PREFETCH, ThreadLoader
+from fasttrain.data.torch_pipeline import TorchLoader
+
+
+def _cfg(data_dir, **overrides):
+    values = dict(
+        data_dir=str(data_dir),
+        data_cache_dir=str(data_dir) + "-cache",
+        data_backend="torch",
+        batch_size=8,
+        image_size=48,
+        num_classes=4,
+        label_offset=-1,
+        num_workers=2,
+        shuffle_buffer=16,
+        seed=3,
+    )
+    values.update(overrides)
+    return make_config(**values)
+
+
+def _epoch(loader, epoch=None):
+    if epoch is not None:
+        loader.set_epoch(epoch)
+    return [(images.clone(), labels.clone()) for images, labels in loader]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for (ia, la), (ib, lb) in zip(a, b, strict=True):
+        assert torch.equal(ia, ib) and torch.equal(la, lb)
+
+
+def _loader_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("fasttrain-loader")]
+
+
+@pytest.mark.parametrize(
+    "preprocess, colour, seed", [("resnet", False, 3), ("inception", True, 3), ("inception", False, 11)]
+)
+def test_threads_give_the_process_loaders_batches(synthetic, preprocess, colour, seed):
+    cfg = _cfg(synthetic, preprocess=preprocess, color_distort=colour, seed=seed)
+    for epoch in (0, 2):
+        for rank in (0, 1):
+            reference = _epoch(TorchLoader(cfg, "train", True, rank, 2), epoch)
+            threads = ThreadLoader(cfg, "train", True, rank, 2)
+            _same(_epoch(threads, epoch), reference)
+            assert len(reference) == len(threads) == 7  # 60 records per rank in batches of 8
+    # Evaluation: in order, the last batch partial (80 records over 2 ranks: 5 batches of 8).
+    for rank in (0, 1):
+        reference = _epoch(TorchLoader(cfg, "validation", False, rank, 2))
+        _same(_epoch(ThreadLoader(cfg, "validation", False, rank, 2)), reference)
+
+
+def test_one_thread_and_three_give_the_same_batches(synthetic):
+    reference = _epoch(ThreadLoader(_cfg(synthetic, num_workers=1), "train", True), 1)
+    _same(_epoch(ThreadLoader(_cfg(synthetic, num_workers=3), "train", True), 1), reference)
+
+
+def test_a_resumed_position_reproduces_the_rest_of_the_epoch(synthetic):
+    cfg = _cfg(synthetic)
+    reference = _epoch(TorchLoader(cfg, "train", True), 1)
+    loader = ThreadLoader(cfg, "train", True)
+    loader.load_state_dict({"epoch": 1, "batch": 5})
+    loader.set_epoch(1)
+    resumed = _epoch(loader)
+    _same(resumed, reference[5:])
+    assert loader.state_dict() == {"epoch": 1, "batch": len(reference)}
+
+
+def test_a_batch_stays_valid_until_hold_more_are_requested_and_the_ring_is_reused(synthetic):
+    for hold in (1, 3):
+        loader = ThreadLoader(_cfg(synthetic), "train", True, hold=hold)
+        reference = _epoch(TorchLoader(_cfg(synthetic), "train", True))
+        held, buffers = [], set()
+        for j, (images, labels) in enumerate(loader):
+            time.sleep(0.02)  # let the threads fill every slot they may: an early write would show
+            held.append((j, images, labels))
+            held = held[-hold:]  # what batch_stream keeps for grad_accum_steps = hold
+            for k, im, lb in held:  # every batch still held is intact (the threads run ahead meanwhile)
+                assert torch.equal(im, reference[k][0]) and torch.equal(lb, reference[k][1])
+            buffers.add(images.data_ptr())
+        assert len(buffers) == hold + PREFETCH  # a ring: no batch allocated after the first ones
+
+
+def _corrupt(shard, offset, size):
+    raw = bytearray(shard.read_bytes())
+    raw[offset + size // 2] ^= 0xFF  # a data byte: the data CRC fails, the index stays valid
+    shard.write_bytes(bytes(raw))
+
+
+def _copy_with_corrupt_records(synthetic, tmp_path, records):
+    data = tmp_path / "data"
+    shutil.copytree(synthetic, data)
+    shard = data / "train-00001-of-00003"
+    index = build_index(shard)
+    for r in records:
+        _corrupt(shard, *index[r])
+    return data, shard, index
+
+
+def test_skip_corrupt_counts_and_tops_up_as_the_process_loader(synthetic, tmp_path):
+    data, _, _ = _copy_with_corrupt_records(synthetic, tmp_path, (3, 4, 20))
+    for training, split in ((True, "train"), (False, "train")):
+        cfg = _cfg(data, skip_corrupt=True, batch_size=4, num_workers=2)
+        processes, threads = TorchLoader(cfg, split, training), ThreadLoader(cfg, split, training)
+        _same(_epoch(threads), _epoch(processes))
+        assert threads.skipped == processes.skipped == 3
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+def test_a_corrupt_record_is_one_line_naming_the_first_bad_row(synthetic, tmp_path):
+    data, shard, index = _copy_with_corrupt_records(synthetic, tmp_path, (5, 6))
+    cfg = _cfg(data, num_workers=3)
+    errors = []
+    for cls in (TorchLoader, ThreadLoader):  # evaluation order: records 5 and 6 share batch 5 of 8
+        with pytest.raises(DataError) as error:
+            _epoch(cls(cfg, "train", False))
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
+    assert errors[1].startswith(f"corrupted record at offset {index[5][0]} in {shard}")
+    assert "\n" not in errors[1]
+    assert not _loader_threads()
+
+
+def test_every_record_of_a_batch_corrupt_is_the_process_loaders_error(synthetic, tmp_path):
+    data, _, _ = _copy_with_corrupt_records(synthetic, tmp_path, range(40))  # a whole shard
+    cfg = _cfg(data, skip_corrupt=True, shuffle_buffer=1)  # unshuffled: some batch is all shard 1
+    messages = []
+    for cls in (TorchLoader, ThreadLoader):
+        with pytest.raises(DataError, match="every record of training batch") as error:
+            _epoch(cls(cfg, "train", True))
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
+
+
+def test_no_thread_is_left_after_exhaustion_close_or_an_exception(synthetic):
+    loader = ThreadLoader(_cfg(synthetic), "train", True)
+    _epoch(loader)
+    assert not _loader_threads()
+
+    batches = iter(loader)
+    next(batches)
+    assert len(_loader_threads()) == 2
+    batches.close()
+    assert not _loader_threads()
+
+    with pytest.raises(ZeroDivisionError):
+        for _ in loader:
+            1 / 0  # noqa: B018 - the consumer failing mid-epoch
+    assert not _loader_threads()
+
+    for _ in loader:
+        break  # the generator is dropped: CPython closes it at once
+    assert not _loader_threads()
+
+
+def _blocked_signals(native_id: int) -> int:
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        line = next(x for x in f if x.startswith("SigBlk:"))
+    return int(line.split()[1], 16)
+
+
+def test_stop_signals_go_to_the_main_thread_not_the_loaders(synthetic):
+    """The threads block SIGTERM and SIGINT, so the kernel delivers them to the main thread, whose
+    handler stops the trainer; the main thread's own mask is left as it was."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    batches = iter(ThreadLoader(_cfg(synthetic), "train", True))
+    next(batches)
+    try:
+        for t in _loader_threads():
+            mask = _blocked_signals(t.native_id)
+            assert mask >> (signal.SIGTERM - 1) & 1 and mask >> (signal.SIGINT - 1) & 1
+    finally:
+        batches.close()
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+
+
+def test_build_loader_takes_the_loader_setting(synthetic):
+    threads = build_loader(_cfg(synthetic, grad_accum_steps=2), "train", training=True)
+    assert isinstance(threads, ThreadLoader) and threads.hold == 2  # batch_stream keeps 2 micro-batches
+    assert build_loader(_cfg(synthetic, grad_accum_steps=2), "validation", training=False).hold == 1
+    processes = build_loader(_cfg(synthetic, loader="processes"), "train", training=True)
+    assert isinstance(processes, TorchLoader)
+
+
+def test_the_hot_path_kernels_release_the_gil():
+    """The threads decode and transform in parallel only where these calls drop the GIL: every numba
+    kernel of the transforms (nogil=True) and the cropped JPEG decode's library (a ctypes.CDLL,
+    which releases the GIL around each call; a PyDLL would hold it)."""
+    import ctypes
+
+    import numba
+
+    from fasttrain.data import color, jpeg, resize, transforms
+
+    kernels = [
+        getattr(module, name)
+        for module in (color, resize, transforms)
+        for name in dir(module)
+        if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
+    ]
+    assert len(kernels) >= 10
+    assert all(k.targetoptions.get("nogil") for k in kernels), [
+        k for k in kernels if not k.targetoptions.get("nogil")
+    ]
+    if jpeg.CROP_DECODE:
+        assert not jpeg._turbo.lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI
