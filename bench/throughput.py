@@ -65,7 +65,13 @@ ROW_TITLES = {
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
 }
-RECIPE_OF = {"inception_v3": "inception_v3", "resnet101": "resnet101"}  # the rest: resnet50's
+# A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
+RECIPE_OF = {
+    "inception_v3": "inception_v3",
+    "resnet101": "resnet101_v1.5",
+    "resnet50_v2": "resnet50",
+    "resnet101_v2": "resnet101",
+}
 EMA_DECAY = 0.9999
 
 
@@ -110,9 +116,9 @@ class Row:
 
 
 def config_for(spec: RowSpec, device: torch.device):
-    """The recipe's Config for this row (resnet50's recipe for ResNets other than 50/101)."""
+    """The recipe's Config for this row (resnet50_v1.5's for the ResNets RECIPE_OF does not name)."""
     return make_config(
-        recipe=RECIPE_OF.get(spec.model, "resnet50"),
+        recipe=RECIPE_OF.get(spec.model, "resnet50_v1.5"),
         model=spec.model,
         batch_size=spec.batch,
         image_size=spec.image_size,

@@ -48,7 +48,7 @@ from fasttrain.train import batch_stream
 
 ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch", "fasttrain-threads")
 LOADER_OF = {"torch": "processes", "threads": "threads"}  # the row name's suffix -> Config.loader
-MODEL_OF = {"resnet": "resnet50_v1.5", "inception": "inception_v3", "vgg": "resnet50"}
+MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3", "vgg": "resnet50_v2"}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 SHUFFLE_QUEUE = 256  # records per worker and shard; tfrecord warns when a shard part holds fewer
