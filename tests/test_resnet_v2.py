@@ -163,3 +163,16 @@ def test_fine_tune_resets_only_the_classifier():
     after = model.state_dict()
     assert not after["fc.bias"].any() and not torch.equal(after["fc.weight"], before["fc.weight"])
     assert all(torch.equal(after[k], before[k]) for k in before if not k.startswith("fc."))
+
+
+@pytest.mark.parametrize("tag, name, base", REDUCED, ids=[r[0] for r in REDUCED])
+def test_tf_checkpoint_is_what_the_logits_test_reads(tag, name, base):
+    # Runs once the TF checkpoint reader (fasttrain/tf_checkpoint.py, another branch) is merged: TF's own
+    # V2 checkpoint holds exactly our map's names and the .npz values the tests above import.
+    tf_checkpoint = pytest.importorskip("fasttrain.tf_checkpoint")
+    ckpt = tf_checkpoint.open_checkpoint(DATA + tag)  # the directory: its `checkpoint` file names ckpt-0
+    model, fixture = tf_model(tag, name, base)
+    names = {var.name for var in variable_map(name, model).values()}
+    assert set(ckpt.shapes()) == names | {"global_step"}
+    for var_name in names:
+        np.testing.assert_array_equal(ckpt.get(var_name), fixture[var_name])
