@@ -53,7 +53,8 @@ def _small_resnet(name="resnet18", classes=4, **kw) -> nn.Module:
     return create_model(name, classes, base_channels=8, **kw)
 
 
-@pytest.mark.parametrize("name", MODEL_NAMES)
+# The _v2 models' counts are TensorFlow's, measured on the seed's graph: tests/test_tf_names_resnet_v2.py.
+@pytest.mark.parametrize("name", [n for n in MODEL_NAMES if not n.endswith("_v2")])
 def test_parameter_count_matches_the_standard_architecture(name):
     assert _count(_pristine(name, 1000)) == PUBLISHED_COUNTS[name]
 

@@ -214,6 +214,14 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
     assert set(expected) <= set(buffers), sorted(set(expected) - set(buffers))
 
 
+def test_whole_step_traces_on_meta_resnet_v2(fake_world):
+    # The ResNet seed's pre-activation v2 (TF SAME max-pool by ceil_mode, in-place ReLUs and adds).
+    step, batches = _meta_step("resnet50", buckets=True, model="resnet50_v2")
+    assert type(step.model).__name__ == "ResNetV2"
+    ops, _ = _trace(step, batches)
+    assert {"aten.convolution_backward", "aten.max_pool2d_with_indices_backward"} <= ops
+
+
 # --- each fault, injected, is caught ---------------------------------------------------------------
 # A small ResNet (the faults do not depend on the architecture; ResNet-50 costs ~2 s per trace).
 

@@ -1,6 +1,7 @@
 """Models: one dispatch point (`create_model`) and the helpers the trainer needs around a model.
 
-    model = create_model("resnet50", 1000)            # or resnet18/34/101/152, inception_v3
+    model = create_model("resnet50", 1000)            # or resnet18/34/101/152, inception_v3,
+                                                      # resnet18/34/50/101/152/200_v2 (the ResNet seed's)
     classifier_names(model)  -> ["fc"]                # ["fc", "AuxLogits.fc"] for inception_v3
     reset_classifier(model)                           # fine_tune: re-initialise only those layers
     param_groups(model, weight_decay=1e-4, no_decay_bn_bias=True)   # torch.optim param groups
@@ -21,8 +22,12 @@ from torch import nn
 from fasttrain.errors import SettingError
 from fasttrain.models.inception_v3 import Inception3
 from fasttrain.models.resnet import DEPTHS, ResNet
+from fasttrain.models.resnet_v2 import DEPTHS as V2_DEPTHS
+from fasttrain.models.resnet_v2 import ResNetV2
 
-MODEL_NAMES = tuple(f"resnet{d}" for d in DEPTHS) + ("inception_v3",)
+MODEL_NAMES = (
+    tuple(f"resnet{d}" for d in DEPTHS) + tuple(f"resnet{d}_v2" for d in V2_DEPTHS) + ("inception_v3",)
+)
 
 __all__ = ["MODEL_NAMES", "classifier_names", "create_model", "param_groups", "reset_classifier"]
 
@@ -40,7 +45,8 @@ def create_model(
 ) -> nn.Module:
     """The named architecture, initialised from torch's global generator (seed it first).
 
-    base_channels and zero_init_residual apply to ResNets (Inception v3 has no residual blocks);
+    base_channels applies to ResNets and zero_init_residual to v1.5 ResNets (Inception v3 has no
+    residual blocks, a pre-activation v2 block no BN at its end);
     dropout_keep and aux_logits to Inception v3. bn_momentum and bn_eps None take the architecture's
     seed values: ResNet momentum 0.003 (TF decay 0.997), eps 1e-5; Inception momentum 0.0003 (decay
     0.9997), eps 0.001. bn_momentum is torch's: running = (1 - momentum) * running + momentum * batch.
@@ -71,6 +77,10 @@ def create_model(
     if base_channels < 1:
         raise SettingError(
             f"base_channels must be positive, got {base_channels}", settings=("base_channels",)
+        )
+    if name.endswith("_v2"):  # the ResNet seed's pre-activation net: no last BN to zero-initialise
+        return ResNetV2(
+            int(name[len("resnet") : -len("_v2")]), num_classes, base_channels=base_channels, **bn
         )
     return ResNet(
         int(name[len("resnet") :]),

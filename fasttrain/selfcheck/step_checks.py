@@ -113,11 +113,11 @@ def _env(key: str, value: str):
 # --- the training step ---------------------------------------------------------------------------
 
 
-def _small_resnet(device, channels_last=False, seed=0):
+def _small_resnet(device, channels_last=False, seed=0, name="resnet18"):
     from fasttrain.models import create_model
 
     torch.manual_seed(seed)
-    model = create_model("resnet18", 5, base_channels=8 if device.type == "cpu" else 16).to(device)
+    model = create_model(name, 5, base_channels=8 if device.type == "cpu" else 16).to(device)
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
@@ -150,10 +150,10 @@ def check_eager_step(ctx: Context) -> str:
     return f"ResNet-18 (tiny), 4 steps, optimizer {impl}: weights and momentum = torch.optim.SGD"
 
 
-def _run_graphed(ctx: Context, graph: bool, steps: int, precision: str = "fp32"):
+def _run_graphed(ctx: Context, graph: bool, steps: int, precision: str = "fp32", name: str = "resnet18"):
     from fasttrain.precision import Precision
 
-    model = _small_resnet(ctx.device, channels_last=True)
+    model = _small_resnet(ctx.device, channels_last=True, name=name)
     step = train_step(model, Precision(precision, channels_last=True, cuda_graph=graph), ctx.device)
     for batch in batches(steps, ctx.device, seed=1):
         step([batch])
@@ -163,14 +163,20 @@ def _run_graphed(ctx: Context, graph: bool, steps: int, precision: str = "fp32")
 
 def check_graph_replay(ctx: Context) -> str:
     needs_cuda(ctx, "CUDA-graph capture and replay")
-    with deterministic():
-        eager, _ = _run_graphed(ctx, graph=False, steps=10)
-        graphed, step = _run_graphed(ctx, graph=True, steps=10)
-    assert step.graph is not None, "the step was not captured"
-    for (key, a), b in zip(eager.state_dict().items(), graphed.state_dict().values()):
-        if a.is_floating_point():
-            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=lambda m, k=key: f"{k}: {m}")
-    return "ResNet-18 (tiny), fp32 channels_last, 10 steps (3 eager warm-up, 1 capture, 6 replays) = eager"
+    for name in ("resnet18", "resnet18_v2"):  # v1.5 and the ResNet seed's pre-activation v2
+        with deterministic():
+            eager, _ = _run_graphed(ctx, graph=False, steps=10, name=name)
+            graphed, step = _run_graphed(ctx, graph=True, steps=10, name=name)
+        assert step.graph is not None, f"the {name} step was not captured"
+        for (key, a), b in zip(eager.state_dict().items(), graphed.state_dict().values()):
+            if a.is_floating_point():
+                torch.testing.assert_close(
+                    a, b, rtol=1e-6, atol=1e-6, msg=lambda m, k=key, n=name: f"{n} {k}: {m}"
+                )
+    return (
+        "ResNet-18 and ResNet-18 v2 (tiny), fp32 channels_last, 10 steps (3 eager warm-up, 1 capture, "
+        "6 replays) = eager"
+    )
 
 
 def check_fp16_overflow(ctx: Context) -> str:
