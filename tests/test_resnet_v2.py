@@ -17,7 +17,9 @@ from torch import nn
 
 from fasttrain.models import classifier_names, create_model, reset_classifier
 from fasttrain.models.resnet_v2 import ResNetV2, tf_same_max_pool
-from fasttrain.tf_names import to_torch, variable_map
+from fasttrain.tf_checkpoint import open_checkpoint
+from fasttrain.tf_import import model_state
+from fasttrain.tf_names import variable_map
 
 DATA = "tests/data/tf-resnet-v2/"
 MEANS = (123.68, 116.78, 103.94)  # vgg_preprocessing's channel means on the 0-255 scale
@@ -33,18 +35,13 @@ def network_input(channels_last: bool) -> torch.Tensor:
 
 
 def tf_model(tag: str, name: str, base: int) -> tuple[nn.Module, np.lib.npyio.NpzFile]:
-    """Our model holding the TF fixture's values, imported through the name map.
-
-    The .npz holds exactly the values of the TF checkpoint beside it; with fasttrain/tf_checkpoint.py
-    (the TF checkpoint reader) merged, read DATA + tag + "/model.ckpt-0" instead."""
+    """Our model holding the values of the V2 checkpoint TF wrote (DATA + tag + "/model.ckpt-0"),
+    imported as a user's is: fasttrain.tf_checkpoint reads it, fasttrain.tf_import maps the names and
+    layouts; and the fixture's .npz, which holds TF's logits (and the same values, for the check below)."""
     fixture = np.load(DATA + tag + ".npz")
     model = create_model(name, 1001, base_channels=base)
-    state = {
-        key: torch.from_numpy(to_torch(fixture[var.name], var.layout))
-        for key, var in variable_map(name, model).items()
-    }
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all(key.endswith("num_batches_tracked") for key in missing)
+    ckpt = open_checkpoint(DATA + tag + "/model.ckpt-0")
+    model.load_state_dict(model_state(ckpt, name, model))
     return model, fixture
 
 
@@ -166,11 +163,10 @@ def test_fine_tune_resets_only_the_classifier():
 
 
 @pytest.mark.parametrize("tag, name, base", REDUCED, ids=[r[0] for r in REDUCED])
-def test_tf_checkpoint_is_what_the_logits_test_reads(tag, name, base):
-    # Runs once the TF checkpoint reader (fasttrain/tf_checkpoint.py, another branch) is merged: TF's own
-    # V2 checkpoint holds exactly our map's names and the .npz values the tests above import.
-    tf_checkpoint = pytest.importorskip("fasttrain.tf_checkpoint")
-    ckpt = tf_checkpoint.open_checkpoint(DATA + tag)  # the directory: its `checkpoint` file names ckpt-0
+def test_tf_checkpoint_holds_the_maps_names_and_the_fixture_values(tag, name, base):
+    # TF's own V2 checkpoint (read by fasttrain.tf_checkpoint) holds exactly our map's names, and the
+    # values the generator also saved in the .npz beside TF's logits.
+    ckpt = open_checkpoint(DATA + tag)  # the directory: its `checkpoint` file names ckpt-0
     model, fixture = tf_model(tag, name, base)
     names = {var.name for var in variable_map(name, model).values()}
     assert set(ckpt.shapes()) == names | {"global_step"}
