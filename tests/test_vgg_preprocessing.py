@@ -105,13 +105,13 @@ def test_without_turbojpeg_the_window_of_the_full_decode_is_used_and_exact(monke
 @pytest.mark.skipif(not CROP_DECODE, reason="the turbojpeg wheel (libturbojpeg 3) is not installed")
 def test_only_the_rows_and_columns_the_window_reads_are_decoded(monkeypatch):
     decoded = []
-    real = vgg.decode_and_crop_jpeg
+    real = vgg.decode_window_rows
 
     def spy(data, window, file="", offset=0):
         decoded.append(window)
         return real(data, window, file, offset)
 
-    monkeypatch.setattr(vgg, "decode_and_crop_jpeg", spy)
+    monkeypatch.setattr(vgg, "decode_window_rows", spy)
     data = (IMAGES / "rocket_large.jpg").read_bytes()  # 901 x 1201: side 256 shrinks it 3.5x
     vgg.window_float(data, vgg.VggParams(256, 10, 20, False), 224)
     top, left, h, w = decoded[0]
