@@ -18,6 +18,10 @@ library (its own pybind module has no cropping), and fasttrain calls that librar
 (ctypes drops the GIL during the call). Where the wheel is absent (it exists for x86-64 Linux, which
 setup.py requires it on, and for macOS and Windows) the window is cut from the full decode instead:
 the same pixels but for that edge column (`CROP_DECODE` says which path runs).
+`decode_window_rows` is the same decode for a consumer that reads the pixels at once (the vgg fast
+path): into one buffer per thread, reused (no allocation per image), handed over in place (no copy of
+the window), with one TurboJPEG handle per thread; ctypes releases the GIL for each call, so threads
+decode in parallel.
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
 and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.

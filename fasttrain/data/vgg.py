@@ -23,16 +23,26 @@ The mean subtraction is not done here: the batch leaves as uint8 and normalize.p
 on the device (preprocess "vgg": y = x / 255 - mean / 255). For image_size S other than 224 the sides
 scale as the resnet preprocess's do: [round(S * 256 / 224), round(S * 512 / 224)], eval round(S * 256 / 224).
 
-Fast path (`window_float`): TF decodes the whole image and resizes all of it (up to 512 px on the short
-side, in float) to keep 224 x 224. Only the output window is computed here, and only the source rows
-and columns its 2 x 2 taps read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy)
-for y in [top, top + S), with sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped
-decode (fasttrain.data.jpeg.decode_and_crop_jpeg), widened by `_CHROMA_MARGIN` columns on each side:
-libjpeg upsamples chroma at a cropped region's first and last column as at an image edge, so those
-columns may differ from the full decode's (4:2:0 / 4:2:2), and the widening keeps them out of the
-window (measured: 1 column suffices on every JPEG kind of tests/data/tf-images; the rows of a cropped
-decode equal the full decode's). The fast path's floats equal the full-image path's (`full_float`)
-bit for bit (tests/test_vgg_preprocessing.py), and both are TensorFlow's within float noise.
+Fast path (`train_transform`, `eval_transform`; `window_float` keeps its floats for the tests): TF
+decodes the whole image and resizes all of it (up to 512 px on the short side, in float) to keep
+224 x 224. Only the output window is computed here, and only the source rows and columns its 2 x 2 taps
+read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy) for y in [top, top + S), with
+sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped decode
+(fasttrain.data.jpeg.decode_window_rows, into the thread's reused buffer, read in place), widened by
+`_CHROMA_MARGIN` columns on each side: libjpeg upsamples chroma at a cropped region's first and last
+column as at an image edge, so those columns may differ from the full decode's (4:2:0 / 4:2:2). One
+column is the fewest that keeps them out of the window: the region starts on an MCU boundary, so its
+first column is the window's only when the window starts on one (then one more MCU column is decoded),
+and likewise at the right (the rows of a cropped decode equal the full decode's). The resample writes
+the rounded uint8 straight into the caller's `out`, vertical lerp and rounding in one pass. The fast
+path's floats equal the full-image path's (`full_float`) bit for bit (tests/test_vgg_preprocessing.py),
+and both are TensorFlow's within float noise.
+
+Cost (bench/bench_vgg_transform.py, the bench photo set, one thread): the cropped decode is most of
+it, and it is entropy decoding: libjpeg must Huffman-decode every row above the window across the
+whole width to reach it (a decode of an 8-column strip ending at the window's last row costs 0.9 of
+the window's decode), and a progressive JPEG's scans are all decoded before any row comes out (about
+2 full baseline decodes, whatever the window). The resample is about a sixth of the decode.
 
 Difference from TF: a JPEG truncated below the rows a window reads decodes here and fails in TF
 (`python -m fasttrain.data verify --decode` finds such records).
