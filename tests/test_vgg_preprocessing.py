@@ -105,13 +105,13 @@ def test_without_turbojpeg_the_window_of_the_full_decode_is_used_and_exact(monke
 @pytest.mark.skipif(not CROP_DECODE, reason="the turbojpeg wheel (libturbojpeg 3) is not installed")
 def test_only_the_rows_and_columns_the_window_reads_are_decoded(monkeypatch):
     decoded = []
-    real = vgg.decode_and_crop_jpeg
+    real = vgg.decode_window_rows
 
     def spy(data, window, file="", offset=0):
         decoded.append(window)
         return real(data, window, file, offset)
 
-    monkeypatch.setattr(vgg, "decode_and_crop_jpeg", spy)
+    monkeypatch.setattr(vgg, "decode_window_rows", spy)
     data = (IMAGES / "rocket_large.jpg").read_bytes()  # 901 x 1201: side 256 shrinks it 3.5x
     vgg.window_float(data, vgg.VggParams(256, 10, 20, False), 224)
     top, left, h, w = decoded[0]
@@ -193,3 +193,37 @@ def test_torch_loader_delivers_the_seeds_eval_images(tmp_path):
         data = (IMAGES / file).read_bytes()
         expected = vgg.full_float(decode_jpeg(data), vgg.eval_params(*decode_jpeg(data).shape[:2], 224), 224)
         np.testing.assert_array_equal(images[i].numpy(), _uint8(expected))
+
+
+def _rounded(work: np.ndarray) -> np.ndarray:
+    """round(x * 255) in NumPy's float32 (independent of the kernels' fused store)."""
+    scaled = work.astype(np.float32) * np.float32(255) + np.float32(0.5)
+    return np.clip(np.floor(scaled), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("case", CASES[::3], ids=lambda case: case["key"])
+def test_the_transforms_uint8_is_the_full_image_path_rounded(case, monkeypatch):
+    """The loaders' call (resample and rounding fused, written into `out`) against the seed's steps on
+    the whole decode, rounded in NumPy: equal (the fused store keeps no float image to compare)."""
+    data, size = _jpeg(case), case["image_size"]
+    expected = _rounded(vgg.full_float(decode_jpeg(data), _params(case), size))
+    monkeypatch.setattr(vgg, "sample_train_params", lambda *args: _params(case))
+    out = np.zeros((size, size, 3), np.uint8)
+    assert vgg.train_transform(data, np.random.default_rng(0), size, out=out) is out
+    np.testing.assert_array_equal(out, expected)
+    if case["mode"] == "eval":
+        np.testing.assert_array_equal(vgg.eval_transform(data, size), expected)
+
+
+def test_threads_decoding_at_once_get_their_own_images():
+    """Each thread decodes into its own reused buffer (jpeg.decode_window_rows) with its own TurboJPEG
+    handle: two threads transforming different images at once get what one thread gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    files = list(dict.fromkeys(case["file"] for case in CASES))
+    datas = [(IMAGES / file).read_bytes() for file in files] * 4
+    alone = [vgg.eval_transform(data, 224) for data in datas]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda data: vgg.eval_transform(data, 224), datas))
+    for ours, reference_image, file in zip(together, alone, files * 4):
+        np.testing.assert_array_equal(ours, reference_image, err_msg=file)

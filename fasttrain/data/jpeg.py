@@ -18,6 +18,10 @@ library (its own pybind module has no cropping), and fasttrain calls that librar
 (ctypes drops the GIL during the call). Where the wheel is absent (it exists for x86-64 Linux, which
 setup.py requires it on, and for macOS and Windows) the window is cut from the full decode instead:
 the same pixels but for that edge column (`CROP_DECODE` says which path runs).
+`decode_window_rows` is the same decode for a consumer that reads the pixels at once (the vgg fast
+path): into one buffer per thread, reused (no allocation per image), handed over in place (no copy of
+the window), with one TurboJPEG handle per thread; ctypes releases the GIL for each call, so threads
+decode in parallel.
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
 and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.
@@ -75,6 +79,21 @@ def decode_and_crop_jpeg(jpeg: bytes, window, file="", offset: int = 0) -> np.nd
         raise undecodable(file, offset, e) from None
 
 
+def decode_window_rows(jpeg: bytes, window, file="", offset: int = 0) -> tuple[np.ndarray, int]:
+    """(rows, x): decode_and_crop_jpeg's pixels without a copy, for a consumer that reads them at once.
+    rows is (h, n * 3) uint8 whose row i holds the window's row i from image column x <= left on (at
+    least to column left + w - 1); it may be this thread's reused decode buffer, overwritten by the
+    thread's next call."""
+    top, left, h, w = window
+    if _turbo is None:
+        image = decode_jpeg(jpeg, file, offset)
+        return image.reshape(image.shape[0], -1)[top : top + h], 0
+    try:
+        return _turbo.decode_rows(jpeg, top, left, h, w)
+    except ValueError as e:
+        raise undecodable(file, offset, e) from None
+
+
 def _cmyk_to_rgb(cmyk: np.ndarray) -> np.ndarray:
     k = cmyk[..., 3:4].astype(np.uint16)
     return (cmyk[..., :3].astype(np.uint16) * k // 255).astype(np.uint8)
@@ -125,6 +144,21 @@ class _TurboJPEG:
             raise ValueError(self.lib.tj3GetErrorStr(handle).decode(errors="replace"))
 
     def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
+        out, x, channels = self._decode(jpeg, top, left, h, w, None)
+        out = out.reshape(out.shape[0], -1, channels)[:, left - x : left - x + w]
+        return _cmyk_to_rgb(out) if channels == 4 else out
+
+    def decode_rows(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> tuple[np.ndarray, int]:
+        """(rows, x): rows (h, span * 3) uint8, the window's rows from column x <= left on, decoded into
+        this thread's reused buffer (valid until the thread's next call)."""
+        out, x, channels = self._decode(jpeg, top, left, h, w, self.local)
+        if channels == 4:
+            out = np.ascontiguousarray(_cmyk_to_rgb(out.reshape(out.shape[0], -1, 4)))
+            out = out.reshape(out.shape[0], -1)
+        return out, x
+
+    def _decode(self, jpeg: bytes, top: int, left: int, h: int, w: int, reuse) -> tuple[np.ndarray, int, int]:
+        """(out (h, span * channels) uint8, x, channels): rows top .. top + h - 1 from column x on."""
         lib, handle = self.lib, self._handle()
         self._check(handle, lib.tj3DecompressHeader(handle, jpeg, len(jpeg)))
         width, height = lib.tj3Get(handle, self.JPEGWIDTH), lib.tj3Get(handle, self.JPEGHEIGHT)
@@ -135,15 +169,20 @@ class _TurboJPEG:
         channels, pixel_format = (4, self.PF_CMYK) if cmyk else (3, self.PF_RGB)
         if 0 <= subsamp < len(self.MCU_WIDTH):
             x = left - left % self.MCU_WIDTH[subsamp]
-            region, rows, span = _Region(x, top, w + left - x, h), slice(None), w + left - x
+            region, skip, span = _Region(x, top, w + left - x, h), 0, w + left - x
         else:  # an unusual sampling layout (TJSAMP_UNKNOWN) cannot be cropped: decode it whole
-            x, region, rows, span = 0, _Region(0, 0, 0, 0), slice(top, top + h), width
+            x, region, skip, span = 0, _Region(0, 0, 0, 0), top, width
         self._check(handle, lib.tj3SetCroppingRegion(handle, region))
-        out = np.empty((region.h or height, span, channels), np.uint8)
-        status = lib.tj3Decompress8(handle, jpeg, len(jpeg), out.ctypes.data, span * channels, pixel_format)
+        rows, pitch = region.h or height, span * channels
+        if reuse is None:
+            out = np.empty(rows * pitch, np.uint8)
+        else:  # one buffer per thread, grown to the largest region seen: no allocation per image
+            out = getattr(reuse, "buffer", None)
+            if out is None or out.size < rows * pitch:
+                out = reuse.buffer = np.empty(max(rows * pitch, 1 << 20), np.uint8)
+        status = lib.tj3Decompress8(handle, jpeg, len(jpeg), out.ctypes.data, pitch, pixel_format)
         self._check(handle, status)
-        out = out[rows, left - x : left - x + w]
-        return _cmyk_to_rgb(out) if cmyk else out
+        return out[: rows * pitch].reshape(rows, pitch)[skip : skip + h], x, channels
 
 
 def _load_turbojpeg() -> _TurboJPEG | None:

@@ -23,16 +23,26 @@ The mean subtraction is not done here: the batch leaves as uint8 and normalize.p
 on the device (preprocess "vgg": y = x / 255 - mean / 255). For image_size S other than 224 the sides
 scale as the resnet preprocess's do: [round(S * 256 / 224), round(S * 512 / 224)], eval round(S * 256 / 224).
 
-Fast path (`window_float`): TF decodes the whole image and resizes all of it (up to 512 px on the short
-side, in float) to keep 224 x 224. Only the output window is computed here, and only the source rows
-and columns its 2 x 2 taps read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy)
-for y in [top, top + S), with sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped
-decode (fasttrain.data.jpeg.decode_and_crop_jpeg), widened by `_CHROMA_MARGIN` columns on each side:
-libjpeg upsamples chroma at a cropped region's first and last column as at an image edge, so those
-columns may differ from the full decode's (4:2:0 / 4:2:2), and the widening keeps them out of the
-window (measured: 1 column suffices on every JPEG kind of tests/data/tf-images; the rows of a cropped
-decode equal the full decode's). The fast path's floats equal the full-image path's (`full_float`)
-bit for bit (tests/test_vgg_preprocessing.py), and both are TensorFlow's within float noise.
+Fast path (`train_transform`, `eval_transform`; `window_float` keeps its floats for the tests): TF
+decodes the whole image and resizes all of it (up to 512 px on the short side, in float) to keep
+224 x 224. Only the output window is computed here, and only the source rows and columns its 2 x 2 taps
+read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy) for y in [top, top + S), with
+sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped decode
+(fasttrain.data.jpeg.decode_window_rows, into the thread's reused buffer, read in place), widened by
+`_CHROMA_MARGIN` columns on each side: libjpeg upsamples chroma at a cropped region's first and last
+column as at an image edge, so those columns may differ from the full decode's (4:2:0 / 4:2:2). One
+column is the fewest that keeps them out of the window: the region starts on an MCU boundary, so its
+first column is the window's only when the window starts on one (then one more MCU column is decoded),
+and likewise at the right (the rows of a cropped decode equal the full decode's). The resample writes
+the rounded uint8 straight into the caller's `out`, vertical lerp and rounding in one pass. The fast
+path's floats equal the full-image path's (`full_float`) bit for bit (tests/test_vgg_preprocessing.py),
+and both are TensorFlow's within float noise.
+
+Cost (bench/bench_vgg_transform.py, the bench photo set, one thread): the cropped decode is most of
+it, and it is entropy decoding: libjpeg must Huffman-decode every row above the window across the
+whole width to reach it (a decode of an 8-column strip ending at the window's last row costs 0.9 of
+the window's decode), and a progressive JPEG's scans are all decoded before any row comes out (about
+2 full baseline decodes, whatever the window). The resample is about a sixth of the decode.
 
 Difference from TF: a JPEG truncated below the rows a window reads decodes here and fails in TF
 (`python -m fasttrain.data verify --decode` finds such records).
@@ -46,11 +56,11 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from fasttrain.data.jpeg import decode_and_crop_jpeg, jpeg_size
+from fasttrain.data.jpeg import decode_window_rows, jpeg_size
 from fasttrain.data.resize import resize
 
 _F32 = np.float32
-_CHROMA_MARGIN = 2  # columns decoded beyond the window on each side (1 measured to suffice)
+_CHROMA_MARGIN = 1  # columns decoded beyond the window on each side: the fewest that are exact
 _IN_SCALE = _F32(1 / 255)  # convert_image_dtype's scale, a float32 constant in TF's graph
 
 
@@ -119,32 +129,40 @@ def source_window(height: int, width: int, params: VggParams, image_size: int) -
 
 
 @numba.njit(nogil=True, cache=True)
-def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, out):
-    """out (S, S * 3) float32 = rows top.. and columns left.. of TF1's resize_bilinear of the (in_h,
-    in_w) image times 1/255 to (full_h, full_w), mirrored left-right when flip. src (h, w * 3) uint8
-    holds the image's rows r0.. and columns c0.. (any row stride).
+def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, out, fout):
+    """out (S, S * 3) uint8 = round(255 x) of x = rows top.. and columns left.. of TF1's resize_bilinear
+    of the (in_h, in_w) image times 1/255 to (full_h, full_w), mirrored left-right when flip; fout
+    (S, S * 3) float32 receives x itself unless it has no rows. src (h, n * 3) uint8 holds the image's
+    rows r0.. from column c0 on (any row stride).
 
     TF's per-pixel arithmetic (resize_bilinear_op.cc, legacy scaler): s = float(o) * scale,
     lo = max(floor(s), 0), hi = min(ceil(s), in - 1), t = s - floor(s);
     top = tl + (tr - tl) * tx, bottom = bl + (br - bl) * tx, out = top + (bottom - top) * ty.
-    Each source row's horizontal lerps are computed once and kept while the next output row reads them.
+    Each source row's horizontal lerps are computed once and kept while the next output row reads them
+    (232 rows per image on the bench set, against 448 row reads); the vertical lerp and the rounding
+    store are one pass (no float image in between). Indices are unsigned: numba then skips its
+    negative-index fix-up on every load, which halves the horizontal pass.
     """
     size, n = out.shape[0], out.shape[1]
+    width = n // 3
     sy, sx = _F32(in_h) / _F32(full_h), _F32(in_w) / _F32(full_w)
-    scale = _F32(1.0 / 255.0)
-    i0 = np.empty(n, np.int64)  # flat (column * 3 + channel) index into src's row, per output element
-    i1 = np.empty(n, np.int64)
-    tx = np.empty(n, np.float32)
-    for x in range(n // 3):
+    lo = max(int(math.floor(_F32(left) * sx)), 0)  # the first source column any output reads
+    hi = min(int(math.ceil(_F32(left + width - 1) * sx)), in_w - 1)
+    ia = np.empty(width, np.uint32)  # per output pixel: 3 x its left / right tap's column - lo
+    ib = np.empty(width, np.uint32)
+    tx = np.empty(width, np.float32)
+    for x in range(width):
         s = _F32(x + left) * sx
         f = math.floor(s)
-        a, b = max(int(f), 0) - c0, min(int(math.ceil(s)), in_w - 1) - c0
-        xo = n // 3 - 1 - x if flip else x
-        for c in range(3):
-            i0[3 * xo + c], i1[3 * xo + c], tx[3 * xo + c] = 3 * a + c, 3 * b + c, s - _F32(f)
-    conv = np.empty(src.shape[1], np.float32)
+        xo = width - 1 - x if flip else x
+        ia[xo] = 3 * (max(int(f), 0) - lo)
+        ib[xo] = 3 * (min(int(math.ceil(s)), in_w - 1) - lo)
+        tx[xo] = s - _F32(f)
+    first, count = 3 * (lo - c0), 3 * (hi - lo + 1)
+    conv = np.empty(count, np.float32)
     upper = np.empty(n, np.float32)
     lower = np.empty(n, np.float32)
+    keep = fout.shape[0] > 0
     upper_row, lower_row = -1, -1
     for y in range(size):
         s = _F32(y + top) * sy
@@ -156,49 +174,77 @@ def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, o
                 upper, lower = lower, upper
                 upper_row, lower_row = lower_row, upper_row
             else:
-                _lerp_row(src[y0 - r0], scale, i0, i1, tx, conv, upper)
+                _lerp_row(src[y0 - r0, first : first + count], ia, ib, tx, conv, upper)
                 upper_row = y0
         if y1 != lower_row:
-            _lerp_row(src[y1 - r0], scale, i0, i1, tx, conv, lower)
+            _lerp_row(src[y1 - r0, first : first + count], ia, ib, tx, conv, lower)
             lower_row = y1
         dst = out[y]
+        if keep:
+            kept = fout[y]
+            for k in range(n):
+                kept[k] = upper[k] + (lower[k] - upper[k]) * ty
         for k in range(n):
-            dst[k] = upper[k] + (lower[k] - upper[k]) * ty
+            v = upper[k] + (lower[k] - upper[k]) * ty  # (the same float operations as `kept`)
+            dst[k] = _round(v)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _round(v):
+    """round(v * 255) clamped to [0, 255] as uint8 (the bilinear result of [0, 1] values stays in it)."""
+    return np.uint8(min(np.int32(min(max(v * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))), 255))
 
 
 @numba.njit(nogil=True, cache=True)
-def _lerp_row(line, scale, i0, i1, tx, conv, dst):
-    """dst[k] = the horizontal lerp of output element k from the source row `line` (uint8, w * 3),
-    converted to float32 once first (a contiguous loop the compiler vectorises)."""
+def _lerp_row(line, ia, ib, tx, conv, dst):
+    """dst[3x + c] = the horizontal lerp of output pixel x, channel c, from the source row `line`
+    (uint8, 3 values per pixel from column lo on), converted to float32 once first (a contiguous loop
+    the compiler vectorises)."""
     for j in range(conv.shape[0]):
-        conv[j] = _F32(line[j]) * scale
-    for k in range(dst.shape[0]):
-        left = conv[i0[k]]
-        dst[k] = left + (conv[i1[k]] - left) * tx[k]
+        conv[j] = _F32(line[j]) * _IN_SCALE
+    k = np.uint32(0)
+    one, two = np.uint32(1), np.uint32(2)
+    for x in range(ia.shape[0]):
+        a, b, t = ia[x], ib[x], tx[x]
+        left0, left1, left2 = conv[a], conv[a + one], conv[a + two]
+        dst[k] = left0 + (conv[b] - left0) * t
+        dst[k + one] = left1 + (conv[b + one] - left1) * t
+        dst[k + two] = left2 + (conv[b + two] - left2) * t
+        k += np.uint32(3)
 
 
-def _rows(region: np.ndarray) -> np.ndarray:
-    """(h, w * 3) view of an (h, w, 3) uint8 region whose pixels are contiguous within a row."""
-    if region.strides[1:] != (3, 1):
-        region = np.ascontiguousarray(region)
-    h, w = region.shape[:2]
-    return np.lib.stride_tricks.as_strided(region, (h, w * 3), (region.strides[0], 1))
+_NO_FLOATS = np.empty((0, 0), np.float32)
+
+
+def _window(jpeg: bytes, size: tuple[int, int], params: VggParams, image_size: int, out, fout, file, offset):
+    """The fast path: out (uint8) and, unless fout is _NO_FLOATS, fout (float32), both (S, S * 3), of
+    the (height, width) = size JPEG."""
+    height, width = size
+    new_h, new_w = smallest_size_at_least(height, width, params.side)
+    window = source_window(height, width, params, image_size)
+    rows, col = decode_window_rows(jpeg, window, file, offset)
+    _window_bilinear(
+        rows, window[0], col, height, width, new_h, new_w, params.top, params.left, params.flip, out, fout
+    )
 
 
 def window_float(
     jpeg: bytes, params: VggParams, image_size: int, scratch=None, file="", offset: int = 0
 ) -> np.ndarray:
     """(S, S, 3) float32 in [0, 1]: the seed's resized, cropped, flipped image before the means, from a
-    cropped decode of the rows and columns the window reads (the fast path)."""
-    height, width = jpeg_size(jpeg, file, offset)
-    new_h, new_w = smallest_size_at_least(height, width, params.side)
-    window = source_window(height, width, params, image_size)
-    region = decode_and_crop_jpeg(jpeg, window, file, offset)
-    out = scratch if scratch is not None else np.empty((image_size, image_size, 3), np.float32)
-    _window_bilinear(
-        _rows(region), window[0], window[1], height, width, new_h, new_w,
-        params.top, params.left, params.flip, out.reshape(image_size, image_size * 3),
-    )  # fmt: skip
+    cropped decode of the rows and columns the window reads (the fast path, as the transforms run it)."""
+    out = _scratch(image_size, scratch)
+    rounded = np.empty((image_size, image_size * 3), np.uint8)
+    _window(
+        jpeg,
+        jpeg_size(jpeg, file, offset),
+        params,
+        image_size,
+        rounded,
+        out.reshape(image_size, image_size * 3),
+        file,
+        offset,
+    )
     return out
 
 
@@ -214,11 +260,10 @@ def full_float(image: np.ndarray, params: VggParams, image_size: int) -> np.ndar
 
 @numba.njit(nogil=True, cache=True)
 def _store(x, out):
-    """out = round(x * 255) clamped to [0, 255] (the bilinear result of [0, 1] values stays in it)."""
+    """out = round(x * 255) clamped to [0, 255], as the fast path's fused store rounds."""
     src, dst = x.ravel(), out.ravel()
     for k in range(src.size):
-        v = min(max(src[k] * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))
-        dst[k] = np.uint8(min(np.int32(v), 255))
+        dst[k] = _round(src[k])
 
 
 def _output(image_size: int, out) -> np.ndarray:
@@ -238,12 +283,13 @@ def _scratch(image_size: int, scratch) -> np.ndarray:
 def train_transform(
     jpeg: bytes, rng: np.random.Generator, image_size: int, file="", offset: int = 0, out=None, scratch=None
 ) -> np.ndarray:
-    """(S, S, 3) uint8: the seed's training image (random side, crop and flip) before the means."""
+    """(S, S, 3) uint8: the seed's training image (random side, crop and flip) before the means, written
+    straight into `out` (no float image in between: `scratch` is accepted for the transforms' common
+    signature and not used)."""
     height, width = jpeg_size(jpeg, file, offset)
     params = sample_train_params(rng, height, width, image_size)
-    work = window_float(jpeg, params, image_size, _scratch(image_size, scratch), file, offset)
     out = _output(image_size, out)
-    _store(work, out)
+    _window(jpeg, (height, width), params, image_size, out.reshape(image_size, -1), _NO_FLOATS, file, offset)
     return out
 
 
@@ -253,9 +299,8 @@ def eval_transform(
     """(S, S, 3) uint8: the seed's evaluation image (side 256, central crop) before the means."""
     height, width = jpeg_size(jpeg, file, offset)
     params = eval_params(height, width, image_size)
-    work = window_float(jpeg, params, image_size, _scratch(image_size, scratch), file, offset)
     out = _output(image_size, out)
-    _store(work, out)
+    _window(jpeg, (height, width), params, image_size, out.reshape(image_size, -1), _NO_FLOATS, file, offset)
     return out
 
 
@@ -270,7 +315,8 @@ def apply_eval(image: np.ndarray, image_size: int, out=None) -> np.ndarray:
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) this module's kernels in this process."""
     src = np.zeros((2, 6), np.uint8)
-    work = np.empty((1, 3), np.float32)
+    out, floats = np.empty((1, 3), np.uint8), np.empty((1, 3), np.float32)
     for flip in (False, True):
-        _window_bilinear(src, 0, 0, 2, 2, 2, 2, 0, 0, flip, work)
-    _store(work.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))
+        for fout in (floats, _NO_FLOATS):
+            _window_bilinear(src, 0, 0, 2, 2, 2, 2, 0, 0, flip, out, fout)
+    _store(floats.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))
