@@ -109,7 +109,8 @@ class SlimBatchNorm(nn.Module):
         # TF's _zero_debias (moving_averages.py), all in float32 as TF computes it: o = 1 - decay is
         # the Python double rounded once, a = 1 - o and the powers a^t in float32 (1 - a^t near
         # t = 1 amplifies any other rounding of o ~1e4-fold).
-        one_minus_decay = torch.tensor(1.0 - (1.0 - self.momentum), dtype=torch.float32, device=mean.device)
+        # torch.full is a fill kernel: no host-to-device copy, so a CUDA graph can capture it.
+        one_minus_decay = torch.full((), 1.0 - (1.0 - self.momentum), dtype=torch.float32, device=mean.device)
         keep = 1.0 - one_minus_decay
         t = self.num_batches_tracked.to(torch.float32)
         debias_old = 1.0 - torch.pow(keep, t)
