@@ -141,6 +141,9 @@ class Config:
     """Label smoothing of the cross-entropy loss."""
     aux_loss_weight: float = 0.0
     """Weight of the Inception auxiliary head's loss (0.4 in the Inception seed)."""
+    inception_bn_gamma: bool = False
+    """Inception v3 only: a learnable BN gamma in every layer (torchvision's structure); off trains the
+    seed's slim network, beta only."""
 
     # --- optimisation ----------------------------------------------------------------------
     batch_size: int = 32

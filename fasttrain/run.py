@@ -126,6 +126,7 @@ def build_model(cfg: Config) -> torch.nn.Module:
         zero_init_residual=cfg.zero_init_residual,
         bn_momentum=cfg.bn_momentum,
         bn_eps=cfg.bn_eps,
+        inception_bn_gamma=cfg.inception_bn_gamma,
     )
 
 

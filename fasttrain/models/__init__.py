@@ -42,14 +42,17 @@ def create_model(
     bn_eps: float | None = None,
     dropout_keep: float = 0.8,
     aux_logits: bool = True,
+    inception_bn_gamma: bool = True,
 ) -> nn.Module:
     """The named architecture, initialised from torch's global generator (seed it first).
 
     base_channels applies to ResNets and zero_init_residual to v1.5 ResNets (Inception v3 has no
-    residual blocks, a pre-activation v2 block no BN at its end);
-    dropout_keep and aux_logits to Inception v3. bn_momentum and bn_eps None take the architecture's
-    seed values: ResNet momentum 0.003 (TF decay 0.997), eps 1e-5; Inception momentum 0.0003 (decay
-    0.9997), eps 0.001. bn_momentum is torch's: running = (1 - momentum) * running + momentum * batch.
+    residual blocks, a pre-activation v2 block no BN at its end); dropout_keep, aux_logits and
+    inception_bn_gamma to Inception v3 (False: the seed's slim batch norm, beta only, which the trainer
+    builds by default; True: torchvision's, with gamma). bn_momentum and bn_eps None take the
+    architecture's seed values: ResNet momentum 0.003 (TF decay 0.997), eps 1e-5; Inception momentum
+    0.0003 (decay 0.9997), eps 0.001. bn_momentum is torch's: running = (1 - momentum) * running +
+    momentum * batch.
     """
     if name not in MODEL_NAMES:
         raise SettingError(
@@ -73,7 +76,9 @@ def create_model(
             )
         if not 0.0 < dropout_keep <= 1.0:
             raise SettingError(f"dropout_keep must be in (0, 1], got {dropout_keep}")
-        return Inception3(num_classes, aux_logits=aux_logits, dropout_keep=dropout_keep, **bn)
+        return Inception3(
+            num_classes, aux_logits=aux_logits, dropout_keep=dropout_keep, bn_gamma=inception_bn_gamma, **bn
+        )
     if base_channels < 1:
         raise SettingError(
             f"base_channels must be positive, got {base_channels}", settings=("base_channels",)

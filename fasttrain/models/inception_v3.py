@@ -1,8 +1,10 @@
-"""Inception v3 with its auxiliary classifier: the Inception seed's architecture (Szegedy et al. 2015).
+"""Inception v3 with its auxiliary classifier: the Inception seed's network (Szegedy et al. 2015).
 
-Layer for layer the network of TF models' inception/slim/inception_model.py at 299x299. Module and
-parameter names follow torchvision (Conv2d_1a_3x3, Mixed_5b.branch1x1.conv, AuxLogits.fc, fc), so a
-torchvision state_dict loads as it is. Every convolution is conv (no bias) -> BN -> ReLU.
+Layer for layer the network of TF models' inception/inception/slim/inception_model.py at 299x299
+(checked layer by layer in tests/test_inception_seed.py, and against TensorFlow's own logits in
+tests/test_tf_names_inception.py). Module and parameter names follow torchvision (Conv2d_1a_3x3,
+Mixed_5b.branch1x1.conv, AuxLogits.fc, fc); fasttrain.tf_names.inception_v3 maps them to slim's.
+Every convolution is conv (no bias) -> BN -> ReLU.
 
     input 3x299x299 -> conv 3x3/2 (32) -> conv 3x3 (32) -> conv 3x3 pad 1 (64) -> max-pool 3x3/2
     -> conv 1x1 (80) -> conv 3x3 (192) -> max-pool 3x3/2                             192x35x35
@@ -15,19 +17,42 @@ torchvision state_dict loads as it is. Every convolution is conv (no bias) -> BN
     -> Mixed_7b/7c (InceptionE, expanded 3x3 branches)                               2048x8x8
     -> global avg-pool -> flatten -> dropout (keep 0.8) -> fc (2048 -> num_classes)
 
-Parameter count with 1000 classes and the aux head: 27,161,264 (without the aux head 23,834,568).
-That count is torchvision's structure: every BN has a learnable gamma and beta. TF slim's batch_norm
-had beta only (scale=False), 18,112 parameters fewer (27,143,152). We keep the gamma: it starts at 1,
-so the network starts as TF's did; the weight decay also reaches it unless no_decay_bn_bias is set.
+Batch norm, two structures (`bn_gamma`):
+  False, the seed's: slim.ops.batch_norm(scale=False) (SlimBatchNorm below): beta only, no gamma.
+      Parameters with 1001 classes and the aux head: 27,145,970, TF's count of the seed's graph
+      (27,143,152 at 1000 classes). What the trainer builds by default (Config.inception_bn_gamma).
+  True, torchvision's: nn.BatchNorm2d with gamma and beta, 18,112 parameters more (27,161,264 at
+      1000 classes), torch's running statistics (unbiased variance, constant momentum). The
+      constructor's default, so a torchvision state_dict loads as it is.
 
-Average pools inside the Inception blocks (3x3, stride 1, padding 1) exclude the padding from the
-count, as TF's SAME-padded avg_pool does (torchvision counts it).
+SlimBatchNorm's equations (slim/ops.py batch_norm; TF's moving_averages.assign_moving_average with
+its default zero_debias=True, which every TF from 0.12 on applies to slim's moving statistics):
+  train: mean, var = tf.nn.moments(x, [N, H, W])   (var BIASED: divided by N*H*W, not N*H*W - 1)
+         y = (x - mean) / sqrt(var + eps) + beta
+         with o = 1 - decay (float32), a = 1 - o, t = num_batches_tracked (TF's `local_step`), for
+         each moving statistic M fed the batch's value v (TF keeps biased = M * (1 - a^t) itself):
+             biased = M * (1 - a^t);  biased -= (biased - v) * o;  M = biased / (1 - a^(t+1))
+         so the first update sets M to the batch's statistics exactly, whatever M held before.
+  eval:  y = (x - moving_mean) / sqrt(moving_variance + eps) + beta
+The batch statistics come out of torch's fused batch_norm (scratch running buffers at momentum 1:
+the batch mean and the unbiased variance, scaled back to the biased one), so a training step makes
+no extra pass over the activations and no host read: channels_last and CUDA-graph safe.
+
+Padding: slim's stem convolutions are VALID except conv2 (SAME, pad 1), the blocks' are SAME (odd
+kernels at stride 1: symmetric pad k // 2), their stride-2 convolutions and max-pools VALID.
+Average pools inside the blocks (3x3, stride 1, SAME) exclude the padding from the count, as TF's
+avg_pool does (torchvision counts it). The aux head's pool is 5x5/3 VALID; its 5x5 convolution
+takes the whole 5x5 map (VALID) and, like every slim conv2d here, has BN and ReLU; its fc and the
+logits fc have biases and no activation. Dropout (keep 0.8) is on the pooled 2048 vector before fc.
+
+depth_multiplier scales every block's channel count c to max(1, int(c * depth_multiplier)) (the
+rule of the TF port in tests/data/tf_ports/inception_v3.py); names do not change. 1.0 is the seed's
+network; smaller widths exist for TensorFlow fixtures small enough to commit.
 
 Initialisation (TF's, deterministic under torch.manual_seed): every conv and fc weight is drawn from
 a normal truncated at 2 standard deviations (tf.truncated_normal_initializer), std 0.1 for
 convolutions, 0.01 for the aux head's 5x5 convolution, 0.001 for both classifiers (fc and
-AuxLogits.fc); biases 0, BN gamma 1, beta 0. (torchvision passes a=-2, b=2 as absolute bounds, which
-for std 0.1 truncates at 20 std, i.e. not at all; we truncate at 2 std as TF did.)
+AuxLogits.fc); biases 0, BN gamma 1, beta 0, moving mean 0, moving variance 1.
 
 BatchNorm defaults: TF decay 0.9997 -> torch momentum 0.0003, eps 0.001.
 
@@ -38,6 +63,8 @@ and the input in channels_last every convolution reads and writes NHWC.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +77,63 @@ _AUX_CONV_STD = 0.01
 _LOGITS_STD = 0.001
 
 
+class SlimBatchNorm(nn.Module):
+    """slim's batch norm without gamma (equations in the module docstring); (N, C, H, W) -> same.
+
+    State: `bias` (beta), `running_mean`, `running_var` (TF's moving_mean, moving_variance) and
+    `num_batches_tracked` (TF's local_step of the zero-debiased moving averages).
+    """
+
+    def __init__(self, num_features: int, eps: float = BN_EPS, momentum: float = BN_MOMENTUM):
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self.register_buffer("num_batches_tracked", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return F.batch_norm(x, self.running_mean, self.running_var, None, self.bias, False, 0.0, self.eps)
+        # At momentum 1 torch's kernel writes the batch mean and UNBIASED variance into the scratch
+        # buffers ((1 - 1) * 0 + 1 * value: exact); tf.nn.moments' variance is the biased one.
+        batch_mean = torch.zeros_like(self.running_mean)
+        batch_var = torch.zeros_like(self.running_var)
+        y = F.batch_norm(x, batch_mean, batch_var, None, self.bias, True, 1.0, self.eps)
+        n = x.numel() // x.shape[1]
+        with torch.no_grad():
+            self._update_moving(batch_mean, batch_var * ((n - 1) / n))
+        return y
+
+    def _update_moving(self, mean: torch.Tensor, var: torch.Tensor) -> None:
+        # TF's _zero_debias (moving_averages.py), all in float32 as TF computes it: o = 1 - decay is
+        # the Python double rounded once, a = 1 - o and the powers a^t in float32 (1 - a^t near
+        # t = 1 amplifies any other rounding of o ~1e4-fold).
+        # torch.full is a fill kernel: no host-to-device copy, so a CUDA graph can capture it.
+        one_minus_decay = torch.full((), 1.0 - (1.0 - self.momentum), dtype=torch.float32, device=mean.device)
+        keep = 1.0 - one_minus_decay
+        t = self.num_batches_tracked.to(torch.float32)
+        debias_old = 1.0 - torch.pow(keep, t)
+        debias_new = 1.0 - torch.pow(keep, t + 1.0)
+        for moving, value in ((self.running_mean, mean), (self.running_var, var)):
+            biased = moving * debias_old
+            biased = biased - (biased - value) * one_minus_decay
+            moving.copy_(biased / debias_new)
+        self.num_batches_tracked.add_(1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, beta only"
+
+
 class BasicConv2d(nn.Module):
     """conv (no bias) -> BN -> ReLU; `init_std` is the truncated-normal std of its weight."""
 
-    def __init__(self, cin: int, cout: int, kernel, stride: int = 1, padding=0, init_std: float = _CONV_STD):
+    def __init__(
+        self, cin, cout, kernel, stride=1, padding=0, init_std=_CONV_STD, *, bn: type = SlimBatchNorm
+    ):
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, bias=False)
-        self.bn = nn.BatchNorm2d(cout)
+        self.bn = bn(cout)
         self.init_std = init_std
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -70,15 +147,16 @@ def _avg_pool_3x3(x: torch.Tensor) -> torch.Tensor:
 class InceptionA(nn.Module):
     """35x35 block: 1x1 | 1x1 -> 5x5 | 1x1 -> 3x3 -> 3x3 | avg-pool -> 1x1 (pool_features)."""
 
-    def __init__(self, cin: int, pool_features: int):
+    def __init__(self, cin: int, pool_features: int, conv, d):
         super().__init__()
-        self.branch1x1 = BasicConv2d(cin, 64, 1)
-        self.branch5x5_1 = BasicConv2d(cin, 48, 1)
-        self.branch5x5_2 = BasicConv2d(48, 64, 5, padding=2)
-        self.branch3x3dbl_1 = BasicConv2d(cin, 64, 1)
-        self.branch3x3dbl_2 = BasicConv2d(64, 96, 3, padding=1)
-        self.branch3x3dbl_3 = BasicConv2d(96, 96, 3, padding=1)
-        self.branch_pool = BasicConv2d(cin, pool_features, 1)
+        self.branch1x1 = conv(cin, d(64), 1)
+        self.branch5x5_1 = conv(cin, d(48), 1)
+        self.branch5x5_2 = conv(d(48), d(64), 5, padding=2)
+        self.branch3x3dbl_1 = conv(cin, d(64), 1)
+        self.branch3x3dbl_2 = conv(d(64), d(96), 3, padding=1)
+        self.branch3x3dbl_3 = conv(d(96), d(96), 3, padding=1)
+        self.branch_pool = conv(cin, d(pool_features), 1)
+        self.out_channels = d(64) + d(64) + d(96) + d(pool_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b1 = self.branch1x1(x)
@@ -91,12 +169,13 @@ class InceptionA(nn.Module):
 class InceptionB(nn.Module):
     """35x35 -> 17x17 reduction: 3x3/2 (384) | 1x1 -> 3x3 -> 3x3/2 (96) | max-pool 3x3/2."""
 
-    def __init__(self, cin: int):
+    def __init__(self, cin: int, conv, d):
         super().__init__()
-        self.branch3x3 = BasicConv2d(cin, 384, 3, stride=2)
-        self.branch3x3dbl_1 = BasicConv2d(cin, 64, 1)
-        self.branch3x3dbl_2 = BasicConv2d(64, 96, 3, padding=1)
-        self.branch3x3dbl_3 = BasicConv2d(96, 96, 3, stride=2)
+        self.branch3x3 = conv(cin, d(384), 3, stride=2)
+        self.branch3x3dbl_1 = conv(cin, d(64), 1)
+        self.branch3x3dbl_2 = conv(d(64), d(96), 3, padding=1)
+        self.branch3x3dbl_3 = conv(d(96), d(96), 3, stride=2)
+        self.out_channels = d(384) + d(96) + cin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b3 = self.branch3x3(x)
@@ -107,18 +186,20 @@ class InceptionB(nn.Module):
 class InceptionC(nn.Module):
     """17x17 block with factorised 7x7 convolutions (1x7 and 7x1) of c7 channels."""
 
-    def __init__(self, cin: int, c7: int):
+    def __init__(self, cin: int, c7: int, conv, d):
         super().__init__()
-        self.branch1x1 = BasicConv2d(cin, 192, 1)
-        self.branch7x7_1 = BasicConv2d(cin, c7, 1)
-        self.branch7x7_2 = BasicConv2d(c7, c7, (1, 7), padding=(0, 3))
-        self.branch7x7_3 = BasicConv2d(c7, 192, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_1 = BasicConv2d(cin, c7, 1)
-        self.branch7x7dbl_2 = BasicConv2d(c7, c7, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_3 = BasicConv2d(c7, c7, (1, 7), padding=(0, 3))
-        self.branch7x7dbl_4 = BasicConv2d(c7, c7, (7, 1), padding=(3, 0))
-        self.branch7x7dbl_5 = BasicConv2d(c7, 192, (1, 7), padding=(0, 3))
-        self.branch_pool = BasicConv2d(cin, 192, 1)
+        c7, c = d(c7), d(192)
+        self.branch1x1 = conv(cin, c, 1)
+        self.branch7x7_1 = conv(cin, c7, 1)
+        self.branch7x7_2 = conv(c7, c7, (1, 7), padding=(0, 3))
+        self.branch7x7_3 = conv(c7, c, (7, 1), padding=(3, 0))
+        self.branch7x7dbl_1 = conv(cin, c7, 1)
+        self.branch7x7dbl_2 = conv(c7, c7, (7, 1), padding=(3, 0))
+        self.branch7x7dbl_3 = conv(c7, c7, (1, 7), padding=(0, 3))
+        self.branch7x7dbl_4 = conv(c7, c7, (7, 1), padding=(3, 0))
+        self.branch7x7dbl_5 = conv(c7, c, (1, 7), padding=(0, 3))
+        self.branch_pool = conv(cin, c, 1)
+        self.out_channels = 4 * c
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b1 = self.branch1x1(x)
@@ -133,14 +214,16 @@ class InceptionC(nn.Module):
 class InceptionD(nn.Module):
     """17x17 -> 8x8 reduction: 1x1 -> 3x3/2 (320) | 1x1 -> 1x7 -> 7x1 -> 3x3/2 (192) | max-pool."""
 
-    def __init__(self, cin: int):
+    def __init__(self, cin: int, conv, d):
         super().__init__()
-        self.branch3x3_1 = BasicConv2d(cin, 192, 1)
-        self.branch3x3_2 = BasicConv2d(192, 320, 3, stride=2)
-        self.branch7x7x3_1 = BasicConv2d(cin, 192, 1)
-        self.branch7x7x3_2 = BasicConv2d(192, 192, (1, 7), padding=(0, 3))
-        self.branch7x7x3_3 = BasicConv2d(192, 192, (7, 1), padding=(3, 0))
-        self.branch7x7x3_4 = BasicConv2d(192, 192, 3, stride=2)
+        c = d(192)
+        self.branch3x3_1 = conv(cin, c, 1)
+        self.branch3x3_2 = conv(c, d(320), 3, stride=2)
+        self.branch7x7x3_1 = conv(cin, c, 1)
+        self.branch7x7x3_2 = conv(c, c, (1, 7), padding=(0, 3))
+        self.branch7x7x3_3 = conv(c, c, (7, 1), padding=(3, 0))
+        self.branch7x7x3_4 = conv(c, c, 3, stride=2)
+        self.out_channels = d(320) + c + cin
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b3 = self.branch3x3_2(self.branch3x3_1(x))
@@ -153,44 +236,38 @@ class InceptionD(nn.Module):
 class InceptionE(nn.Module):
     """8x8 block: 1x1 (320) | 1x1 -> (1x3 | 3x1) | 1x1 -> 3x3 -> (1x3 | 3x1) | avg-pool -> 1x1 (192)."""
 
-    def __init__(self, cin: int):
+    def __init__(self, cin: int, conv, d):
         super().__init__()
-        self.branch1x1 = BasicConv2d(cin, 320, 1)
-        self.branch3x3_1 = BasicConv2d(cin, 384, 1)
-        self.branch3x3_2a = BasicConv2d(384, 384, (1, 3), padding=(0, 1))
-        self.branch3x3_2b = BasicConv2d(384, 384, (3, 1), padding=(1, 0))
-        self.branch3x3dbl_1 = BasicConv2d(cin, 448, 1)
-        self.branch3x3dbl_2 = BasicConv2d(448, 384, 3, padding=1)
-        self.branch3x3dbl_3a = BasicConv2d(384, 384, (1, 3), padding=(0, 1))
-        self.branch3x3dbl_3b = BasicConv2d(384, 384, (3, 1), padding=(1, 0))
-        self.branch_pool = BasicConv2d(cin, 192, 1)
+        c = d(384)
+        self.branch1x1 = conv(cin, d(320), 1)
+        self.branch3x3_1 = conv(cin, c, 1)
+        self.branch3x3_2a = conv(c, c, (1, 3), padding=(0, 1))
+        self.branch3x3_2b = conv(c, c, (3, 1), padding=(1, 0))
+        self.branch3x3dbl_1 = conv(cin, d(448), 1)
+        self.branch3x3dbl_2 = conv(d(448), c, 3, padding=1)
+        self.branch3x3dbl_3a = conv(c, c, (1, 3), padding=(0, 1))
+        self.branch3x3dbl_3b = conv(c, c, (3, 1), padding=(1, 0))
+        self.branch_pool = conv(cin, d(192), 1)
+        self.out_channels = d(320) + 4 * c + d(192)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b1 = self.branch1x1(x)
         b3 = self.branch3x3_1(x)
         b3d = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
         bp = self.branch_pool(_avg_pool_3x3(x))
-        return torch.cat(
-            [
-                b1,
-                self.branch3x3_2a(b3),
-                self.branch3x3_2b(b3),
-                self.branch3x3dbl_3a(b3d),
-                self.branch3x3dbl_3b(b3d),
-                bp,
-            ],
-            1,
-        )
+        b3s = [self.branch3x3_2a(b3), self.branch3x3_2b(b3)]
+        b3ds = [self.branch3x3dbl_3a(b3d), self.branch3x3dbl_3b(b3d)]
+        return torch.cat([b1, *b3s, *b3ds, bp], 1)
 
 
 class InceptionAux(nn.Module):
-    """Auxiliary classifier on the 17x17x768 map (Mixed_6e's output)."""
+    """Auxiliary classifier on the 17x17 map (Mixed_6e's output)."""
 
-    def __init__(self, cin: int, num_classes: int):
+    def __init__(self, cin: int, num_classes: int, conv, d):
         super().__init__()
-        self.conv0 = BasicConv2d(cin, 128, 1)
-        self.conv1 = BasicConv2d(128, 768, 5, init_std=_AUX_CONV_STD)
-        self.fc = nn.Linear(768, num_classes)
+        self.conv0 = conv(cin, d(128), 1)
+        self.conv1 = conv(d(128), d(768), 5, init_std=_AUX_CONV_STD)
+        self.fc = nn.Linear(d(768), num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.avg_pool2d(x, 5, stride=3)  # 17x17 -> 5x5 (VALID)
@@ -209,35 +286,46 @@ class Inception3(nn.Module):
         dropout_keep: float = 0.8,
         bn_momentum: float = BN_MOMENTUM,
         bn_eps: float = BN_EPS,
+        bn_gamma: bool = True,
+        depth_multiplier: float = 1.0,
     ):
         super().__init__()
-        self.Conv2d_1a_3x3 = BasicConv2d(3, 32, 3, stride=2)
-        self.Conv2d_2a_3x3 = BasicConv2d(32, 32, 3)
-        self.Conv2d_2b_3x3 = BasicConv2d(32, 64, 3, padding=1)
+        if not depth_multiplier > 0:
+            raise ValueError(f"depth_multiplier must be positive, got {depth_multiplier}")
+        if bn_gamma:
+            bn = functools.partial(nn.BatchNorm2d, eps=bn_eps, momentum=bn_momentum)
+        else:
+            bn = functools.partial(SlimBatchNorm, eps=bn_eps, momentum=bn_momentum)
+        conv = functools.partial(BasicConv2d, bn=bn)
+
+        def d(channels: int) -> int:
+            return max(1, int(channels * depth_multiplier))
+
+        self.Conv2d_1a_3x3 = conv(3, d(32), 3, stride=2)
+        self.Conv2d_2a_3x3 = conv(d(32), d(32), 3)
+        self.Conv2d_2b_3x3 = conv(d(32), d(64), 3, padding=1)
         self.maxpool1 = nn.MaxPool2d(3, stride=2)
-        self.Conv2d_3b_1x1 = BasicConv2d(64, 80, 1)
-        self.Conv2d_4a_3x3 = BasicConv2d(80, 192, 3)
+        self.Conv2d_3b_1x1 = conv(d(64), d(80), 1)
+        self.Conv2d_4a_3x3 = conv(d(80), d(192), 3)
         self.maxpool2 = nn.MaxPool2d(3, stride=2)
-        self.Mixed_5b = InceptionA(192, pool_features=32)
-        self.Mixed_5c = InceptionA(256, pool_features=64)
-        self.Mixed_5d = InceptionA(288, pool_features=64)
-        self.Mixed_6a = InceptionB(288)
-        self.Mixed_6b = InceptionC(768, c7=128)
-        self.Mixed_6c = InceptionC(768, c7=160)
-        self.Mixed_6d = InceptionC(768, c7=160)
-        self.Mixed_6e = InceptionC(768, c7=192)
-        self.AuxLogits = InceptionAux(768, num_classes) if aux_logits else None
-        self.Mixed_7a = InceptionD(768)
-        self.Mixed_7b = InceptionE(1280)
-        self.Mixed_7c = InceptionE(2048)
+        self.Mixed_5b = InceptionA(d(192), 32, conv, d)
+        self.Mixed_5c = InceptionA(self.Mixed_5b.out_channels, 64, conv, d)
+        self.Mixed_5d = InceptionA(self.Mixed_5c.out_channels, 64, conv, d)
+        self.Mixed_6a = InceptionB(self.Mixed_5d.out_channels, conv, d)
+        self.Mixed_6b = InceptionC(self.Mixed_6a.out_channels, 128, conv, d)
+        self.Mixed_6c = InceptionC(self.Mixed_6b.out_channels, 160, conv, d)
+        self.Mixed_6d = InceptionC(self.Mixed_6c.out_channels, 160, conv, d)
+        self.Mixed_6e = InceptionC(self.Mixed_6d.out_channels, 192, conv, d)
+        width_6e = self.Mixed_6e.out_channels
+        self.AuxLogits = InceptionAux(width_6e, num_classes, conv, d) if aux_logits else None
+        self.Mixed_7a = InceptionD(width_6e, conv, d)
+        self.Mixed_7b = InceptionE(self.Mixed_7a.out_channels, conv, d)
+        self.Mixed_7c = InceptionE(self.Mixed_7b.out_channels, conv, d)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.dropout = nn.Dropout(p=1.0 - dropout_keep)
-        self.fc = nn.Linear(2048, num_classes)
+        self.fc = nn.Linear(self.Mixed_7c.out_channels, num_classes)
         self.classifier_names = ("fc", "AuxLogits.fc") if aux_logits else ("fc",)
         self._init_weights()
-        for m in self.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.momentum, m.eps = bn_momentum, bn_eps
 
     def _init_weights(self) -> None:
         for m in self.modules():

@@ -1,0 +1,160 @@
+"""The Inception seed's slim names (fasttrain.tf_names.inception_v3) against TensorFlow's own graph.
+
+Fixtures (tests/data/make_tf_inception.py, TF 2.21 running the seed's graph ported to tf.compat.v1):
+full_variables.json lists every variable of the full-size training graph at 1001 classes; the
+reduced model's (depth 1/32, 11 classes) values and TF's eval logits on fixed inputs check that our
+forward pass computes TF's on the imported weights, raw and with the EMA shadows.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fasttrain.models.inception_v3 import Inception3
+from fasttrain.tf_names import to_torch, variable_map
+from fasttrain.tf_names.inception_v3 import layer_scope, zero_debias_names
+
+DATA = Path(__file__).parent / "data" / "tf-inception"
+DEPTH, CLASSES, BATCH = 1.0 / 32, 11, 4  # as make_tf_inception.py
+EMA = "/ExponentialMovingAverage"
+
+
+def _tf_variables():
+    return json.loads((DATA / "full_variables.json").read_text())
+
+
+def _shape_in_tf(shape, layout):
+    if layout == "conv":
+        return [shape[2], shape[3], shape[1], shape[0]]
+    if layout == "dense":
+        return [shape[1], shape[0]]
+    return list(shape)
+
+
+def _full_size(bn_gamma: bool) -> Inception3:
+    with torch.device("meta"):  # shapes only: no 27M-parameter initialisation
+        return Inception3(1001, bn_gamma=bn_gamma)
+
+
+@pytest.fixture(scope="module")
+def full_seed_model():
+    return _full_size(False)
+
+
+def _model_variables(rows):
+    """TF's model variables (what variable_map covers), in TF's creation order."""
+    skip = (EMA, "/RMSProp", "/RMSProp_1", "/biased", "/local_step")
+    return [(n, s) for n, s, _ in rows if n != "global_step" and not n.endswith(skip)]
+
+
+def test_the_map_is_tfs_variable_list_with_its_shapes_in_order(full_seed_model):
+    vmap = variable_map("inception_v3", full_seed_model)
+    state = full_seed_model.state_dict()
+    ours = [(v.name, _shape_in_tf(list(state[k].shape), v.layout)) for k, v in vmap.items()]
+    assert ours == _model_variables(_tf_variables()["variables"])
+    assert all(state[k].is_floating_point() for k in vmap)
+    assert len(vmap) == sum(v.is_floating_point() for v in state.values())
+
+
+def test_parameter_count_is_tfs(full_seed_model):
+    assert sum(p.numel() for p in full_seed_model.parameters()) == _tf_variables()["trainable_parameters"]
+    assert _tf_variables()["trainable_parameters"] == 27_145_970
+
+
+def test_every_other_checkpoint_variable_is_named_from_the_map(full_seed_model):
+    # EMA shadows of trainable variables and BN moving statistics, RMSProp's two slots of trainable
+    # ones, the zero-debias state of each moving statistic, global_step: nothing else in the graph.
+    vmap = variable_map("inception_v3", full_seed_model)
+    trainable = {k for k, _ in full_seed_model.named_parameters()}
+    expected = {"global_step"}
+    for key, var in vmap.items():
+        expected |= {var.name, var.name + EMA}
+        if key in trainable:
+            expected |= {var.name + "/RMSProp", var.name + "/RMSProp_1"}
+    for names in zero_debias_names(full_seed_model).values():
+        expected |= set(names.values())
+    rows = _tf_variables()["variables"]
+    assert {n for n, _, _ in rows} == expected
+    assert {dtype for _, _, dtype in rows} == {"float32"}  # global_step and local_step included
+
+
+def test_the_gamma_model_maps_gamma_as_ones_and_everything_else_alike(full_seed_model):
+    gamma_model = _full_size(True)
+    vmap = variable_map("inception_v3", gamma_model)
+    ones = [k for k, v in vmap.items() if v.layout == "ones"]
+    assert len(ones) == 96 and all(k.endswith(".bn.weight") for k in ones)
+    assert vmap["Conv2d_1a_3x3.bn.weight"].name == "conv0/BatchNorm/gamma"
+    rest = {k: v for k, v in vmap.items() if v.layout != "ones"}
+    assert rest == variable_map("inception_v3", full_seed_model)
+
+
+def test_layer_scopes_follow_slims_build_order():
+    assert layer_scope("Mixed_7b.branch3x3_2a") == "mixed_8x8x2048a/branch3x3/Conv_1"  # the 1x3
+    assert layer_scope("Mixed_7c.branch3x3dbl_3b") == "mixed_8x8x2048b/branch3x3dbl/Conv_3"  # the 3x1
+    assert layer_scope("AuxLogits.conv0") == "aux_logits/proj"
+    assert layer_scope("AuxLogits.fc") == "aux_logits/FC"
+    with pytest.raises(ValueError, match="Mixed_9z"):
+        layer_scope("Mixed_9z.branch1x1")
+
+
+# --- forward on TF's weights ---------------------------------------------------------------------
+
+
+def images(seed: int) -> np.ndarray:
+    """make_tf_inception.images: (BATCH, 299, 299, 3) float32 in [-1, 1] from a stable NumPy stream."""
+    u8 = np.random.RandomState(seed).randint(0, 256, size=(BATCH, 299, 299, 3)).astype(np.uint8)
+    return u8.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
+
+
+def load_tf_values(model: torch.nn.Module, values, shadows: bool = False) -> None:
+    """Set `model` from TF variables by name (`values[name]` -> array); EMA shadows when `shadows`.
+
+    The tf_checkpoint reader (branch tfckpt) reads the same names from reduced/model.ckpt-7; until
+    it is merged the generator's .npz of that checkpoint stands in for it.
+    """
+    state = model.state_dict()
+    with torch.no_grad():
+        for key, var in variable_map("inception_v3", model).items():
+            if var.layout == "ones":
+                state[key].fill_(1.0)
+                continue
+            value = values[var.name + EMA] if shadows else values[var.name]
+            state[key].copy_(torch.from_numpy(to_torch(np.asarray(value), var.layout)))
+        for key, names in zero_debias_names(model).items():
+            state[key].fill_(int(values[names["moving_mean/local_step"]]))
+
+
+@pytest.fixture(scope="module")
+def tf_values():
+    return dict(np.load(DATA / "reduced_values.npz"))
+
+
+@pytest.mark.parametrize("kind", ["raw", "ema"])
+def test_forward_on_tf_weights_gives_tfs_logits(tf_values, kind):
+    model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH).eval()
+    load_tf_values(model, tf_values, shadows=kind == "ema")
+    x = torch.from_numpy(images(0)).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        ours = model(x).double().numpy()
+        ours_cl = model.to(memory_format=torch.channels_last)(x.contiguous(memory_format=torch.channels_last))
+    expected = np.load(DATA / "logits.npz")[kind].astype(np.float64)
+    scale = np.abs(expected).max()
+    # Not the seed's near-zero classifiers. The raw logits reach ~1e6: the fixture's 2 steps at LR 0.1
+    # moved the weights away from the moving statistics they recorded, so eval-mode BN amplifies;
+    # the comparison below is relative to that scale.
+    assert scale > 1.0
+    # Both sides are float32 through 94 conv -> BN layers in sequence; the two libraries sum each
+    # convolution (up to K = 7*7... here at most 3*3*24 terms) in different orders, a relative
+    # rounding of about sqrt(K) * 6e-8 per layer, which eval-mode BN and ReLU pass on unamplified
+    # beyond the moving variance's rescaling. Measured: about 1e-6 of the logits' scale; 2e-5 leaves
+    # a 10x margin and still fails on any real difference (a wrong padding or pool moves logits ~1e-1).
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=2e-5 * scale)
+    np.testing.assert_allclose(ours_cl.double().numpy(), expected, rtol=0, atol=2e-5 * scale)
+
+
+def test_raw_and_ema_logits_differ_so_the_shadows_are_really_used():
+    logits = np.load(DATA / "logits.npz")
+    assert np.abs(logits["raw"] - logits["ema"]).max() > 0.05 * np.abs(logits["raw"]).max()
