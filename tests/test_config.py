@@ -11,7 +11,7 @@ import pytest
 from fasttrain.config import Config, ConfigError, make_config, upgrade_saved_config
 from fasttrain.flags import flags_table, parse_args
 from fasttrain.recipes import RECIPES
-from fasttrain.resume import changed_settings
+from fasttrain.resume import changed_settings, shaping_changes
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -305,3 +305,17 @@ def test_a_config_saved_before_lr_boundary_epochs_was_a_list_still_loads():
     ]
     with pytest.raises(ConfigError, match="the saved lr_boundary_epochs 'x' is not"):
         upgrade_saved_config({"lr_boundary_epochs": "x"})
+
+
+def test_an_inception_config_saved_before_inception_bn_gamma_is_the_gamma_network():
+    # Before the field existed inception_v3 always had a BN gamma; today's default is the seed's network
+    # without one, so a resume of such a run must name the setting that changed the checkpoint's shapes.
+    old = {k: v for k, v in dataclasses.asdict(make_config(recipe="inception_v3")).items()}
+    del old["inception_bn_gamma"]
+    upgraded = upgrade_saved_config(old)
+    assert upgraded["inception_bn_gamma"] is True
+    now = make_config(recipe="inception_v3")
+    changes = changed_settings(old, now)
+    assert changes == ["inception_bn_gamma True -> False"]
+    assert shaping_changes(changes) == changes
+    assert "inception_bn_gamma" not in upgrade_saved_config({"model": "resnet50_v2"})
