@@ -2,7 +2,7 @@
 
 Fixtures (tests/data/make_tf_inception.py, TF 2.21 running the seed's graph ported to tf.compat.v1):
 full_variables.json lists every variable of the full-size training graph at 1001 classes; the
-reduced model's (depth 1/32, 11 classes) values and TF's eval logits on fixed inputs check that our
+reduced model's (depth 1/32, 11 classes) V2 checkpoint and TF's eval logits on fixed inputs check that our
 forward pass computes TF's on the imported weights, raw and with the EMA shadows.
 """
 
@@ -14,10 +14,13 @@ import pytest
 import torch
 
 from fasttrain.models.inception_v3 import Inception3
-from fasttrain.tf_names import to_torch, variable_map
+from fasttrain.tf_checkpoint import open_checkpoint
+from fasttrain.tf_import import model_state
+from fasttrain.tf_names import variable_map
 from fasttrain.tf_names.inception_v3 import layer_scope, zero_debias_names
 
 DATA = Path(__file__).parent / "data" / "tf-inception"
+CKPT = DATA / "reduced" / "model.ckpt-7"
 DEPTH, CLASSES, BATCH = 1.0 / 32, 11, 4  # as make_tf_inception.py
 EMA = "/ExponentialMovingAverage"
 
@@ -109,33 +112,18 @@ def images(seed: int) -> np.ndarray:
     return u8.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
 
 
-def load_tf_values(model: torch.nn.Module, values, shadows: bool = False) -> None:
-    """Set `model` from TF variables by name (`values[name]` -> array); EMA shadows when `shadows`.
-
-    The tf_checkpoint reader (branch tfckpt) reads the same names from reduced/model.ckpt-7; until
-    it is merged the generator's .npz of that checkpoint stands in for it.
-    """
-    state = model.state_dict()
-    with torch.no_grad():
-        for key, var in variable_map("inception_v3", model).items():
-            if var.layout == "ones":
-                state[key].fill_(1.0)
-                continue
-            value = values[var.name + EMA] if shadows else values[var.name]
-            state[key].copy_(torch.from_numpy(to_torch(np.asarray(value), var.layout)))
-        for key, names in zero_debias_names(model).items():
-            state[key].fill_(int(values[names["moving_mean/local_step"]]))
-
-
-@pytest.fixture(scope="module")
-def tf_values():
-    return dict(np.load(DATA / "reduced_values.npz"))
+def load_tf_values(model: torch.nn.Module, shadows: bool = False):
+    """Set `model` from TF's own checkpoint reduced/model.ckpt-7 as a user's from-tf does (the V2
+    reader fasttrain.tf_checkpoint, then tf_import.model_state: raw, or the EMA shadows); the reader."""
+    reader = open_checkpoint(CKPT)
+    model.load_state_dict(model_state(reader, "inception_v3", model, ema=shadows))
+    return reader
 
 
 @pytest.mark.parametrize("kind", ["raw", "ema"])
-def test_forward_on_tf_weights_gives_tfs_logits(tf_values, kind):
+def test_forward_on_tf_weights_gives_tfs_logits(kind):
     model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH).eval()
-    load_tf_values(model, tf_values, shadows=kind == "ema")
+    load_tf_values(model, shadows=kind == "ema")
     x = torch.from_numpy(images(0)).permute(0, 3, 1, 2)
     with torch.no_grad():
         ours = model(x).double().numpy()
