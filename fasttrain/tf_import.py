@@ -39,6 +39,7 @@ that epoch's first batch. Every mismatch is one CheckpointError line naming the 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -86,7 +87,7 @@ def _bias_factor(keep: torch.Tensor, t: float) -> torch.Tensor:
 def zero_debias_counts(ckpt, model_name: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """bn.num_batches_tracked key -> the layer's local_step (0 without one), biased checked against
     the checkpoint's moving statistics; {} for models without zero-debias state."""
-    names, own, out = ckpt.shapes(), model.state_dict(), {}
+    names, own, out = _shapes(ckpt), model.state_dict(), {}
     vmap = name_map(model_name, model)
     for key, zd in _zero_debias_names(model_name, model).items():
         steps = {zd[f"{s}/local_step"] for s in ("moving_mean", "moving_variance")} & set(names)
@@ -143,7 +144,18 @@ def unused_variables(ckpt, model_name: str, model: torch.nn.Module) -> list[str]
         }
     for zd in _zero_debias_names(model_name, model).values():
         known |= set(zd.values())
-    return sorted(set(ckpt.shapes()) - known)
+    return sorted(set(_shapes(ckpt)) - known)
+
+
+_SHAPE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _shapes(ckpt) -> dict:
+    """ckpt.shapes(), once per reader: it decodes every entry (1553 for the Inception seed), and an
+    import asks per variable."""
+    if ckpt not in _SHAPE_CACHE:
+        _SHAPE_CACHE[ckpt] = ckpt.shapes()
+    return _SHAPE_CACHE[ckpt]
 
 
 def global_step_dtype(model_name: str) -> np.dtype:
@@ -171,7 +183,7 @@ def _read(
     if var.layout == "ones":
         return torch.ones_like(like, device="cpu")
     name = var.name + suffix
-    shapes = ckpt.shapes()
+    shapes = _shapes(ckpt)
     if name not in shapes:
         return None
     want = tuple(to_tf(np.empty(tuple(like.shape), np.uint8), var.layout).shape)
@@ -182,7 +194,7 @@ def _read(
 
 def check_variables(ckpt, model_name: str, vmap: dict[str, TFVariable], skip: tuple[str, ...] = ()) -> None:
     """CheckpointError when the checkpoint is another model's or holds model variables the map lacks."""
-    names = set(ckpt.shapes())
+    names = set(_shapes(ckpt))
     mapped = {v.name for v in vmap.values() if v.layout != "ones"}
     if not mapped & names:
         held = sorted(n for n in names if n.rsplit("/", 1)[-1] in _MODEL_LEAVES)[:1] or sorted(names)[:1]
@@ -214,7 +226,7 @@ def model_state(
     """
     vmap = name_map(model_name, model)
     check_variables(ckpt, model_name, vmap, skip)
-    names = ckpt.shapes()
+    names = _shapes(ckpt)
     if ema and not any(f"{v.name}/{EMA}" in names for v in vmap.values()):
         raise CheckpointError(
             f"TensorFlow checkpoint {ckpt.prefix} has no {EMA} shadows (the run kept no EMA)"
@@ -245,7 +257,7 @@ def network_widths(reader, model_name: str) -> tuple[int, int]:
     vmap = name_map(model_name, probe)
     stem = next(iter(vmap.values())).name
     classifier = vmap[f"{classifier_names(probe)[0]}.weight"].name
-    shapes = reader.shapes()
+    shapes = _shapes(reader)
     for name in (stem, classifier):
         if name not in shapes:
             raise CheckpointError(
@@ -266,7 +278,7 @@ def config_for(cfg, ckpt):
 
 
 def read_global_step(ckpt) -> int:
-    if GLOBAL_STEP not in ckpt.shapes():
+    if GLOBAL_STEP not in _shapes(ckpt):
         raise CheckpointError(
             f"TensorFlow checkpoint {ckpt.prefix} has no global_step, so no step to continue"
         )
@@ -286,7 +298,7 @@ def load_run(ckpt, cfg, run, log: Callable[[str], None]) -> int:
     vmap = name_map(model_name, model)
     model.load_state_dict(model_state(ckpt, model_name, model))
     step = read_global_step(ckpt)
-    names = set(ckpt.shapes())
+    names = set(_shapes(ckpt))
     slots = SLOTS[cfg.optimizer]
     state = optimizer.state_dict()
     shadows_missing = 0
@@ -406,7 +418,7 @@ def load_tf_for_eval(ckpt, model_name: str, model: torch.nn.Module, optimizer, b
     shadows as the EMA (the raw weights again when the run kept none). Returns its global_step (0
     without one)."""
     raw = model_state(ckpt, model_name, model)
-    names = ckpt.shapes()
+    names = _shapes(ckpt)
     has_ema = any(f"{v.name}/{EMA}" in names for v in name_map(model_name, model).values())
     ema = model_state(ckpt, model_name, model, ema=True) if has_ema else None
     load_eval_weights(model, optimizer, bn_ema, raw, ema)
