@@ -13,8 +13,13 @@ load it. num_classes defaults to the checkpoint's classifier width.
 to-tf reads a fasttrain checkpoint (a ckpt-<step>.pt, or a run directory's newest) and writes the V2
 checkpoint PREFIX.index + PREFIX.data-00000-of-00001 and the directory's `checkpoint` file, with the
 seed's variable names, shapes and dtypes: weights, BN statistics, the optimizer's slots, EMA shadows
-and global_step (fasttrain.tf_import's table). The model comes from the checkpoint's config (--model
-for one without).
+(of the weights and of the BN statistics) and global_step (fasttrain.tf_import's table); for
+inception_v3 also each moving statistic's zero-debias state (float32 local_step from the layer's
+count, biased = moving * (1 - decay^local_step)), so that the seed's Saver restores every variable of
+its graph (checked with TF: tests/data/check_tf_restore_inception.py). A checkpoint without optimizer
+state (a from-tf file) gives weights, BN statistics and zero-debias state only: enough for the seed's
+--pretrained_model_checkpoint_path, not for its --checkpoint_dir or eval program (no slots, no
+shadows). The model comes from the checkpoint's config (--model for one without).
 """
 
 from __future__ import annotations

@@ -17,6 +17,19 @@ What a TF run holds and where fasttrain keeps it (`v` is a variable's full name 
     global_step                         the step counter and the EMA's num_updates (applied_steps);
                                         float32 in the Inception seed, int64 in the ResNet seeds
 
+The Inception seed's zero-debias state (every TF >= 0.12 writes it for slim's moving averages;
+fasttrain.tf_names.inception_v3.zero_debias_names): `<scope>/BatchNorm/<scope>/BatchNorm/moving_{mean,
+variance}/local_step` (float32) is the layer's bn.num_batches_tracked on import (both must be equal
+whole numbers; 0 when the checkpoint has none, which is what TF's Saver initialisation gives them:
+the first training step then replaces the moving statistics by the batch's), and `.../biased` must
+equal moving * (1 - decay^local_step) (decay the layer's, float32 as TF computes it). Export writes
+both from the count. Model state, load_run, the pretrained restore and evaluation all take the count
+from model_state. (The seed's --pretrained_model_checkpoint_path restores slim's VARIABLES_TO_RESTORE
+only, so TF >= 0.12 restarts local_step at 0 there; we keep the checkpoint's count, as the seed's own
+TF, which had no zero-debias, kept the statistics going.)
+Variables the seeds' runs hold that fasttrain has no use for (the Inception seed's loss averages
+`tower_0/.../avg`, ...) are left behind on import, with a note from load_run.
+
 A map entry with layout "ones" (slim's batch norm has no gamma) is 1 on import, its slots fresh
 (ms 1, momentum 0) and its shadow 1, and is left out on export (with a note if it is not all ones).
 A TF run continued here has no fasttrain data position: it starts the epoch that holds its step from
@@ -26,6 +39,7 @@ that epoch's first batch. Every mismatch is one CheckpointError line naming the 
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Callable
 
 import numpy as np
@@ -44,6 +58,104 @@ _FRESH = {"square_avg": 1.0, "momentum_buffer": 0.0}  # TF's slot initial values
 # Leaf names of the seeds' model variables: a TF variable ending in one that no map entry names is an
 # extra variable (another architecture), whereas anything else (slots, averages, loss averages) is not.
 _MODEL_LEAVES = {"weights", "biases", "kernel", "bias", "gamma", "beta", "moving_mean", "moving_variance"}
+_NUM_BATCHES = ".num_batches_tracked"
+# A float32 check of biased = moving * (1 - decay^t): TF stored moving = biased / (1 - decay^t) with
+# its own float32 pow; 1 - decay^t at small t amplifies the pow's rounding (~1e-7 of decay^t) up to
+# ~1e4-fold (t = 1, decay 0.9997), so 1e-2 of the layer's scale; a biased of another run or step is
+# off by O(1) of it.
+_BIASED_RTOL = 1e-2
+
+
+def _zero_debias_names(model_name: str, model: torch.nn.Module) -> dict[str, dict[str, str]]:
+    if model_name != "inception_v3":
+        return {}
+    from fasttrain.tf_names.inception_v3 import zero_debias_names
+
+    return zero_debias_names(model)
+
+
+def _decay_keep(model: torch.nn.Module, key: str) -> torch.Tensor:
+    """The layer's decay as TF holds it: 1 - (1 - decay) in float32 (SlimBatchNorm._update_moving)."""
+    momentum = model.get_submodule(key[: -len(_NUM_BATCHES)]).momentum
+    return 1.0 - torch.tensor(momentum, dtype=torch.float32)
+
+
+def _bias_factor(keep: torch.Tensor, t: float) -> torch.Tensor:
+    return 1.0 - torch.pow(keep, torch.tensor(float(t), dtype=torch.float32))
+
+
+def zero_debias_counts(ckpt, model_name: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """bn.num_batches_tracked key -> the layer's local_step (0 without one), biased checked against
+    the checkpoint's moving statistics; {} for models without zero-debias state."""
+    names, own, out = _shapes(ckpt), model.state_dict(), {}
+    vmap = name_map(model_name, model)
+    for key, zd in _zero_debias_names(model_name, model).items():
+        steps = {zd[f"{s}/local_step"] for s in ("moving_mean", "moving_variance")} & set(names)
+        count = 0
+        if steps:
+            values = {name: float(np.asarray(ckpt.get(name))) for name in sorted(steps)}
+            count = int(next(iter(values.values())))
+            if len(set(values.values())) > 1 or any(v != count or v < 0 for v in values.values()):
+                first = sorted(values)[0]
+                raise _fail(ckpt, model_name, f"variable {first} is {values} (want equal whole counts)")
+            keep = _decay_keep(model, key)
+            bn = key[: -len(_NUM_BATCHES)]
+            for stat, entry in (("moving_mean", "running_mean"), ("moving_variance", "running_var")):
+                if zd[f"{stat}/biased"] not in names or f"{bn}.{entry}" not in own:
+                    continue
+                moving = np.asarray(ckpt.get(vmap[f"{bn}.{entry}"].name))
+                biased = np.asarray(ckpt.get(zd[f"{stat}/biased"]), np.float64)
+                want = moving.astype(np.float64) * float(_bias_factor(keep, count))
+                scale = max(float(np.abs(want).max()), float(np.abs(biased).max()), 1e-12)
+                if biased.shape != want.shape or np.abs(biased - want).max() > _BIASED_RTOL * scale:
+                    raise _fail(
+                        ckpt,
+                        model_name,
+                        f"variable {zd[f'{stat}/biased']} is not {stat} * (1 - decay^local_step) at "
+                        f"local_step {count}: zero-debias state of another step or run",
+                    )
+        out[key] = torch.tensor(count, dtype=own[key].dtype)
+    return out
+
+
+def zero_debias_tensors(model_name: str, model: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The zero-debias variables for `model`'s state (float32 local_step and biased, as TF's)."""
+    state, out = model.state_dict(), {}
+    for key, zd in _zero_debias_names(model_name, model).items():
+        count = int(state[key])
+        factor = _bias_factor(_decay_keep(model, key), count)
+        bn = key[: -len(_NUM_BATCHES)]
+        for stat, entry in (("moving_mean", "running_mean"), ("moving_variance", "running_var")):
+            moving = state[f"{bn}.{entry}"].detach().cpu().to(torch.float32)
+            out[zd[f"{stat}/local_step"]] = np.asarray(count, dtype=np.float32)
+            out[zd[f"{stat}/biased"]] = (moving * factor).numpy()
+    return out
+
+
+def unused_variables(ckpt, model_name: str, model: torch.nn.Module) -> list[str]:
+    """The checkpoint's variables fasttrain has no counterpart of (e.g. the Inception seed's loss
+    averages `tower_0/.../avg`): not the map's, their slots or shadows, zero-debias state or step."""
+    known = {GLOBAL_STEP}
+    for var in name_map(model_name, model).values():
+        known |= {
+            var.name,
+            f"{var.name}/{EMA}",
+            *(f"{var.name}/{s}" for k in SLOTS.values() for s in k.values()),
+        }
+    for zd in _zero_debias_names(model_name, model).values():
+        known |= set(zd.values())
+    return sorted(set(_shapes(ckpt)) - known)
+
+
+_SHAPE_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _shapes(ckpt) -> dict:
+    """ckpt.shapes(), once per reader: it decodes every entry (1553 for the Inception seed), and an
+    import asks per variable."""
+    if ckpt not in _SHAPE_CACHE:
+        _SHAPE_CACHE[ckpt] = ckpt.shapes()
+    return _SHAPE_CACHE[ckpt]
 
 
 def global_step_dtype(model_name: str) -> np.dtype:
@@ -71,7 +183,7 @@ def _read(
     if var.layout == "ones":
         return torch.ones_like(like, device="cpu")
     name = var.name + suffix
-    shapes = ckpt.shapes()
+    shapes = _shapes(ckpt)
     if name not in shapes:
         return None
     want = tuple(to_tf(np.empty(tuple(like.shape), np.uint8), var.layout).shape)
@@ -82,7 +194,7 @@ def _read(
 
 def check_variables(ckpt, model_name: str, vmap: dict[str, TFVariable], skip: tuple[str, ...] = ()) -> None:
     """CheckpointError when the checkpoint is another model's or holds model variables the map lacks."""
-    names = set(ckpt.shapes())
+    names = set(_shapes(ckpt))
     mapped = {v.name for v in vmap.values() if v.layout != "ones"}
     if not mapped & names:
         held = sorted(n for n in names if n.rsplit("/", 1)[-1] in _MODEL_LEAVES)[:1] or sorted(names)[:1]
@@ -114,7 +226,7 @@ def model_state(
     """
     vmap = name_map(model_name, model)
     check_variables(ckpt, model_name, vmap, skip)
-    names = ckpt.shapes()
+    names = _shapes(ckpt)
     if ema and not any(f"{v.name}/{EMA}" in names for v in vmap.values()):
         raise CheckpointError(
             f"TensorFlow checkpoint {ckpt.prefix} has no {EMA} shadows (the run kept no EMA)"
@@ -132,6 +244,7 @@ def model_state(
         if value is None:
             raise _fail(ckpt, model_name, f"variable {var.name} is missing")
         out[key] = value
+    out.update(zero_debias_counts(ckpt, model_name, model))
     return out
 
 
@@ -144,7 +257,7 @@ def network_widths(reader, model_name: str) -> tuple[int, int]:
     vmap = name_map(model_name, probe)
     stem = next(iter(vmap.values())).name
     classifier = vmap[f"{classifier_names(probe)[0]}.weight"].name
-    shapes = reader.shapes()
+    shapes = _shapes(reader)
     for name in (stem, classifier):
         if name not in shapes:
             raise CheckpointError(
@@ -165,7 +278,7 @@ def config_for(cfg, ckpt):
 
 
 def read_global_step(ckpt) -> int:
-    if GLOBAL_STEP not in ckpt.shapes():
+    if GLOBAL_STEP not in _shapes(ckpt):
         raise CheckpointError(
             f"TensorFlow checkpoint {ckpt.prefix} has no global_step, so no step to continue"
         )
@@ -185,7 +298,7 @@ def load_run(ckpt, cfg, run, log: Callable[[str], None]) -> int:
     vmap = name_map(model_name, model)
     model.load_state_dict(model_state(ckpt, model_name, model))
     step = read_global_step(ckpt)
-    names = set(ckpt.shapes())
+    names = set(_shapes(ckpt))
     slots = SLOTS[cfg.optimizer]
     state = optimizer.state_dict()
     shadows_missing = 0
@@ -230,6 +343,14 @@ def load_run(ckpt, cfg, run, log: Callable[[str], None]) -> int:
         f"continuing TensorFlow run {ckpt.prefix} ({ckpt.version}) at step {step}: a TF checkpoint has no "
         f"data position, so epoch {epoch} starts again from its first batch"
     )
+    zero_debias = _zero_debias_names(model_name, model)
+    if zero_debias and not any(n in names for zd in zero_debias.values() for n in zd.values()):
+        log(
+            "note: the TF run has no zero-debias state (local_step) for its moving statistics, as TF "
+            "before 0.12 wrote: their count starts at 0, so the first step replaces them by the batch's"
+        )
+    if unused := unused_variables(ckpt, model_name, model):
+        log(f"note: {len(unused)} variables of the TF run have no use here, left behind (e.g. {unused[0]})")
     if shadows_missing and cfg.ema_decay:
         log(f"note: {shadows_missing} variables had no {EMA} shadow; their EMA starts at the current values")
     if not cfg.ema_decay and any(n.endswith(f"/{EMA}") for n in names):
@@ -266,6 +387,7 @@ def export_tensors(
         for name, shadow in bn_ema.state_dict().items():
             if vmap[name].layout != "ones":
                 out[f"{vmap[name].name}/{EMA}"] = to_tf(shadow.cpu().numpy(), vmap[name].layout)
+    out.update(zero_debias_tensors(model_name, model))
     out[GLOBAL_STEP] = np.asarray(step, dtype=global_step_dtype(model_name))
     notes = []
     if lost:
@@ -296,7 +418,7 @@ def load_tf_for_eval(ckpt, model_name: str, model: torch.nn.Module, optimizer, b
     shadows as the EMA (the raw weights again when the run kept none). Returns its global_step (0
     without one)."""
     raw = model_state(ckpt, model_name, model)
-    names = ckpt.shapes()
+    names = _shapes(ckpt)
     has_ema = any(f"{v.name}/{EMA}" in names for v in name_map(model_name, model).values())
     ema = model_state(ckpt, model_name, model, ema=True) if has_ema else None
     load_eval_weights(model, optimizer, bn_ema, raw, ema)

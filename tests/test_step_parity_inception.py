@@ -3,18 +3,21 @@
 TensorFlow (tests/data/make_tf_step_inception.py, TF 2.21 running the seed's graph ported to
 tf.compat.v1) restored the reduced model (depth 1/32, 11 classes) from its checkpoint at global_step 7
 and ran the seed's train op three times on one fixed batch, dropout off; it recorded the losses and
-every variable after each step. Here the same state goes through the TF name map into the seed's
+every variable after each step. Here the same checkpoint is continued as --checkpoint_dir does
+(tf_import.load_run, whose zero-debias count keeps step 1's BN update TF's) into the seed's
 recipe (make_config(recipe="inception_v3"): RMSProp, L2 on conv and fc weights, label smoothing 0.1,
 aux weight 0.4, EMA 0.9999 with warm-up, SlimBatchNorm), and TrainStep (eager, fp32, CPU) runs the
 same three steps. The fixture's LR staircase has decay_steps 4 so the steps cross a boundary.
 """
 
+import dataclasses
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from test_tf_names_inception import BATCH, CLASSES, DATA, DEPTH, EMA, images, load_tf_values
+from test_tf_names_inception import BATCH, CKPT, CLASSES, DATA, DEPTH, EMA, images
 
 from fasttrain.config import make_config
 from fasttrain.models.inception_v3 import Inception3
@@ -22,7 +25,9 @@ from fasttrain.precision import Precision
 from fasttrain.run import build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
-from fasttrain.tf_names import to_torch, variable_map
+from fasttrain.tf_checkpoint import open_checkpoint
+from fasttrain.tf_import import load_run
+from fasttrain.tf_names import variable_map
 from fasttrain.tf_names.inception_v3 import zero_debias_names
 
 pytestmark = pytest.mark.slow  # 6 steps of a 299 px network: ~50 s on 2 busy cores
@@ -34,31 +39,25 @@ def labels(seed: int) -> np.ndarray:  # make_tf_inception.labels
     return np.random.RandomState(seed).randint(0, CLASSES, size=BATCH).astype(np.int64)
 
 
-def _tensor(value, layout):
-    return torch.from_numpy(to_torch(np.asarray(value, dtype=np.float32), layout))
+class _Loader:  # load_run sets the data position: unused here
+    num_records = BATCH
+
+    def load_state_dict(self, state):
+        self.state = state
 
 
-def build_from_tf(values, channels_last: bool = False):
-    """The recipe's model, optimizer, BN EMA and TrainStep, in TF's state `values` (name -> array)."""
+def build_from_tf(channels_last: bool = False):
+    """The recipe's model, optimizer, BN EMA and TrainStep continuing TF's own checkpoint
+    reduced/model.ckpt-7 as --checkpoint_dir does (tf_checkpoint's reader, tf_import.load_run: weights,
+    BN statistics and their zero-debias count, RMSProp slots, EMA shadows, step)."""
     cfg = make_config(recipe="inception_v3", num_epochs_per_decay=1.0, optimizer_impl="torch")
+    cfg = dataclasses.replace(cfg, batch_size=BATCH)
     model = Inception3(CLASSES, bn_gamma=cfg.inception_bn_gamma, depth_multiplier=DEPTH, dropout_keep=1.0)
-    load_tf_values(model, values)
     model.train()
     if channels_last:  # before the optimizer takes the parameters into its flat buffer
         model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(cfg, model)
     bn_ema = BufferEMA(model, cfg.ema_decay)
-    vmap = variable_map("inception_v3", model)
-    names = {id(p): vmap[k] for k, p in model.named_parameters()}
-    state = optimizer.state_dict()
-    for i, p in enumerate(optimizer.flat.registration_order):
-        var = names[id(p)]
-        state["state"][i]["square_avg"] = _tensor(values[var.name + "/RMSProp"], var.layout)
-        state["state"][i]["momentum_buffer"] = _tensor(values[var.name + "/RMSProp_1"], var.layout)
-        state["state"][i]["ema"] = _tensor(values[var.name + EMA], var.layout)
-        state["state"][i]["step"] = torch.tensor(int(values["global_step"]))
-    optimizer.load_state_dict(state)
-    bn_ema.load_state_dict({k: _tensor(values[vmap[k].name + EMA], "vector") for k in bn_ema.names})
     schedule = LRSchedule(cfg, steps_per_epoch=DECAY_STEPS, global_batch=BATCH)
     step = TrainStep(
         model,
@@ -70,7 +69,15 @@ def build_from_tf(values, channels_last: bool = False):
         preprocess="inception",
         bn_ema=bn_ema,
     )
-    step.step_count.fill_(int(values["global_step"]))
+    run = SimpleNamespace(
+        model=model,
+        optimizer=optimizer,
+        bn_ema=bn_ema,
+        step=step,
+        loader=_Loader(),
+        info=SimpleNamespace(world_size=1),
+    )
+    assert load_run(open_checkpoint(CKPT), cfg, run, log=lambda _: None) == START_STEP
     return cfg, model, optimizer, bn_ema, step
 
 
@@ -121,8 +128,7 @@ def tf_steps() -> list[dict]:
 
 
 def three_steps(channels_last: bool) -> list[dict]:
-    values = dict(np.load(DATA / "reduced_values.npz"))
-    cfg, model, optimizer, bn_ema, step = build_from_tf(values, channels_last)
+    cfg, model, optimizer, bn_ema, step = build_from_tf(channels_last)
     x = torch.from_numpy(images(1))  # (N, H, W, C) in [-1, 1]: model_input permutes it
     y = torch.from_numpy(labels(1))
     records = []

@@ -2,23 +2,28 @@
 
 Fixtures (tests/data/make_tf_inception.py, TF 2.21 running the seed's graph ported to tf.compat.v1):
 full_variables.json lists every variable of the full-size training graph at 1001 classes; the
-reduced model's (depth 1/32, 11 classes) values and TF's eval logits on fixed inputs check that our
+reduced model's (depth 1/32, 11 classes) V2 checkpoint and TF's eval logits on fixed inputs check that our
 forward pass computes TF's on the imported weights, raw and with the EMA shadows.
 """
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+from fasttrain.checkpoint import CheckpointError
 from fasttrain.models.inception_v3 import Inception3
+from fasttrain.tf_checkpoint import open_checkpoint, write_checkpoint
+from fasttrain.tf_import import export_tensors, load_run, load_tf_for_eval, model_state
 from fasttrain.tf_names import to_torch, variable_map
 from fasttrain.tf_names.inception_v3 import layer_scope, zero_debias_names
 
 DATA = Path(__file__).parent / "data" / "tf-inception"
-DEPTH, CLASSES, BATCH = 1.0 / 32, 11, 4  # as make_tf_inception.py
+CKPT = DATA / "reduced" / "model.ckpt-7"
+DEPTH, CLASSES, BATCH, START_STEP = 1.0 / 32, 11, 4, 7  # as make_tf_inception.py
 EMA = "/ExponentialMovingAverage"
 
 
@@ -109,33 +114,18 @@ def images(seed: int) -> np.ndarray:
     return u8.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
 
 
-def load_tf_values(model: torch.nn.Module, values, shadows: bool = False) -> None:
-    """Set `model` from TF variables by name (`values[name]` -> array); EMA shadows when `shadows`.
-
-    The tf_checkpoint reader (branch tfckpt) reads the same names from reduced/model.ckpt-7; until
-    it is merged the generator's .npz of that checkpoint stands in for it.
-    """
-    state = model.state_dict()
-    with torch.no_grad():
-        for key, var in variable_map("inception_v3", model).items():
-            if var.layout == "ones":
-                state[key].fill_(1.0)
-                continue
-            value = values[var.name + EMA] if shadows else values[var.name]
-            state[key].copy_(torch.from_numpy(to_torch(np.asarray(value), var.layout)))
-        for key, names in zero_debias_names(model).items():
-            state[key].fill_(int(values[names["moving_mean/local_step"]]))
-
-
-@pytest.fixture(scope="module")
-def tf_values():
-    return dict(np.load(DATA / "reduced_values.npz"))
+def load_tf_values(model: torch.nn.Module, shadows: bool = False):
+    """Set `model` from TF's own checkpoint reduced/model.ckpt-7 as a user's from-tf does (the V2
+    reader fasttrain.tf_checkpoint, then tf_import.model_state: raw, or the EMA shadows); the reader."""
+    reader = open_checkpoint(CKPT)
+    model.load_state_dict(model_state(reader, "inception_v3", model, ema=shadows))
+    return reader
 
 
 @pytest.mark.parametrize("kind", ["raw", "ema"])
-def test_forward_on_tf_weights_gives_tfs_logits(tf_values, kind):
+def test_forward_on_tf_weights_gives_tfs_logits(kind):
     model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH).eval()
-    load_tf_values(model, tf_values, shadows=kind == "ema")
+    load_tf_values(model, shadows=kind == "ema")
     x = torch.from_numpy(images(0)).permute(0, 3, 1, 2)
     with torch.no_grad():
         ours = model(x).double().numpy()
@@ -158,3 +148,153 @@ def test_forward_on_tf_weights_gives_tfs_logits(tf_values, kind):
 def test_raw_and_ema_logits_differ_so_the_shadows_are_really_used():
     logits = np.load(DATA / "logits.npz")
     assert np.abs(logits["raw"] - logits["ema"]).max() > 0.05 * np.abs(logits["raw"]).max()
+
+
+# --- the whole TF run in and out: tf_import on TF's own reduced/model.ckpt-7 ----------------------
+
+
+class _Step:  # the TrainStep counter load_run sets
+    def __init__(self):
+        self.step_count = torch.zeros((), dtype=torch.int64)
+
+    def state_dict(self):
+        return {"step_count": self.step_count.clone()}
+
+    def load_state_dict(self, state):
+        self.step_count.copy_(state["step_count"])
+
+
+class _Loader:
+    num_records = BATCH
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def continued(prefix, log=None):
+    """A Run of the seed's recipe (RMSProp, EMA, SlimBatchNorm) continuing the TF run at `prefix`."""
+    from fasttrain.config import make_config
+    from fasttrain.run import build_optimizer
+    from fasttrain.step import BufferEMA
+
+    cfg = make_config(recipe="inception_v3", batch_size=BATCH, optimizer_impl="torch")
+    model = Inception3(CLASSES, bn_gamma=cfg.inception_bn_gamma, depth_multiplier=DEPTH)
+    run = SimpleNamespace(
+        model=model,
+        optimizer=build_optimizer(cfg, model),
+        bn_ema=BufferEMA(model, cfg.ema_decay),
+        step=_Step(),
+        loader=_Loader(),
+        info=SimpleNamespace(world_size=1),
+    )
+    load_run(open_checkpoint(prefix), cfg, run, log or (lambda _: None))
+    return cfg, run
+
+
+def _export(run, cfg, prefix):
+    tensors, notes = export_tensors(
+        "inception_v3", run.model, run.optimizer, run.bn_ema, int(run.step.step_count), cfg.optimizer
+    )
+    assert not notes
+    return write_checkpoint(prefix, tensors)
+
+
+def test_from_tf_to_tf_from_tf_is_the_identity(tmp_path):
+    cfg, run = continued(CKPT)
+    counts = {k: int(v) for k, v in run.model.state_dict().items() if k.endswith("num_batches_tracked")}
+    assert set(counts.values()) == {2}  # the fixture's 2 real steps before global_step was set to 7
+    prefix = _export(run, cfg, tmp_path / "tf" / "model.ckpt-7")
+    tf_ckpt, ours = open_checkpoint(CKPT), open_checkpoint(prefix)
+    assert ours.shapes() == tf_ckpt.shapes()  # every variable TF wrote, names, shapes and dtypes
+    for name in tf_ckpt.shapes():
+        want, got = np.asarray(tf_ckpt.get(name)), np.asarray(ours.get(name))
+        assert got.dtype == want.dtype == np.float32, name  # global_step and local_step too
+        if name.endswith("/biased"):
+            # moving * (1 - decay^2) recomputed in float32: TF divided biased by the same factor
+            # (its own pow); two roundings of a float32 product, measured 9.5e-8 relative.
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6 * np.abs(want).max(), err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)
+    _, again = continued(prefix)
+    for a, b in ((run.model, again.model), (run.optimizer, again.optimizer), (run.bn_ema, again.bn_ema)):
+        _assert_same(a.state_dict(), b.state_dict())
+    assert int(again.step.step_count) == START_STEP
+
+
+def _assert_same(a, b):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+    else:
+        assert a == b
+
+
+def _edited(tmp_path, change):
+    ckpt = open_checkpoint(CKPT)
+    tensors = {n: np.asarray(ckpt.get(n)) for n in ckpt.shapes()}
+    change(tensors)
+    return write_checkpoint(tmp_path / "edited" / "model.ckpt-7", tensors)
+
+
+def test_inconsistent_zero_debias_state_is_one_line_naming_the_variable(tmp_path):
+    model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH)
+    biased = "conv2/BatchNorm/conv2/BatchNorm/moving_variance/biased"
+
+    def stale(t):  # the biased value of one step earlier: what a mixed-up checkpoint would hold
+        t[biased] = t[biased] * np.float32((1 - 0.9997**1) / (1 - 0.9997**2))
+
+    with pytest.raises(CheckpointError, match=f"variable {biased} is not moving_variance") as err:
+        model_state(open_checkpoint(_edited(tmp_path, stale)), "inception_v3", model)
+    assert "\n" not in str(err.value)
+    step = "mixed_35x35x256a/branch1x1/Conv/BatchNorm/mixed_35x35x256a/branch1x1/Conv/BatchNorm/"
+
+    def unequal(t):
+        t[step + "moving_mean/local_step"] = np.float32(3)
+
+    with pytest.raises(CheckpointError, match=f"variable {step}moving_mean/local_step is"):
+        model_state(open_checkpoint(_edited(tmp_path, unequal)), "inception_v3", model)
+
+
+def test_no_zero_debias_state_starts_the_count_at_0_and_loss_averages_are_left_behind(tmp_path):
+    def pre_012_with_loss_averages(t):
+        for name in [n for n in t if n.endswith(("/biased", "/local_step"))]:
+            del t[name]
+        t["tower_0/cross_entropy_loss/avg"] = np.float32(2.5)  # the seed's loss averages
+
+    notes = []
+    _, run = continued(_edited(tmp_path, pre_012_with_loss_averages), notes.append)
+    state = run.model.state_dict()
+    assert {int(v) for k, v in state.items() if k.endswith("num_batches_tracked")} == {0}
+    assert any("no zero-debias state" in n for n in notes)
+    assert any("1 variables of the TF run have no use here" in n and "tower_0/" in n for n in notes)
+
+
+def test_evaluation_loads_raw_weights_and_the_shadows_with_the_count():
+    from fasttrain.config import make_config
+    from fasttrain.run import build_optimizer
+    from fasttrain.step import BufferEMA
+
+    cfg = make_config(recipe="inception_v3", optimizer_impl="torch")
+    model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH)
+    optimizer, bn_ema = build_optimizer(cfg, model), BufferEMA(model, cfg.ema_decay)
+    assert load_tf_for_eval(open_checkpoint(CKPT), "inception_v3", model, optimizer, bn_ema) == START_STEP
+    reader = open_checkpoint(CKPT)
+    vmap = variable_map("inception_v3", model)
+    name = "Mixed_6b.branch7x7_2.conv.weight"
+    shadow = to_torch(np.asarray(reader.get(vmap[name].name + EMA)), "conv")
+    ema = dict(
+        zip([n for n, _ in model.named_parameters()], optimizer.ema_parameters(list(model.parameters())))
+    )
+    np.testing.assert_array_equal(ema[name].numpy(), shadow)
+    np.testing.assert_array_equal(
+        bn_ema.state_dict()["Conv2d_1a_3x3.bn.running_var"].numpy(),
+        reader.get("conv0/BatchNorm/moving_variance" + EMA),
+    )
+    assert int(model.state_dict()["Mixed_7c.branch_pool.bn.num_batches_tracked"]) == 2

@@ -9,7 +9,6 @@ From the Inception seed's graph ported to tf.compat.v1 (tests/data/tf_ports/ince
                         multiplier 1/32, 11 classes) after 2 real training steps of the seed's train op
                         on a calibration batch, then global_step set to 7 and every EMA shadow moved
                         off its variable (shadow + 0.2 * std * noise), so raw and EMA logits differ.
-  reduced_values.npz    the same variables by name (an .npz until fasttrain reads TF checkpoints).
   logits.npz            TF's eval-mode logits (is_training=False, as inception_eval.py) of the reduced
                         model on `images()` below: "raw" from the variables, "ema" from the shadows
                         restored through ExponentialMovingAverage.variables_to_restore() as
@@ -111,8 +110,6 @@ def write_reduced_checkpoint():
                 v1.global_variables(), write_version=v1.train.SaverDef.V2, save_relative_paths=True
             )
             saver.save(sess, str(ckpt_dir / "model.ckpt"), global_step=START_STEP, write_meta_graph=False)
-            values = sess.run({v.op.name: v for v in v1.global_variables()})  # one run: one executor
-    np.savez(OUT / "reduced_values.npz", **values)
     return str(ckpt_dir / f"model.ckpt-{START_STEP}")
 
 
