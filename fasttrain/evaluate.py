@@ -8,7 +8,10 @@ evaluates RUN_DIR's newest checkpoint (or PATH) with the run's config.json (mode
 validation split, --max_eval_batches), raw and EMA weights, prints top-1/top-5 and the image count, and
 appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to TensorBoard in RUN_DIR/eval
 (the seed's eval_dir: a second run beside the trainer's, same tags). --watch re-evaluates each new
-checkpoint, every SECONDS, until the run's final step or Ctrl-C.
+checkpoint, every SECONDS, until the run's final step or Ctrl-C. A --checkpoint of another run (not in
+RUN_DIR and not beside a run.json with RUN_DIR's run_id, fasttrain/lock.py) is evaluated and printed
+but written nowhere, unless --metrics_out FILE says where to append its result (then no TensorBoard).
+--metrics_out also redirects RUN_DIR's own results.
 """
 
 from __future__ import annotations
@@ -138,6 +141,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--data_dir", default="", help="the shards, if not where the run read them")
     parser.add_argument("--device", default="", help="auto, cuda or cpu (default: the run's)")
+    parser.add_argument(
+        "--metrics_out",
+        default="",
+        help="append results to this JSONL file instead of RUN_DIR/metrics.jsonl (needed to keep the "
+        "result of another run's --checkpoint)",
+    )
     return parser.parse_args(argv)
 
 
@@ -161,7 +170,7 @@ class _Evaluator:
     """The run's model, optimizer (whose flat buffers hold the EMA) and BN EMA, built once; a
     checkpoint is loaded into them as a resume would, then evaluated as the trainer does."""
 
-    def __init__(self, run_dir: Path, cfg, info):
+    def __init__(self, run_dir: Path, cfg, info, metrics_out: Path | None, curves: bool):
         from fasttrain.curves import Curves
         from fasttrain.data import build_loader
         from fasttrain.monitor import MetricsLog
@@ -183,8 +192,11 @@ class _Evaluator:
             device=info.device,
             precision=self.precision,
         )
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
-        self.curves = Curves(run_dir / "eval", cfg.tensorboard and info.is_main, start_step=None)
+        # metrics_out None: a foreign checkpoint's result is printed only (MetricsLog disabled).
+        self.metrics = MetricsLog(
+            metrics_out or run_dir / "metrics.jsonl", enabled=info.is_main and metrics_out is not None
+        )
+        self.curves = Curves(run_dir / "eval", curves and cfg.tensorboard and info.is_main, start_step=None)
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
@@ -237,8 +249,22 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, args)
+    from fasttrain.lock import same_run
+
     info = init_distributed(cfg.device)
-    evaluator = _Evaluator(run_dir, cfg, info)
+    own = not args.checkpoint or same_run(run_dir, Path(args.checkpoint))
+    metrics_out = Path(args.metrics_out) if args.metrics_out else (run_dir / "metrics.jsonl" if own else None)
+    if not own and info.is_main:
+        where = (
+            f"appended to {metrics_out}" if metrics_out else "not written anywhere (pass --metrics_out FILE)"
+        )
+        print(
+            f"note: {args.checkpoint} is not a checkpoint of the run in {run_dir} (another run.json): "
+            f"evaluated with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
+            file=sys.stderr,
+            flush=True,
+        )
+    evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
     if args.checkpoint:
         return [evaluator(Path(args.checkpoint))]
     results, done = [], None

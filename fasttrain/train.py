@@ -82,7 +82,7 @@ def train(cfg: Config) -> dict:
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / (cfg.recipe or "base"))  # recipe None: the base Config
-    lock = claim_on_rank0(run_dir, info, log)
+    lock = claim_on_rank0(run_dir, info, log, started_from=cfg.checkpoint_dir)
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
@@ -90,7 +90,13 @@ def train(cfg: Config) -> dict:
     run = build_run(
         cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
     )
-    step = restore_run(cfg, run, run_dir=run_dir, log=log)
+    resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
+    try:
+        step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append)
+    except FasttrainError:
+        for line in resume_lines:  # the reasons its message refers to
+            log(line)
+        raise
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
     log(
@@ -101,9 +107,13 @@ def train(cfg: Config) -> dict:
     )
     if step >= max_steps:
         log(
-            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating it; "
-            "pass a new --train_dir or a larger --max_steps to train more"
+            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating "
+            f"it, not training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
+            f"train this one further a --max_steps above {step}"
         )
+        resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]
+    for line in resume_lines:
+        log(line)
 
     curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
     step_fn = run.step
@@ -262,13 +272,15 @@ def seed_torch(cfg: Config, device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) -> RunLock | None:
+def claim_on_rank0(
+    run_dir: Path, info: DistInfo, log: Callable[[str], None], started_from: str = ""
+) -> RunLock | None:
     """Rank 0 locks run_dir (only rank 0 writes there, see fasttrain/lock.py); every rank stops
     together with rank 0's SettingError when it cannot."""
     lock, problem = None, ""
     if info.is_main:
         try:
-            lock = claim_run_dir(run_dir, log)
+            lock = claim_run_dir(run_dir, log, started_from=started_from)
         except SettingError as exc:
             problem = str(exc)
     if problem := rank0_error(problem, info):
