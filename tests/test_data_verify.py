@@ -77,7 +77,7 @@ def test_verify_decode_finds_a_bad_jpeg(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert main(["verify", str(tmp_path / "nope")]) == 1
+    assert main(["verify", str(tmp_path / "nope")]) == 2  # a bad argument, as the trainer's --data_dir
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
     assert main(["ls", str(tmp_path)]) == 0  # no shards of either split: nothing to list
@@ -93,6 +93,30 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert main(["make-synthetic", "--out", str(tmp_path / "a-file" / "d"), "--per-shard", "2"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write the data set to" in err and "Not a directory" in err
+
+
+def test_a_bad_record_names_the_trainers_flag(tmp_path):
+    write_records(tmp_path / "train-00000-of-00001", [b"\xff\xff\xff"])
+    [shard] = verify_dataset(tmp_path, workers=1, write_index=False).bad
+    assert shard.bad[0].endswith("re-create the shard or use --skip_corrupt"), shard.bad
+
+
+def test_make_synthetic_refuses_a_directory_that_holds_shards(tmp_path, capsys):
+    out = str(tmp_path / "set")
+    assert (
+        main(["make-synthetic", "--out", out, "--train-shards", "2", "--val-shards", "0", "--per-shard", "1"])
+        == 0
+    )
+    before = sorted(p.name for p in (tmp_path / "set").iterdir())
+    capsys.readouterr()
+    # a second set of another size would have left train-*-of-00002 beside train-*-of-00003
+    assert (
+        main(["make-synthetic", "--out", out, "--train-shards", "3", "--val-shards", "0", "--per-shard", "1"])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds 2 shard(s)" in err
+    assert sorted(p.name for p in (tmp_path / "set").iterdir()) == before
 
 
 def test_ls_prints_one_json_object_per_record(synthetic, capsys):
