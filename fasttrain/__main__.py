@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     from fasttrain.threads import configure, input_workers
 
     policy = configure(input_workers(cfg))
-    if os.environ.get("RANK", "0") == "0":
-        print(f"fasttrain: {policy.describe()}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # stdout: stderr is kept for the one line of an error
+        print(f"fasttrain: {policy.describe()}")
     # torch's DataLoader warns of more workers than cores each time it builds its workers (once per
     # epoch and per evaluation, from two lines of its code): once is enough.
     warnings.filterwarnings("once", message="This DataLoader will create", category=UserWarning)
