@@ -58,7 +58,7 @@ def test_verify_reports_every_bad_record(synthetic, tmp_path, capsys):
     for offset in (offsets[3], offsets[7]):
         assert f"corrupted record at offset {offset} in {shard0} (data CRC mismatch)" in out
     assert f"truncated record at offset {cut - 20} in {shard1}" in out
-    assert f"record at offset 0 in {bad_label}: label 9 + label_offset -1 is outside [0, 4)" in out
+    assert f"record at offset 0 in {bad_label}: label 9 + --label_offset -1 is outside [0, 4)" in out
     assert f"empty shard {empty}" in out
     assert "train: 85 records in 3 shards" in out  # 40 (2 with bad CRCs) + 5 before the cut + 40
     report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
@@ -130,3 +130,11 @@ def test_ls_prints_one_json_object_per_record(synthetic, capsys):
         assert (line["file"], line["offset"], line["label"]) == (str(shard), r.offset, r.stored_label)
         assert (line["filename"], line["height"], line["width"]) == (r.filename, r.height, r.width)
         np.testing.assert_allclose(np.array(line["boxes"]).reshape(-1, 4), r.boxes, atol=1e-6)
+
+
+def test_a_directory_of_raw_images_names_the_converter(tmp_path, capsys):
+    (tmp_path / "n01440764").mkdir()  # raw ImageNet: class folders of JPEGs, not shards
+    (tmp_path / "n01440764" / "n01440764_10026.JPEG").write_bytes(b"")
+    assert main(["verify", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "build_imagenet_data.py" in err
