@@ -260,8 +260,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
         )
         print(
             f"note: {args.checkpoint} is not a checkpoint of the run in {run_dir} (another run.json): "
-            f"evaluated with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
-            file=sys.stderr,
+            f"evaluating it with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
             flush=True,
         )
     evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)

@@ -83,8 +83,8 @@ def test_another_runs_checkpoint_leaves_this_runs_curves_alone(run, tmp_path, ca
     )
     assert main([str(run_dir), "--checkpoint", str(other / "ckpt-2.pt")]) == 0
     out, err = capsys.readouterr()
-    assert "ckpt-2.pt: step 2, validation top-1 " in out
-    assert "is not a checkpoint of the run in" in err and "pass --metrics_out FILE" in err
+    assert "ckpt-2.pt: step 2, validation top-1 " in out and not err  # stderr: for errors only
+    assert "is not a checkpoint of the run in" in out and "pass --metrics_out FILE" in out
     assert (run_dir / "metrics.jsonl").read_text() == metrics_before
     assert (sorted(p.name for p in (run_dir / "eval").glob("*")) if (run_dir / "eval").exists() else []) == (
         events_before
@@ -92,7 +92,7 @@ def test_another_runs_checkpoint_leaves_this_runs_curves_alone(run, tmp_path, ca
 
     kept = tmp_path / "kept.jsonl"
     assert main([str(run_dir), "--checkpoint", str(other / "ckpt-2.pt"), "--metrics_out", str(kept)]) == 0
-    assert "appended to" in capsys.readouterr().err
+    assert "appended to" in capsys.readouterr().out
     [record] = [json.loads(line) for line in kept.read_text().splitlines()]
     assert record["step"] == 2 and record["checkpoint"] == str(other / "ckpt-2.pt")
     assert (run_dir / "metrics.jsonl").read_text() == metrics_before
