@@ -14,10 +14,10 @@ The policy (`configure`), applied by every command-line entry point before anyth
   keeps torch's thread count; any of OMP_WAIT_POLICY, GOMP_SPINCOUNT, KMP_BLOCKTIME keeps the
   runtime's wait; FASTTRAIN_THREADS=off leaves everything as torch would (the old behaviour).
 
-Why: on a 2-core machine shared with one busy process, the demo's steps took 2-8x their idle time
-with torch's defaults (two spinning intra-op threads and two loader workers on two cores; each
-parallel region waits for its slowest thread, which is the one sharing a core), and about the idle
-time with this policy (bench/bench_threads.py, bench/results/2026-11-25-cpu-threads/).
+Why: measured on this project's 2-core machine under other work (load 9.5-17) beside 0-2 busy loops,
+the demo's steps with torch's defaults (two spinning intra-op threads and two loader workers on two
+cores; each parallel region waits for its slowest thread) took 11-32x as long as with this policy and
+5-10x the CPU time per image (bench/bench_threads.py, bench/results/2026-11-25-cpu-threads/).
 
 The wait policy is read once, when torch loads its OpenMP runtime, i.e. at `import torch`. Library
 users who want it call `fasttrain.threads.configure(num_workers)` before importing torch or any
