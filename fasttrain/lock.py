@@ -19,8 +19,9 @@ A POSIX lock is released when its process closes ANY descriptor of the file: not
 trainer opens run.lock, and the holder reads and writes it only through the locking descriptor.
 
 The run's identity, `<train_dir>/run.json`: `{"run_id": "<32 hex digits, random>", "created": "...",
-"started_from": "<checkpoint_dir or null>"}`, written once by the first trainer that claims the
-directory (a resume keeps it; a directory from before run.json gets one at its next resume). The
+"started_from": "<checkpoint_dir or null>"}`, written once by rank 0 when a run has restored (or
+started) in the directory, beside config.json; a resume keeps it, a refused resume writes nothing, and
+a directory from before run.json gets one at its next resume. The
 evaluator compares it with the run.json beside a checkpoint it is given: a checkpoint of another run
 is evaluated without touching this run's metrics.jsonl and curves (fasttrain/evaluate.py).
 """
@@ -43,10 +44,9 @@ LOCK_NAME = "run.lock"
 IDENTITY_NAME = "run.json"
 
 
-def claim_run_dir(run_dir: Path, log=print, started_from: str = "") -> RunLock:
-    """Create and lock run_dir, check it can be written, give it an identity (run.json) if it has
-    none, and delete temporary files of saves that a dead trainer never finished; SettingError (one
-    line) if it cannot be written or is in use. started_from: the checkpoint_dir a new run starts from."""
+def claim_run_dir(run_dir: Path, log=print) -> RunLock:
+    """Create and lock run_dir, check it can be written, and delete temporary files of saves that a
+    dead trainer never finished; SettingError (one line) if it cannot be written or is in use."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint
@@ -58,14 +58,6 @@ def claim_run_dir(run_dir: Path, log=print, started_from: str = "") -> RunLock:
             settings=("train_dir",),
         ) from None
     lock = RunLock.acquire(run_dir, log)
-    try:
-        lock.run_id = ensure_run_id(run_dir, started_from)
-    except OSError as exc:
-        lock.release()
-        raise SettingError(
-            f"cannot write {run_dir / IDENTITY_NAME} ({exc.strerror}); pass a writable train_dir",
-            settings=("train_dir",),
-        ) from None
     if removed := ckpt.remove_temporaries(run_dir):  # only now: a live trainer's save would lose them
         log(f"removed {', '.join(removed)}: partial files of a save that did not finish")
     return lock
@@ -76,7 +68,6 @@ class RunLock:
 
     def __init__(self, fd: int | None, path: Path):
         self._fd, self.path = fd, path
-        self.run_id: str | None = None
 
     @classmethod
     def acquire(cls, run_dir: Path, log=print) -> RunLock:
@@ -151,7 +142,8 @@ def read_run_id(run_dir: Path) -> str | None:
 
 
 def ensure_run_id(run_dir: Path, started_from: str = "") -> str:
-    """run_dir's run_id, written to a new run.json first if it has none (by the lock's holder only)."""
+    """run_dir's run_id, written to a new run.json first if it has none (by the lock's holder only);
+    OSError when it cannot be written."""
     if (run_id := read_run_id(run_dir)) is not None:
         return run_id
     run_id = uuid.uuid4().hex

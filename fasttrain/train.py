@@ -29,7 +29,7 @@ from fasttrain.distributed import (
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
-from fasttrain.lock import RunLock, claim_run_dir
+from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
@@ -82,7 +82,7 @@ def train(cfg: Config) -> dict:
 
     # --- run directory ----------------------------------------------------------------------
     run_dir = Path(cfg.train_dir or Path("runs") / (cfg.recipe or "base"))  # recipe None: the base Config
-    lock = claim_on_rank0(run_dir, info, log, started_from=cfg.checkpoint_dir)
+    lock = claim_on_rank0(run_dir, info, log)
     metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
@@ -99,6 +99,7 @@ def train(cfg: Config) -> dict:
         raise
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
+        ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
@@ -272,15 +273,13 @@ def seed_torch(cfg: Config, device: torch.device) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def claim_on_rank0(
-    run_dir: Path, info: DistInfo, log: Callable[[str], None], started_from: str = ""
-) -> RunLock | None:
+def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) -> RunLock | None:
     """Rank 0 locks run_dir (only rank 0 writes there, see fasttrain/lock.py); every rank stops
     together with rank 0's SettingError when it cannot."""
     lock, problem = None, ""
     if info.is_main:
         try:
-            lock = claim_run_dir(run_dir, log, started_from=started_from)
+            lock = claim_run_dir(run_dir, log)
         except SettingError as exc:
             problem = str(exc)
     if problem := rank0_error(problem, info):

@@ -19,7 +19,7 @@ from launch_helpers import kill_tree, run_torchrun, trainer, trainer_args, train
 
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.errors import SettingError
-from fasttrain.lock import LOCK_NAME, RunLock, claim_run_dir, read_run_id, same_run
+from fasttrain.lock import LOCK_NAME, RunLock, ensure_run_id, read_run_id, same_run
 
 
 @pytest.fixture(scope="module")
@@ -165,20 +165,18 @@ def test_a_file_system_without_locks_gets_a_note_not_a_refusal(tmp_path, monkeyp
     ]
 
 
-def test_a_run_gets_one_identity_kept_across_claims(tmp_path):
-    run_dir = tmp_path / "run"
-    lock = claim_run_dir(run_dir, started_from="elsewhere")
-    lock.release()
-    first = json.loads((run_dir / "run.json").read_text())
-    assert len(first["run_id"]) == 32 and first["started_from"] == "elsewhere"
-    claim_run_dir(run_dir).release()  # a resume: the same run
-    assert read_run_id(run_dir) == first["run_id"] == lock.run_id
+def test_a_run_gets_one_identity_kept_across_resumes(tmp_path):
+    run_id = ensure_run_id(tmp_path, "elsewhere")
+    first = json.loads((tmp_path / "run.json").read_text())
+    assert len(first["run_id"]) == 32 and first["started_from"] == "elsewhere" and first["run_id"] == run_id
+    assert ensure_run_id(tmp_path) == run_id == read_run_id(tmp_path)  # a resume: the same run
 
 
 def test_same_run_by_directory_or_by_identity(tmp_path):
     a, b, copy, legacy = (tmp_path / n for n in ("a", "b", "copy", "legacy"))
     for d in (a, b):
-        claim_run_dir(d).release()
+        d.mkdir()
+        ensure_run_id(d)
     copy.mkdir()
     (copy / "run.json").write_text((a / "run.json").read_text())
     legacy.mkdir()  # a run from before run.json
