@@ -23,7 +23,8 @@ whatever does not fit is recorded as skipped, never estimated):
 Before them: the environment and copy bandwidth (bench/common.py), the measured bf16 matmul rate and
 FLOPs per image (bench/mfu.py).
 
-Output in --out (default bench/results/<date>-<gpu>/):
+Output in --out (default ~/.cache/fasttrain/bench/<date>-<gpu>/, outside the checkout, so that a trial
+run never leaves files in the repository; pass --out bench/results/<date>-<gpu> to keep a run there):
 results.json (bench/report.py documents it), results.md, throughput.png, run.log, and the parts'
 outputs. results.json and results.md are rewritten after every part, so a run cut short keeps what
 it measured.
@@ -62,7 +63,9 @@ class UsageError(ValueError):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="fasttrain's throughput suite (see bench/results/README.md)")
     p.add_argument("--smoke", action="store_true", help="tiny configuration (default without CUDA)")
-    p.add_argument("--out", default="", help="results directory (default bench/results/<date>-<gpu>)")
+    p.add_argument(
+        "--out", default="", help="results directory (default ~/.cache/fasttrain/bench/<date>-<gpu>)"
+    )
     p.add_argument("--models", default="", help=f"comma-separated (default {','.join(FULL_MODELS)})")
     p.add_argument("--batches", default="", help="comma-separated batch sizes (default 32,256)")
     p.add_argument("--image_size", type=int, default=0, help="px (default: 224, Inception 299)")
@@ -346,9 +349,11 @@ class Suite:
 
 
 def default_out_dir(env: dict) -> Path:
-    """bench/results/<date>-<gpu or cpu>/."""
+    """<fasttrain's cache>/bench/<date>-<gpu or cpu>/ (FASTTRAIN_CACHE, else ~/.cache/fasttrain)."""
+    from fasttrain.config import default_cache_dir
+
     name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
-    return ROOT / "bench" / "results" / f"{env['date'][:10]}-{name}"
+    return default_cache_dir() / "bench" / f"{env['date'][:10]}-{name}"
 
 
 def run_limited(cmd: list[str], limit: float, log_path: Path) -> dict:

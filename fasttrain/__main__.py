@@ -3,12 +3,17 @@
 
 User errors (a bad flag, a missing directory, a corrupt shard or checkpoint) end with one line on
 stderr and no traceback: exit code 2 for flags and configuration, 1 for data and checkpoints.
+
+Nothing here imports torch before fasttrain.threads.configure has set the CPU thread policy (torch's
+OpenMP runtime reads its wait policy once, when it loads): the flags are parsed first (fasttrain.flags
+imports no torch), then the policy is applied for the run's input workers, then the trainer imported.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 
 def print_error(err: BaseException) -> None:
@@ -51,6 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    from fasttrain.threads import configure, input_workers
+
+    policy = configure(input_workers(cfg))
+    if os.environ.get("RANK", "0") == "0":  # stdout: stderr is kept for the one line of an error
+        print(f"fasttrain: {policy.describe()}")
+    # torch's DataLoader warns of more workers than cores each time it builds its workers (once per
+    # epoch and per evaluation, from two lines of its code): once is enough.
+    warnings.filterwarnings("once", message="This DataLoader will create", category=UserWarning)
     if cfg.num_gpus:
         print(
             f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "

@@ -12,6 +12,10 @@ appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to Tensor
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
 (its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
 `fasttrain.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
+checkpoint, every SECONDS, until the run's final step or Ctrl-C. A --checkpoint of another run (not in
+RUN_DIR and not beside a run.json with RUN_DIR's run_id, fasttrain/lock.py) is evaluated and printed
+but written nowhere, unless --metrics_out FILE says where to append its result (then no TensorBoard).
+--metrics_out also redirects RUN_DIR's own results.
 """
 
 from __future__ import annotations
@@ -144,6 +148,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--recipe", default="", help="for a TensorFlow train directory (no config.json): its model's recipe"
     )
+    parser.add_argument(
+        "--metrics_out",
+        default="",
+        help="append results to this JSONL file instead of RUN_DIR/metrics.jsonl (needed to keep the "
+        "result of another run's --checkpoint)",
+    )
     return parser.parse_args(argv)
 
 
@@ -175,7 +185,7 @@ class _Evaluator:
     """The run's model, optimizer (whose flat buffers hold the EMA) and BN EMA, built once; a
     checkpoint is loaded into them as a resume would, then evaluated as the trainer does."""
 
-    def __init__(self, run_dir: Path, cfg, info):
+    def __init__(self, run_dir: Path, cfg, info, metrics_out: Path | None, curves: bool):
         from fasttrain.curves import Curves
         from fasttrain.data import build_loader
         from fasttrain.monitor import MetricsLog
@@ -197,8 +207,11 @@ class _Evaluator:
             device=info.device,
             precision=self.precision,
         )
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
-        self.curves = Curves(run_dir / "eval", cfg.tensorboard and info.is_main, start_step=None)
+        # metrics_out None: a foreign checkpoint's result is printed only (MetricsLog disabled).
+        self.metrics = MetricsLog(
+            metrics_out or run_dir / "metrics.jsonl", enabled=info.is_main and metrics_out is not None
+        )
+        self.curves = Curves(run_dir / "eval", curves and cfg.tensorboard and info.is_main, start_step=None)
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
@@ -280,8 +293,21 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
     run_dir = Path(args.run_dir)
     cfg = _run_config(run_dir, args)
+    from fasttrain.lock import same_run
+
     info = init_distributed(cfg.device)
-    evaluator = _Evaluator(run_dir, cfg, info)
+    own = not args.checkpoint or same_run(run_dir, Path(args.checkpoint))
+    metrics_out = Path(args.metrics_out) if args.metrics_out else (run_dir / "metrics.jsonl" if own else None)
+    if not own and info.is_main:
+        where = (
+            f"appended to {metrics_out}" if metrics_out else "not written anywhere (pass --metrics_out FILE)"
+        )
+        print(
+            f"note: {args.checkpoint} is not a checkpoint of the run in {run_dir} (another run.json): "
+            f"evaluating it with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
+            flush=True,
+        )
+    evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
     if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
         from fasttrain.tf_checkpoint import checkpoint_prefix
 

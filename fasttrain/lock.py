@@ -17,6 +17,13 @@ starts after the agent has reaped the old workers, whose locks died with them.
 
 A POSIX lock is released when its process closes ANY descriptor of the file: nothing else in the
 trainer opens run.lock, and the holder reads and writes it only through the locking descriptor.
+
+The run's identity, `<train_dir>/run.json`: `{"run_id": "<32 hex digits, random>", "created": "...",
+"started_from": "<checkpoint_dir or null>"}`, written once by rank 0 when a run has restored (or
+started) in the directory, beside config.json; a resume keeps it, a refused resume writes nothing, and
+a directory from before run.json gets one at its next resume. The
+evaluator compares it with the run.json beside a checkpoint it is given: a checkpoint of another run
+is evaluated without touching this run's metrics.jsonl and curves (fasttrain/evaluate.py).
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ import json
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.errors import SettingError
 
 LOCK_NAME = "run.lock"
+IDENTITY_NAME = "run.json"
 
 
 def claim_run_dir(run_dir: Path, log=print) -> RunLock:
@@ -120,3 +129,39 @@ def _describe(holder: dict) -> str:
         return "pid and host not yet recorded"
     since = f", since {holder['started']}" if holder.get("started") else ""
     return f"pid {holder['pid']} on host {holder.get('host', '?')}{since}"
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    """The run_id in run_dir/run.json; None when there is none (not a run, or one from before run.json)."""
+    try:
+        record = json.loads((Path(run_dir) / IDENTITY_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    run_id = record.get("run_id") if isinstance(record, dict) else None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def ensure_run_id(run_dir: Path, started_from: str = "") -> str:
+    """run_dir's run_id, written to a new run.json first if it has none (by the lock's holder only);
+    OSError when it cannot be written."""
+    if (run_id := read_run_id(run_dir)) is not None:
+        return run_id
+    run_id = uuid.uuid4().hex
+    record = {
+        "run_id": run_id,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "started_from": str(started_from) or None,
+    }
+    text = json.dumps(record) + "\n"
+    ckpt.write_atomic(Path(run_dir) / IDENTITY_NAME, lambda f: f.write(text.encode()))
+    return run_id
+
+
+def same_run(run_dir: Path, checkpoint: Path) -> bool:
+    """Whether `checkpoint` belongs to the run in run_dir: it lies in run_dir, or beside a run.json with
+    the same run_id (a copy of the run's directory)."""
+    home = Path(checkpoint).resolve().parent
+    if home == Path(run_dir).resolve():
+        return True
+    own = read_run_id(run_dir)
+    return own is not None and own == read_run_id(home)

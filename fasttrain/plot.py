@@ -4,7 +4,12 @@
 
 One PNG (default RUN_DIR/curves.png of the first run) with four panels against the optimizer step:
 loss (each step's, and the mean since the previous log line), learning rate, images/s, and top-1
-(validation raw and EMA, and the training batches'). Several runs are overlaid, one colour each.
+(validation raw and EMA, and the training batches'). Several runs are overlaid, one colour each, each
+run's lines drawn thinner than the previous run's, so runs with identical curves (the same seed, a
+copied run) stay visible as a band around a line instead of the last one covering the others. The
+learning rate is drawn as steps holding each logged value until the next log line: the seeds'
+schedules are staircases (exponential with staircase=True, piecewise), which a straight line between
+log points would show as slopes.
 Needs matplotlib (pip install 'fasttrain[plot]').
 """
 
@@ -74,15 +79,15 @@ def plot_runs(run_dirs: list[Path], out: Path):
     for i, run_dir in enumerate(run_dirs):
         train, evals = read_metrics(run_dir)
         colour, name = colours[i % len(colours)], Path(run_dir).name or str(run_dir)
-        ax_loss.plot(*_series(train, "loss"), color=colour, alpha=0.35, linewidth=1, label=f"{name} (step)")
-        ax_loss.plot(*_series(train, "loss_avg"), color=colour, label=f"{name} (mean since last line)")
-        ax_lr.plot(*_series(train, "lr"), color=colour, label=name)
-        ax_speed.plot(*_series(train, "examples_per_sec"), color=colour, label=name)
-        ax_top1.plot(*_series(evals, "top1"), "o-", color=colour, label=f"{name} validation")
-        ax_top1.plot(*_series(evals, "ema_top1"), "s--", color=colour, label=f"{name} validation EMA")
-        ax_top1.plot(
-            *_series(train, "train_top1"), ":", color=colour, alpha=0.6, label=f"{name} train batches"
-        )
+        width = 1.5 + 2.0 * (len(run_dirs) - 1 - i)  # the first run widest, underneath
+        line = dict(color=colour, linewidth=width, zorder=2 + i)
+        ax_loss.plot(*_series(train, "loss"), **line, alpha=0.35, label=f"{name} (step)")
+        ax_loss.plot(*_series(train, "loss_avg"), **line, label=f"{name} (mean since last line)")
+        ax_lr.step(*_series(train, "lr"), where="post", **line, label=name)
+        ax_speed.plot(*_series(train, "examples_per_sec"), **line, label=name)
+        ax_top1.plot(*_series(evals, "top1"), "o-", **line, label=f"{name} validation")
+        ax_top1.plot(*_series(evals, "ema_top1"), "s--", **line, label=f"{name} validation EMA")
+        ax_top1.plot(*_series(train, "train_top1"), ":", **line, alpha=0.6, label=f"{name} train batches")
     ax_top1.set_ylim(-0.02, 1.02)
     for ax in axes.flat:
         if ax.get_legend_handles_labels()[0]:

@@ -29,7 +29,7 @@ from fasttrain.distributed import (
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
-from fasttrain.lock import RunLock, claim_run_dir
+from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
 from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
@@ -92,9 +92,16 @@ def train(cfg: Config) -> dict:
     run = build_run(
         cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
     )
-    step = restore_run(cfg, run, run_dir=run_dir, log=log)
+    resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
+    try:
+        step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append)
+    except FasttrainError:
+        for line in resume_lines:  # the reasons its message refers to
+            log(line)
+        raise
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
+        ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
@@ -103,9 +110,13 @@ def train(cfg: Config) -> dict:
     )
     if step >= max_steps:
         log(
-            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating it; "
-            "pass a new --train_dir or a larger --max_steps to train more"
+            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating "
+            f"it, not training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
+            f"train this one further a --max_steps above {step}"
         )
+        resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]
+    for line in resume_lines:
+        log(line)
 
     curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
     step_fn = run.step

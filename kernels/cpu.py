@@ -62,7 +62,9 @@ def supported(*buffers) -> bool:
 
 @functools.cache
 def thread_pool(workers: int) -> ThreadPoolExecutor:
-    """The threads both CPU routes of the chunked path share (one per torch thread)."""
+    """The threads both CPU routes of the chunked path share (one per torch thread). Idle, they block on
+    the executor's queue: unlike OpenMP's workers they never spin, so the forward pass after an
+    optimizer step finds its cores free. (numba's own threading layer is not used: no parallel=True.)"""
     return ThreadPoolExecutor(workers, thread_name_prefix="fasttrain-chunked")
 
 
@@ -112,6 +114,8 @@ def momentum_update(
 # at about half speed at first; with blocks the thread on the free core takes on more of the work.
 # Measured on the 2-core CPU, ResNet-50 momentum + EMA right after a parallel torch op: 42.6 ms with
 # fixed halves, 25.2 ms when no OpenMP worker spins.
+# The trainer's passive OpenMP wait (fasttrain/threads.py) removes that spinning; the blocks still
+# balance the work when another program holds one of the cores.
 BLOCK = 1 << 18
 
 

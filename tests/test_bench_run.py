@@ -262,3 +262,13 @@ def test_rows_on_cuda_use_the_graph_the_policy_and_the_kernels():
     assert rows["e"]["setting"] == dict(a, cuda_graph=False)  # (e) is (a) without the graph
     if HAVE_TRITON and torch.cuda.get_device_capability() >= (7, 0):
         assert a["optimizer"] == "FusedMomentum (impl triton)"
+
+
+def test_results_go_outside_the_checkout_unless_told(tmp_path, monkeypatch):
+    from bench.common import ROOT
+    from bench.run import default_out_dir
+
+    monkeypatch.setenv("FASTTRAIN_CACHE", str(tmp_path / "cache"))
+    out = default_out_dir({"date": "2026-11-25T01:00:00", "gpu": "NVIDIA H200"})
+    assert out == tmp_path / "cache" / "bench" / "2026-11-25-nvidia-h200"
+    assert ROOT not in out.parents

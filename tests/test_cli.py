@@ -89,6 +89,7 @@ def test_short_run_trains_checkpoints_and_resumes(tiny_data, tmp_path):
     )
     assert again.returncode == 0, again.stderr
     assert "already holds a finished run at step 6" in again.stdout
+    assert "resuming from step" not in again.stdout  # nothing resumes: it only evaluates
 
     # A resume under other settings: the model's are named in the refusal, the rest in a note.
     common = ["--data_dir", str(tiny_data), "--train_dir", str(run_dir), "--max_steps=7", *SHORT]

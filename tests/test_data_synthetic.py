@@ -51,11 +51,11 @@ def test_synthetic_layout_and_converter_types(synthetic):
 
 
 def test_synthetic_is_reproducible(synthetic, tmp_path):
-    make_synthetic(tmp_path, train_shards=1, val_shards=0, per_shard=40, classes=4, seed=7)
+    make_synthetic(tmp_path / "a", train_shards=1, val_shards=0, per_shard=40, classes=4, seed=7)
     shard = "train-00000-of-00001"
-    first = [p for _, p in iter_records(tmp_path / shard)]
-    make_synthetic(tmp_path, train_shards=1, val_shards=0, per_shard=40, classes=4, seed=7)
-    assert [p for _, p in iter_records(tmp_path / shard)] == first
+    first = [p for _, p in iter_records(tmp_path / "a" / shard)]
+    make_synthetic(tmp_path / "b", train_shards=1, val_shards=0, per_shard=40, classes=4, seed=7)
+    assert [p for _, p in iter_records(tmp_path / "b" / shard)] == first
 
 
 def test_synthetic_class_signal_survives_the_train_crop(synthetic):

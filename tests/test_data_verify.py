@@ -58,7 +58,7 @@ def test_verify_reports_every_bad_record(synthetic, tmp_path, capsys):
     for offset in (offsets[3], offsets[7]):
         assert f"corrupted record at offset {offset} in {shard0} (data CRC mismatch)" in out
     assert f"truncated record at offset {cut - 20} in {shard1}" in out
-    assert f"record at offset 0 in {bad_label}: label 9 + label_offset -1 is outside [0, 4)" in out
+    assert f"record at offset 0 in {bad_label}: label 9 + --label_offset -1 is outside [0, 4)" in out
     assert f"empty shard {empty}" in out
     assert "train: 85 records in 3 shards" in out  # 40 (2 with bad CRCs) + 5 before the cut + 40
     report = verify_dataset(data, workers=1, label_offset=-1, num_classes=4, splits=["train"])
@@ -77,7 +77,7 @@ def test_verify_decode_finds_a_bad_jpeg(tmp_path):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert main(["verify", str(tmp_path / "nope")]) == 1
+    assert main(["verify", str(tmp_path / "nope")]) == 2  # a bad argument, as the trainer's --data_dir
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "does not exist" in err
     assert main(["ls", str(tmp_path)]) == 0  # no shards of either split: nothing to list
@@ -95,6 +95,30 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "cannot write the data set to" in err and "Not a directory" in err
 
 
+def test_a_bad_record_names_the_trainers_flag(tmp_path):
+    write_records(tmp_path / "train-00000-of-00001", [b"\xff\xff\xff"])
+    [shard] = verify_dataset(tmp_path, workers=1, write_index=False).bad
+    assert shard.bad[0].endswith("re-create the shard or use --skip_corrupt"), shard.bad
+
+
+def test_make_synthetic_refuses_a_directory_that_holds_shards(tmp_path, capsys):
+    out = str(tmp_path / "set")
+    assert (
+        main(["make-synthetic", "--out", out, "--train-shards", "2", "--val-shards", "0", "--per-shard", "1"])
+        == 0
+    )
+    before = sorted(p.name for p in (tmp_path / "set").iterdir())
+    capsys.readouterr()
+    # a second set of another size would have left train-*-of-00002 beside train-*-of-00003
+    assert (
+        main(["make-synthetic", "--out", out, "--train-shards", "3", "--val-shards", "0", "--per-shard", "1"])
+        == 1
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds 2 shard(s)" in err
+    assert sorted(p.name for p in (tmp_path / "set").iterdir()) == before
+
+
 def test_ls_prints_one_json_object_per_record(synthetic, capsys):
     assert main(["ls", str(synthetic), "--split", "validation", "--limit", "3"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -106,3 +130,11 @@ def test_ls_prints_one_json_object_per_record(synthetic, capsys):
         assert (line["file"], line["offset"], line["label"]) == (str(shard), r.offset, r.stored_label)
         assert (line["filename"], line["height"], line["width"]) == (r.filename, r.height, r.width)
         np.testing.assert_allclose(np.array(line["boxes"]).reshape(-1, 4), r.boxes, atol=1e-6)
+
+
+def test_a_directory_of_raw_images_names_the_converter(tmp_path, capsys):
+    (tmp_path / "n01440764").mkdir()  # raw ImageNet: class folders of JPEGs, not shards
+    (tmp_path / "n01440764" / "n01440764_10026.JPEG").write_bytes(b"")
+    assert main(["verify", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "build_imagenet_data.py" in err

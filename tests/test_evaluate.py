@@ -69,6 +69,35 @@ def test_a_given_checkpoint(run, capsys):
     assert _records(run_dir)[-1]["step"] == 2
 
 
+def test_another_runs_checkpoint_leaves_this_runs_curves_alone(run, tmp_path, capsys):
+    # Same config, another run (its own run.json): before run identities its result was appended to
+    # this run's metrics.jsonl as if this run had reached that step.
+    run_dir, _ = run
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    (other / "run.json").write_text(json.dumps({"run_id": "0" * 32}))
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] != "0" * 32  # the trainer wrote one
+    metrics_before = (run_dir / "metrics.jsonl").read_text()
+    events_before = (
+        sorted(p.name for p in (run_dir / "eval").glob("*")) if (run_dir / "eval").exists() else []
+    )
+    assert main([str(run_dir), "--checkpoint", str(other / "ckpt-2.pt")]) == 0
+    out, err = capsys.readouterr()
+    assert "ckpt-2.pt: step 2, validation top-1 " in out and not err  # stderr: for errors only
+    assert "is not a checkpoint of the run in" in out and "pass --metrics_out FILE" in out
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before
+    assert (sorted(p.name for p in (run_dir / "eval").glob("*")) if (run_dir / "eval").exists() else []) == (
+        events_before
+    )
+
+    kept = tmp_path / "kept.jsonl"
+    assert main([str(run_dir), "--checkpoint", str(other / "ckpt-2.pt"), "--metrics_out", str(kept)]) == 0
+    assert "appended to" in capsys.readouterr().out
+    [record] = [json.loads(line) for line in kept.read_text().splitlines()]
+    assert record["step"] == 2 and record["checkpoint"] == str(other / "ckpt-2.pt")
+    assert (run_dir / "metrics.jsonl").read_text() == metrics_before
+
+
 def test_watch_evaluates_each_new_checkpoint_until_the_last(run, tmp_path, capsys):
     run_dir = tmp_path / "watched"
     shutil.copytree(run[0], run_dir)

@@ -19,7 +19,7 @@ from launch_helpers import kill_tree, run_torchrun, trainer, trainer_args, train
 
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.errors import SettingError
-from fasttrain.lock import LOCK_NAME, RunLock
+from fasttrain.lock import LOCK_NAME, RunLock, ensure_run_id, read_run_id, same_run
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +163,23 @@ def test_a_file_system_without_locks_gets_a_note_not_a_refusal(tmp_path, monkeyp
         f"note: cannot lock {tmp_path / LOCK_NAME} ({os.strerror(errno.ENOLCK)}); nothing stops a second "
         "trainer from using this --train_dir at the same time"
     ]
+
+
+def test_a_run_gets_one_identity_kept_across_resumes(tmp_path):
+    run_id = ensure_run_id(tmp_path, "elsewhere")
+    first = json.loads((tmp_path / "run.json").read_text())
+    assert len(first["run_id"]) == 32 and first["started_from"] == "elsewhere" and first["run_id"] == run_id
+    assert ensure_run_id(tmp_path) == run_id == read_run_id(tmp_path)  # a resume: the same run
+
+
+def test_same_run_by_directory_or_by_identity(tmp_path):
+    a, b, copy, legacy = (tmp_path / n for n in ("a", "b", "copy", "legacy"))
+    for d in (a, b):
+        d.mkdir()
+        ensure_run_id(d)
+    copy.mkdir()
+    (copy / "run.json").write_text((a / "run.json").read_text())
+    legacy.mkdir()  # a run from before run.json
+    assert same_run(a, a / "ckpt-4.pt") and same_run(a, copy / "ckpt-4.pt")
+    assert not same_run(a, b / "ckpt-4.pt") and not same_run(a, legacy / "ckpt-4.pt")
+    assert same_run(legacy, legacy / "ckpt-4.pt") and not same_run(legacy, a / "ckpt-4.pt")

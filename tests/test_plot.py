@@ -53,6 +53,22 @@ def test_png_with_four_panels_and_each_run(tmp_path):
     assert [line.get_label() for line in axes["learning rate"].get_lines()] == ["a", "b"]
 
 
+def test_identical_runs_stay_visible_and_the_lr_is_a_staircase(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write_run(a, 1.0)
+    _write_run(b, 1.0)  # the same curves: b drawn the same width over a hid a entirely
+    fig = plot_runs([a, b], tmp_path / "curves.png")
+    lines = {line.get_label(): line for ax in fig.axes for line in ax.get_lines()}
+    under, over = lines["a (mean since last line)"], lines["b (mean since last line)"]
+    assert list(under.get_ydata()) == list(over.get_ydata())
+    assert under.get_linewidth() > over.get_linewidth() and under.get_zorder() < over.get_zorder()
+    lr = {line.get_label(): line for line in fig.axes[1].get_lines()}["a"]
+    # 0.1 up to step 50, 0.01 from step 60: drawn flat until the next log point, then a vertical drop
+    assert lr.get_drawstyle() == "steps-post"
+    path = lr.get_path().vertices.tolist()
+    assert [50.0, 0.1] in path and [60.0, 0.1] in path and [60.0, 0.01] in path
+
+
 def test_cli_default_output_and_one_line_error(tmp_path, capsys):
     a = tmp_path / "a"
     _write_run(a, 1.0)

@@ -12,7 +12,9 @@
     make-synthetic --out DIR [--train-shards N] [--val-shards M] [--per-shard K] [--classes C] [--seed S]
         a small data set in the converter's exact layout (see fasttrain.data.synthetic)
 
-Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments.
+Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments (a DIR that is not a
+directory too, as for the trainer's --data_dir). Messages name settings as the trainer's flags
+(`--skip_corrupt`), as the trainer prints them.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from fasttrain.data import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
-from fasttrain.data.verify import verify_dataset
+from fasttrain.data.verify import raw_images_hint, verify_dataset
+from fasttrain.errors import flag_text
 
 
 def _count(minimum: int):
@@ -173,11 +177,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
         parser.error("make-synthetic needs --train-shards or --val-shards above 0")
+    if args.command in ("verify", "ls") and not Path(args.data_dir).is_dir():
+        what = "is not a directory" if Path(args.data_dir).exists() else "does not exist"
+        print(f"error: {args.data_dir} {what}; give the directory of the TFRecord shards", file=sys.stderr)
+        return 2
     command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic}[args.command]
     try:
         return command(args)
     except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
+        hint = raw_images_hint(args.data_dir) if "shards in" in str(e) and hasattr(args, "data_dir") else ""
+        print(f"error: {flag_text(e)}{hint}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -6,7 +6,9 @@ Gaussian noise (sigma 16 of 255) and a random brightness gain, so the class surv
 train crop keeps as little as 5% of the area), flips and a resize to 64 px: a small CNN learns it from
 colour alone within a few hundred steps. Images are 48..160 px on each side independently (aspect
 ratios 0.3..3.3), encoded as RGB JPEG (quality 90); each carries 0..3 random boxes. Shards are written
-under a temporary name and renamed when complete, with their DALI index files beside them.
+under a temporary name and renamed when complete, with their DALI index files beside them. A directory
+that already holds shards is refused (DataError): a second set written over part of the first would
+leave one directory mixing two sets, or two set sizes.
 
 `ensure_synthetic` builds a set once per directory even when several processes ask at once (two first
 demo runs sharing a cache): one builds under a file lock, the others wait for it and use its set.
@@ -25,7 +27,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from fasttrain.data import DataError
 from fasttrain.data.example import encode_example
+from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.tfrecord import write_index_file, write_records
 
 MIN_SIDE, MAX_SIDE = 48, 160
@@ -122,6 +126,11 @@ def make_synthetic(
             "make_synthetic needs shard counts >= 0 (one at least), per_shard >= 0, classes >= 1"
         )
     out_dir = Path(out_dir)
+    if out_dir.is_dir() and (held := [p.name for split in SPLITS for p in find_shards(out_dir, split)]):
+        raise DataError(
+            f"{out_dir} already holds {len(held)} shard(s) ({held[0]}, ...); write the new set to an empty "
+            "directory, or delete those first"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     styles = _class_styles(classes, seed)
     synsets = [f"n{c + 1:08d}" for c in range(classes)]

@@ -32,6 +32,7 @@ from fasttrain.data.tfrecord import (
     save_index,
     scan_records_tolerant,
 )
+from fasttrain.errors import flag_text  # settings as the flags a user types: --skip_corrupt
 
 
 @dataclass
@@ -80,7 +81,7 @@ def _check_jpeg(record) -> str | None:
     try:  # the decoder the training pipeline uses
         height, width = decode_jpeg(record.jpeg, record.file, record.offset).shape[:2]
     except DataError as e:
-        return str(e)
+        return flag_text(e)
     if record.height and record.width and (record.height, record.width) != (height, width):
         return (
             f"record at offset {record.offset} in {record.file}: image/height x image/width say "
@@ -135,18 +136,18 @@ def _scan_shard(
     entries, framing_ok = [], True
     for offset, size, payload, error in scan_records_tolerant(path, verify=True):
         if size == 0:  # truncation or a bad length field: the rest of the file cannot be framed
-            report.bad.append(str(error))
+            report.bad.append(flag_text(error))
             framing_ok = False
             break
         entries.append((offset, size))
         report.records += 1
         if error is not None:
-            report.bad.append(str(error))
+            report.bad.append(flag_text(error))
             continue
         try:
             record = decode_record(payload, path, offset, label_offset, num_classes)
         except DataError as e:
-            report.bad.append(str(e))
+            report.bad.append(flag_text(e))
             continue
         label = record.stored_label
         report.label_min = label if report.label_min is None else min(report.label_min, label)
@@ -219,3 +220,22 @@ def verify_dataset(
     order = {str(job[0]): i for i, job in enumerate(jobs)}
     reports.sort(key=lambda r: order[r.file])
     return VerifyReport(reports, time.perf_counter() - start, problems)
+
+
+CONVERTER = "TensorFlow models' build_imagenet_data.py (research/inception/inception/data/)"
+
+
+def raw_images_hint(data_dir) -> str:
+    """'; <dir> holds JPEG images ...: convert them ...' when data_dir looks like raw ImageNet (image
+    files, or class folders such as n01440764/) rather than TFRecord shards; '' otherwise."""
+    path = Path(data_dir)
+    try:
+        names = [p.name for p in path.iterdir()][:2000]
+    except OSError:
+        return ""
+    images = any(n.lower().endswith((".jpeg", ".jpg", ".png")) for n in names)
+    folders = any(n in ("train", "val") or (len(n) == 9 and n[0] == "n" and n[1:].isdigit()) for n in names)
+    if not (images or folders):
+        return ""
+    what = "JPEG images" if images else "class or split folders of images"
+    return f"; {path} holds {what}: convert them to TFRecord shards first with {CONVERTER}"

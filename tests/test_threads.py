@@ -1,0 +1,90 @@
+"""The CPU thread policy (fasttrain/threads.py): the arithmetic, the environment it sets before torch
+loads, the explicit settings it keeps, and that the command line applies it before importing torch."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from fasttrain.threads import available_cores, configure, input_workers, intra_op_threads
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    "workers, cores, ranks, expected",
+    [(2, 2, 1, 1), (4, 2, 1, 1), (0, 2, 1, 2), (2, 8, 1, 6), (2, 16, 4, 2), (0, 16, 4, 4), (8, 16, 4, 1)],
+)
+def test_intra_op_threads_are_the_cores_left_after_the_input_workers(workers, cores, ranks, expected):
+    assert intra_op_threads(workers, cores, ranks) == expected
+
+
+def test_input_workers_follow_the_backend():
+    def cfg(backend, deterministic=False):  # the three Config fields input_workers reads
+        return SimpleNamespace(num_workers=3, data_backend=backend, deterministic=deterministic)
+
+    assert input_workers(cfg("torch")) == 3
+    assert input_workers(cfg("torch", deterministic=True)) == 1
+    assert input_workers(cfg("dali")) == 3  # DALI's CPU threads
+    assert input_workers(cfg("synthetic")) == 0
+
+
+def _child(code: str, **env_changes) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_", "FASTTRAIN_T"))}
+    env.update(env_changes, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return out.stdout.split("|")
+
+
+_REPORT = (
+    "import os, fasttrain.threads as t; p = t.configure(1); import torch; "
+    "print(os.environ.get('OMP_WAIT_POLICY'), torch.get_num_threads(), p.describe(), sep='|')"
+)
+
+
+def test_configure_sets_a_passive_wait_before_torch_loads_and_threads_from_the_free_cores():
+    wait, threads, text = _child(_REPORT)
+    assert wait == "PASSIVE"
+    assert int(threads) == max(1, available_cores() - 1)
+    assert "passive wait" in text
+
+
+def test_an_explicit_setting_is_kept():
+    # 1 thread where the policy would give all cores (configure(0): no input workers)
+    wait, threads, text = _child(
+        _REPORT.replace("configure(1)", "configure(0)"), OMP_NUM_THREADS="1", OMP_WAIT_POLICY="ACTIVE"
+    )
+    assert (wait, int(threads)) == ("ACTIVE", 1)
+    assert "OMP_NUM_THREADS=1" in text and "the environment's wait" in text
+
+
+def test_fasttrain_threads_off_leaves_torch_defaults():
+    wait, threads, text = _child(_REPORT, FASTTRAIN_THREADS="off")
+    assert wait == "None"
+    default = int(_child("import torch; print(torch.get_num_threads(), end='|')")[0])
+    assert int(threads) == default
+    assert "torch's defaults" in text
+
+
+def test_configured_after_torch_says_the_wait_could_not_be_set():
+    before = torch.get_num_threads()
+    try:
+        policy = configure(0, environ={"LOCAL_WORLD_SIZE": "1"})
+        assert "torch was imported before" in policy.wait
+        assert torch.get_num_threads() == policy.threads == available_cores()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_command_line_parses_flags_without_importing_torch():
+    # python -m fasttrain applies the policy after parsing the flags and before the trainer imports
+    # torch: an import of torch creeping into the flag layer would make the wait policy too late.
+    code = (
+        "import sys, fasttrain.__main__, fasttrain.flags, fasttrain.threads; "
+        "fasttrain.flags.parse_args(['--num_workers=1']); print('torch' in sys.modules, end='|')"
+    )
+    assert _child(code)[0] == "False"
