@@ -24,6 +24,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, upgrade_saved_config
 from fasttrain.distributed import rank0_error
+from fasttrain.lock import read_run_id
 from fasttrain.models import classifier_names, reset_classifier
 from fasttrain.tf_checkpoint import is_tf_checkpoint
 
@@ -182,6 +183,12 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
         ) from None
     run.load_rank_state(state["data"], state.get("rng", []))
     log(f"resuming from step {state['step']} ({path})")
+    if (written_by := state.get("run_id")) and written_by != (own := read_run_id(run_dir)) and own:
+        # A checkpoint copied in from another run (its run.json differs): continued, but said.
+        log(
+            f"note: {path.name} was written by run {written_by[:8]}, not by the run in {run_dir} "
+            f"(run.json: {own[:8]}); continuing it as {run_dir}'s run"
+        )
     if changes:
         log(f"note: settings changed since that checkpoint: {', '.join(changes)}")
     return int(state["step"])
@@ -204,6 +211,7 @@ def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config) -> None:
             "rng": [g["rng"] for g in gathered],
             "config": dataclasses.asdict(cfg),
             "world_size": info.world_size,
+            "run_id": read_run_id(run_dir),  # the run.json identity (fasttrain/lock.py), or None
         }
         try:
             ckpt.save_checkpoint(run_dir, step, state, keep=cfg.keep_checkpoints)

@@ -148,3 +148,22 @@ def test_errors_are_one_line(run, data, tmp_path):
     assert "num_classes 4 -> 5" in out.stderr or "num_classes 5 -> 4" in out.stderr, out.stderr
     for result in outputs:
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_checkpoints_carry_the_run_id_and_a_resume_names_another_runs(run, data, tmp_path, capsys):
+    # The run's identity (run.json) is written into each checkpoint; resuming a directory whose run.json
+    # names another run than the checkpoint's (a checkpoint copied in from elsewhere) says so.
+    import torch
+
+    run_dir, _ = run
+    own = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert torch.load(run_dir / "ckpt-4.pt", weights_only=True)["run_id"] == own
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    capsys.readouterr()
+    train(_cfg(data, other))  # the same copy: the same run, nothing to say
+    assert "was written by run" not in capsys.readouterr().out
+    (other / "run.json").write_text(json.dumps({"run_id": "f" * 32}))
+    train(_cfg(data, other))
+    out = capsys.readouterr().out
+    assert f"ckpt-4.pt was written by run {own[:8]}, not by the run in {other} (run.json: ffffffff)" in out
