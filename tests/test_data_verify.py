@@ -138,3 +138,14 @@ def test_a_directory_of_raw_images_names_the_converter(tmp_path, capsys):
     assert main(["verify", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "build_imagenet_data.py" in err
+
+
+def test_the_trainers_loader_names_the_converter_for_raw_images_too(tmp_path):
+    # The trainer reaches the shards through list_shards, not through verify: the same hint, once.
+    from fasttrain.data import DataError
+
+    (tmp_path / "n01440764").mkdir()
+    with pytest.raises(DataError) as raised:
+        list_shards(tmp_path, "train")
+    message = str(raised.value)
+    assert message.count("build_imagenet_data.py") == 1 and "class or split folders" in message

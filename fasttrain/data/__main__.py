@@ -30,7 +30,7 @@ from fasttrain.data import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
-from fasttrain.data.verify import raw_images_hint, verify_dataset
+from fasttrain.data.verify import verify_dataset
 from fasttrain.errors import flag_text
 
 
@@ -185,8 +185,7 @@ def main(argv=None) -> int:
     try:
         return command(args)
     except DataError as e:
-        hint = raw_images_hint(args.data_dir) if "shards in" in str(e) and hasattr(args, "data_dir") else ""
-        print(f"error: {flag_text(e)}{hint}", file=sys.stderr)
+        print(f"error: {flag_text(e)}", file=sys.stderr)  # a raw-image directory is named in it
         return 1
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

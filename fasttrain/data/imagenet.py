@@ -51,6 +51,7 @@ def list_shards(data_dir, split: str, check: bool = True) -> list[Path]:
     if not names:
         raise DataError(
             f"no {split}-NNNNN-of-NNNNN shards in {data_dir}; give the directory of the converter's output"
+            + raw_images_hint(data_dir)
         )
     if check:
         problems = shard_set_problems(names) + [p for p in map(shard_file_problem, names) if p]
@@ -232,3 +233,22 @@ def label_range_error(file, offset: int, stored: int, label_offset: int, num_cla
         "this data set (the converter's labels run 1..1000: use -1 and 1000, or 0 and 1001 with background)",
         settings=("label_offset", "num_classes"),
     )
+
+
+CONVERTER = "TensorFlow models' build_imagenet_data.py (research/inception/inception/data/)"
+
+
+def raw_images_hint(data_dir) -> str:
+    """'; <dir> holds JPEG images ...: convert them ...' when data_dir looks like raw ImageNet (image
+    files, or class folders such as n01440764/) rather than TFRecord shards; '' otherwise."""
+    path = Path(data_dir)
+    try:
+        names = [p.name for p in path.iterdir()][:2000]
+    except OSError:
+        return ""
+    images = any(n.lower().endswith((".jpeg", ".jpg", ".png")) for n in names)
+    folders = any(n in ("train", "val") or (len(n) == 9 and n[0] == "n" and n[1:].isdigit()) for n in names)
+    if not (images or folders):
+        return ""
+    what = "JPEG images" if images else "class or split folders of images"
+    return f"; {path} holds {what}: convert them to TFRecord shards first with {CONVERTER}"

@@ -23,7 +23,14 @@ from pathlib import Path
 import numpy as np
 
 from fasttrain.data import DataError
-from fasttrain.data.imagenet import SPLITS, decode_record, find_shards, list_shards, shard_set_problems
+from fasttrain.data.imagenet import (
+    SPLITS,
+    decode_record,
+    find_shards,
+    list_shards,
+    raw_images_hint,
+    shard_set_problems,
+)
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.tfrecord import (
     index_candidates,
@@ -188,6 +195,7 @@ def verify_dataset(
         if not found:
             raise DataError(
                 f"no train-* or validation-* shards in {data_dir}; point it at the converter's output"
+                + raw_images_hint(data_dir)
             )
     else:
         found = {split: list_shards(data_dir, split, check=False) for split in splits}
@@ -220,22 +228,3 @@ def verify_dataset(
     order = {str(job[0]): i for i, job in enumerate(jobs)}
     reports.sort(key=lambda r: order[r.file])
     return VerifyReport(reports, time.perf_counter() - start, problems)
-
-
-CONVERTER = "TensorFlow models' build_imagenet_data.py (research/inception/inception/data/)"
-
-
-def raw_images_hint(data_dir) -> str:
-    """'; <dir> holds JPEG images ...: convert them ...' when data_dir looks like raw ImageNet (image
-    files, or class folders such as n01440764/) rather than TFRecord shards; '' otherwise."""
-    path = Path(data_dir)
-    try:
-        names = [p.name for p in path.iterdir()][:2000]
-    except OSError:
-        return ""
-    images = any(n.lower().endswith((".jpeg", ".jpg", ".png")) for n in names)
-    folders = any(n in ("train", "val") or (len(n) == 9 and n[0] == "n" and n[1:].isdigit()) for n in names)
-    if not (images or folders):
-        return ""
-    what = "JPEG images" if images else "class or split folders of images"
-    return f"; {path} holds {what}: convert them to TFRecord shards first with {CONVERTER}"
