@@ -40,3 +40,17 @@ def test_negative_entropy_is_refused_like_seedsequence():
         np.random.default_rng([-1])
     with pytest.raises(ValueError):
         pcg64_state((-1,))
+
+
+def test_colour_draws_are_generator_uniforms():
+    # sample_color draws its four parameters with one rng.random(4); the reference is the seed's
+    # four rng.uniform calls, as the sampler made them before (numpy's own arithmetic).
+    from fasttrain.data.color import sample_color
+
+    for seed in range(300):
+        ref = np.random.default_rng(seed)
+        ordering = int(ref.integers(0, 2))
+        ranges = [(-32 / 255, 32 / 255), (0.5, 1.5), (-0.2, 0.2), (0.5, 1.5)]
+        expected = [ordering] + [float(np.float32(ref.uniform(lo, hi))) for lo, hi in ranges]
+        got = sample_color(np.random.default_rng(seed))
+        assert [got.ordering, got.brightness, got.saturation, got.hue, got.contrast] == expected
