@@ -42,13 +42,15 @@ class ColorParams:
 def sample_color(rng: np.random.Generator) -> ColorParams:
     """The seed's random_brightness / saturation / hue / contrast draws and its ordering coin."""
     ordering = int(rng.integers(0, 2))
-    return ColorParams(
-        ordering,
-        float(_F32(rng.uniform(-32 / 255, 32 / 255))),
-        float(_F32(rng.uniform(0.5, 1.5))),
-        float(_F32(rng.uniform(-0.2, 0.2))),
-        float(_F32(rng.uniform(0.5, 1.5))),
-    )
+    # rng.uniform(lo, hi) is lo + (hi - lo) * rng.random() in float64 (numpy's random_uniform): one
+    # call for the four doubles draws the same numbers as four uniform calls, at a third of the cost.
+    values = (_UNIFORM_LO + _UNIFORM_RANGE * rng.random(4)).astype(_F32).tolist()
+    return ColorParams(ordering, *values)
+
+
+# brightness, saturation, hue, contrast; the range is hi - lo in float64, as Generator.uniform takes it
+_UNIFORM_LO = np.array([-32 / 255, 0.5, -0.2, 0.5])
+_UNIFORM_RANGE = np.array([32 / 255 - -32 / 255, 1.5 - 0.5, 0.2 - -0.2, 1.5 - 0.5])
 
 
 @numba.njit(**_JIT)

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition, LabelRangeError
 from fasttrain.data.imagenet import decode_record
+from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import read_record
 from fasttrain.data.transforms import eval_transform, train_transform, warm_up
@@ -116,6 +117,7 @@ class SampleReader:
         self.label_offset, self.num_classes, self.seed = cfg.label_offset, cfg.num_classes, cfg.seed
         self._files: OrderedDict = OrderedDict()
         self._scratch = np.empty((self.image_size, self.image_size, 3), np.float32)
+        self._generator = SampleGenerator()  # reseeded per sample: default_rng's state, 3x cheaper
 
     def close(self) -> None:
         for f in self._files.values():
@@ -140,7 +142,7 @@ class SampleReader:
         payload = read_record(self._file(file_id), offset, int(table.sizes[position]), path)
         record = decode_record(payload, path, offset, self.label_offset, self.num_classes)
         if self.training:
-            rng = np.random.default_rng([self.seed, self.epoch, position])
+            rng = self._generator.seeded((self.seed, self.epoch, position))  # = default_rng([...])
             train_transform(
                 record.jpeg,
                 record.boxes,

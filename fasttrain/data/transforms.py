@@ -48,20 +48,43 @@ _F32 = np.float32
 
 
 def _generate_random_crop(rng, width, height, min_area_frac, max_area_frac, aspect):
-    """TF's GenerateRandomCrop (sample_distorted_bounding_box_op.cc), in float32 like the C++."""
-    min_area = _F32(min_area_frac) * _F32(width) * _F32(height)
-    max_area = _F32(max_area_frac) * _F32(width) * _F32(height)
+    """TF's GenerateRandomCrop (sample_distorted_bounding_box_op.cc), in float32 like the C++.
+
+    The float32 arithmetic runs in the numba helpers (_height_range, _crop_size: NumPy scalar
+    arithmetic cost about 10 us a call); the draws stay on the NumPy generator, in TF's order.
+    """
+    h, max_h = _height_range(width, height, _F32(min_area_frac), _F32(max_area_frac), aspect)
+    if h < max_h:
+        h += int(rng.integers(0, max_h - h + 1))
+    h, w = _crop_size(h, aspect, width, height, _F32(min_area_frac), _F32(max_area_frac))
+    if h < 0:
+        return None
+    y = int(rng.integers(0, height - h)) if h < height else 0
+    x = int(rng.integers(0, width - w)) if w < width else 0
+    return y, x, h, w
+
+
+@numba.njit(nogil=True, cache=True)
+def _height_range(width, height, min_area_frac, max_area_frac, aspect):
+    """GenerateRandomCrop up to its height draw: (smallest height, largest height)."""
+    min_area = min_area_frac * _F32(width) * _F32(height)
+    max_area = max_area_frac * _F32(width) * _F32(height)
     h = int(np.rint(np.sqrt(min_area / aspect)))  # lrintf: round half to even
     max_h = int(np.rint(np.sqrt(max_area / aspect)))
     if int(np.rint(_F32(max_h) * aspect)) > width:
         # The smallest max_h with round(max_h * aspect) <= width (kEps guards the float division).
-        max_h = int((width + 0.5 - 1e-7) / float(aspect))
+        max_h = int((width + 0.5 - 1e-7) / np.float64(aspect))
         if int(np.rint(_F32(max_h) * aspect)) > width:
             max_h -= 1
     max_h = min(max_h, height)
-    h = min(h, max_h)
-    if h < max_h:
-        h += int(rng.integers(0, max_h - h + 1))
+    return min(h, max_h), max_h
+
+
+@numba.njit(nogil=True, cache=True)
+def _crop_size(h, aspect, width, height, min_area_frac, max_area_frac):
+    """GenerateRandomCrop after its height draw: (h, w), or (-1, -1) when the crop fails."""
+    min_area = min_area_frac * _F32(width) * _F32(height)
+    max_area = max_area_frac * _F32(width) * _F32(height)
     w = int(np.rint(_F32(h) * aspect))
     area = _F32(w * h)
     for _ in range(2):  # rounding may leave the area just below the minimum: try 1-2 rows taller
@@ -70,10 +93,8 @@ def _generate_random_crop(rng, width, height, min_area_frac, max_area_frac, aspe
             w = int(np.rint(_F32(h) * aspect))
             area = _F32(w * h)
     if area < min_area or area > max_area or w > width or h > height or w <= 0 or h <= 0:
-        return None
-    y = int(rng.integers(0, height - h)) if h < height else 0
-    x = int(rng.integers(0, width - w)) if w < width else 0
-    return y, x, h, w
+        return -1, -1
+    return h, w
 
 
 def _covers_an_object(y, x, h, w, pixel_boxes, min_object_covered) -> bool:
@@ -106,10 +127,12 @@ def sample_distorted_bounding_box(
     boxes: (K, 4) ymin, xmin, ymax, xmax normalised (K may be 0: the whole image is the object, as
     with use_image_if_no_bounding_boxes=True). The area range is relative to the whole image.
     """
-    boxes = np.clip(np.asarray(boxes, dtype=np.float32).reshape(-1, 4), 0, 1)  # TF rejects; we clip
-    scale = np.array([height, width, height, width], dtype=np.float32)
-    pixel_boxes = [tuple(int(v) for v in row) for row in boxes * scale]  # static_cast<int32>
-    if not pixel_boxes:
+    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    if len(boxes):
+        scale = np.array([height, width, height, width], dtype=np.float32)
+        # TF rejects boxes outside [0, 1]; we clip. astype truncates as static_cast<int32> does.
+        pixel_boxes = (np.clip(boxes, 0, 1) * scale).astype(np.int32).tolist()
+    else:
         pixel_boxes = [(0, 0, height, width)]
     lo, hi = _F32(aspect_ratio_range[0]), _F32(aspect_ratio_range[1])
     for _ in range(max_attempts):
