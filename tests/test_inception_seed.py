@@ -194,5 +194,9 @@ def test_channels_last_training_matches_nchw_outputs_and_statistics():
     # float32, different summation orders of NCHW and NHWC convolutions: ~1e-6 of O(1) values.
     for u, v in zip(out_a, out_b):
         torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-4)
+    # The moving statistics of the last blocks, measured: up to 1e-5 apart with 2 intra-op threads and
+    # 5e-5 (3e-4 of values ~0.15) with 1 (oneDNN's blocking, so the summation order, follows the thread
+    # count, and ~15 layers compound it): 1e-3 relative + 1e-4 is twice that, and a layout bug (a wrong
+    # permute or pool padding) moves them by O(0.1).
     for (name, u), v in zip(a.state_dict().items(), b.state_dict().values()):
-        torch.testing.assert_close(u, v, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(u, v, rtol=1e-3, atol=1e-4, msg=name)
