@@ -43,3 +43,14 @@ def synthetic(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
     make_synthetic(out, train_shards=3, val_shards=2, per_shard=40, classes=4, seed=7)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    # The CLI's main() applies fasttrain's thread policy (fasttrain/threads.py: torch.set_num_threads)
+    # in the process that calls it; a test calling it in-process must not leave the tests after it on
+    # another thread count, which changes oneDNN's summation order and so the last bits of results.
+    before = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
