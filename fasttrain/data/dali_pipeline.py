@@ -71,6 +71,7 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition
+from fasttrain.data.dali_ops import distort_color, eval_box, vgg_images
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
@@ -357,7 +358,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
     crop = None
 
     if cfg.preprocess == "vgg":
-        images, mirror, crop = _vgg_images(fn, dmath, types, jpegs, decoder, height, width, size, training)
+        images, mirror, crop = vgg_images(fn, dmath, types, jpegs, decoder, height, width, size, training)
     elif training:
         # An empty list becomes the whole-image box: pad to at least one entry, never more.
         coords = [fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]) for k, _ in _BOX_KEYS]
@@ -390,11 +391,11 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
             interp = fn.cast(fn.random.choice([int(m) for m in methods]), dtype=types.INTERP_TYPE)
         images = fn.resize(images, size=[size, size], interp_type=interp, antialias=True)
         if cfg.color_distort:
-            images = _distort_color(fn, dmath, types, images, gpu)
+            images = distort_color(fn, dmath, types, images, gpu)
         mirror = fn.random.coin_flip(probability=0.5)
     else:
         images = fn.decoders.image(jpegs, **decoder)
-        top, left, bottom, right = _eval_box(dmath, height, width, size, cfg.preprocess)
+        top, left, bottom, right = eval_box(dmath, height, width, size, cfg.preprocess)
         images = fn.resize(
             images,
             size=[size, size],
@@ -409,72 +410,3 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
         images, mean=mean, std=std, mirror=mirror, output_layout="HWC", dtype=dtype
     )
     return images, labels, crop
-
-
-def _distort_color(fn, dmath, types, images, gpu):
-    """The seed's colour distortion on [0, 255] floats (see the module docstring)."""
-    x = fn.cast(images, dtype=types.FLOAT)
-    x = dmath.clamp(x + gpu(fn.random.uniform(range=[-32.0, 32.0])), 0.0, 255.0)
-    x = fn.hsv(
-        x,
-        hue=fn.random.uniform(range=[-72.0, 72.0]),  # TF's hue delta 0.2 of a turn
-        saturation=fn.random.uniform(range=[0.5, 1.5]),
-        dtype=types.FLOAT,
-    )
-    mean = fn.reductions.mean(x, axes=[0, 1])  # (3,) per image, as tf.image.adjust_contrast
-    x = (x - mean) * gpu(fn.random.uniform(range=[0.5, 1.5])) + mean
-    return dmath.clamp(x, 0.0, 255.0)
-
-
-def _eval_box(dmath, height, width, size: int, preprocess: str):
-    """(top, left, bottom, right) ROI whose DALI resize is TF's eval resize (module docstring).
-
-    TF1's resize samples source index y * scale (no half-pixel offset); DALI samples at pixel centres,
-    index roi_start + (y + 0.5) * scale - 0.5. Starting the ROI 0.5 * (1 - scale) later makes the two
-    the same.
-    """
-    if preprocess == "inception":
-        top = dmath.floor((height - height * 0.875) / 2)  # tf.image.central_crop(image, 0.875)
-        left = dmath.floor((width - width * 0.875) / 2)
-        sy, sx = (height - 2 * top) / size, (width - 2 * left) / size
-    else:
-        # TF official's _smallest_size_at_least: float32 scale, the new size truncated.
-        ratio = float(round(size * 256 / 224)) / dmath.min(height, width)
-        new_h, new_w = dmath.floor(height * ratio), dmath.floor(width * ratio)
-        sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
-        top, left = dmath.floor((new_h - size) / 2) * sy, dmath.floor((new_w - size) / 2) * sx
-    top, left = top + 0.5 * (1 - sy), left + 0.5 * (1 - sx)
-    return top, left, top + size * sy, left + size * sx
-
-
-def _vgg_images(fn, dmath, types, jpegs, decoder, height, width, size: int, training: bool):
-    """The ResNet seed's vgg_preprocessing geometry (module docstring): (images, mirror, crop), crop =
-    (side, top, left, flip) per sample, for tests. Every step in float32, as TF's _smallest_size_at_least."""
-    from fasttrain.data.vgg import resize_sides
-
-    lo, hi, eval_side = resize_sides(size)
-    if training:
-        side = fn.random.uniform(values=[float(v) for v in range(lo, hi + 1)])
-    else:
-        side = fn.cast(eval_side, dtype=types.FLOAT)
-    ratio = side / dmath.min(height, width)
-    new_h, new_w = dmath.floor(height * ratio), dmath.floor(width * ratio)
-    if training:
-        top = dmath.min(dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (new_h - size + 1)), new_h - size)
-        left = dmath.min(dmath.floor(fn.random.uniform(range=[0.0, 1.0]) * (new_w - size + 1)), new_w - size)
-        mirror = fn.random.coin_flip(probability=0.5)
-    else:
-        top, left, mirror = dmath.floor((new_h - size) / 2), dmath.floor((new_w - size) / 2), 0
-    sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
-    # TF1 samples y * sy from the resized row y = top + i; DALI samples roi_start + (i + 0.5) * sy - 0.5.
-    y0, x0 = top * sy + 0.5 * (1 - sy), left * sx + 0.5 * (1 - sx)
-    images = fn.resize(
-        fn.decoders.image(jpegs, **decoder),
-        size=[size, size],
-        roi_start=fn.stack(y0, x0),
-        roi_end=fn.stack(y0 + size * sy, x0 + size * sx),
-        interp_type=types.INTERP_LINEAR,
-        antialias=False,  # TF1's resize_bilinear: 2 x 2 taps at any scale
-    )
-    flip = fn.cast(mirror, dtype=types.FLOAT) if training else fn.cast(0, dtype=types.FLOAT)
-    return images, mirror, (fn.stack(side, top, left, flip),)

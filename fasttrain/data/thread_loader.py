@@ -51,43 +51,28 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, EpochPosition, LabelRangeError
-from fasttrain.data.sharding import epoch_positions, open_split
-from fasttrain.data.torch_pipeline import SampleReader, all_corrupt
-from fasttrain.data.transforms import warm_up
+from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data.torch_pipeline import SampleReader, ShardLoader, all_corrupt
 from fasttrain.stop_signals import stop_signals_blocked
 
 PREFETCH = 2  # batches made ahead of the consumer: enough to cover one slow sample's jitter
 
 
-class ThreadLoader(EpochPosition):
+class ThreadLoader(ShardLoader):
     """The torch backend of the loader protocol, threads in this process (uint8 NHWC, pinned with CUDA)."""
-
-    normalized = False
 
     def __init__(
         self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1, hold: int = 1
     ):
-        self.cfg, self.split, self.training = cfg, split, training
-        self.rank, self.world_size = rank, world_size
-        self.table, self._len = open_split(cfg, split, training, rank, world_size)
-        warm_up()  # compile (or load) the kernels before the threads call them
-        self.num_records = len(self.table)
+        super().__init__(cfg, split, training, rank, world_size)
         # num_workers 0 means "no helper processes" to the process loader: here one thread.
         self.num_threads = 1 if cfg.deterministic else max(1, cfg.num_workers)
         self.hold = max(1, hold)
 
-    def __len__(self) -> int:
-        return self._len
-
     def __iter__(self):
-        cfg = self.cfg
-        positions = epoch_positions(
-            self.table, self.training, cfg.seed, self.epoch, self.rank, self.world_size, cfg.shuffle_buffer
-        )
-        start = self._begin_epoch()
-        if start >= self._len:
+        if (plan := self._epoch_plan()) is None:
             return
+        positions, start = plan
         epoch = _Epoch(self, positions, start)
         try:
             for j in range(start, self._len):

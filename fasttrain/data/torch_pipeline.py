@@ -184,8 +184,9 @@ def _batch_tensor(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(new_shared(int(np.prod(shape)))).view(shape)
 
 
-class TorchLoader(EpochPosition):
-    """The torch backend of the loader protocol in fasttrain.data (uint8 NHWC, pinned with CUDA)."""
+class ShardLoader(EpochPosition):
+    """What the torch backend's two loaders share: this rank's record table, opened and checked once,
+    the kernels compiled once (before workers or threads call them), and each epoch's plan."""
 
     normalized = False
 
@@ -193,22 +194,35 @@ class TorchLoader(EpochPosition):
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size = rank, world_size
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
-        warm_up()  # compile the resize kernels here, once, rather than in every worker
+        warm_up()
         self.num_records = len(self.table)
-        # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
-        self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
 
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self):
+    def _epoch_plan(self) -> tuple[np.ndarray, int] | None:
+        """(the epoch's record positions, the batch to start from), or None when nothing is left."""
         cfg = self.cfg
         positions = epoch_positions(
             self.table, self.training, cfg.seed, self.epoch, self.rank, self.world_size, cfg.shuffle_buffer
         )
         start = self._begin_epoch()
-        if start >= self._len:
+        return None if start >= self._len else (positions, start)
+
+
+class TorchLoader(ShardLoader):
+    """The torch backend of the loader protocol in fasttrain.data (uint8 NHWC, pinned with CUDA)."""
+
+    def __init__(self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1):
+        super().__init__(cfg, split, training, rank, world_size)
+        # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
+        self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
+
+    def __iter__(self):
+        cfg = self.cfg
+        if (plan := self._epoch_plan()) is None:
             return
+        positions, start = plan
         dataset = _BatchDataset(self.table, positions, start, self._len, cfg, self.epoch, self.training)
         loader = DataLoader(
             dataset,
