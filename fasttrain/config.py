@@ -427,11 +427,3 @@ def default_cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "fasttrain"
     )
     return Path(root)
-
-
-def upgrade_saved_config(saved: dict) -> dict:
-    """A saved config in this version's terms (fasttrain/run_config.py, where it lives with the other
-    resolving; resume and the evaluator call it from here)."""
-    from fasttrain.run_config import upgrade_saved_config as upgrade  # run_config imports this module
-
-    return upgrade(saved)

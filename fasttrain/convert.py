@@ -82,7 +82,8 @@ def from_tf(args: argparse.Namespace) -> Path:
 
 def _saved_config(state: dict, model: str):
     """The checkpoint's Config (its saved fields over the base's defaults); --model overrides."""
-    from fasttrain.config import Config, upgrade_saved_config
+    from fasttrain.config import Config
+    from fasttrain.run_config import upgrade_saved_config
 
     known = {f.name for f in dataclasses.fields(Config)}
     saved = {k: v for k, v in (state.get("config") or {}).items() if k in known}

@@ -158,7 +158,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _run_config(run_dir: Path, args: argparse.Namespace):
-    from fasttrain.config import Config, ConfigError, upgrade_saved_config
+    from fasttrain.config import Config, ConfigError
+    from fasttrain.run_config import upgrade_saved_config
 
     path = run_dir / "config.json"
     if not path.is_file() and args.recipe:  # a TensorFlow run: the recipe says what a config.json would

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, upgrade_saved_config
+from fasttrain.config import Config
 from fasttrain.distributed import rank0_error
 from fasttrain.lock import read_run_id
 from fasttrain.models import classifier_names, reset_classifier
+from fasttrain.run_config import upgrade_saved_config
 from fasttrain.tf_checkpoint import is_tf_checkpoint
 
 if TYPE_CHECKING:

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fasttrain.config import Config, ConfigError, make_config, upgrade_saved_config
+from fasttrain.config import Config, ConfigError, make_config
 from fasttrain.flags import flags_table, parse_args
 from fasttrain.recipes import RECIPES
 from fasttrain.resume import changed_settings, shaping_changes
+from fasttrain.run_config import upgrade_saved_config
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
