@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -81,7 +82,10 @@ def _worker(shard: str, count: int) -> dict:
 
     full = [J.decode_jpeg(j) for j in jpegs]
     ip = [T.sample_train_params(rng, *full[i].shape[:2], boxes[i], "inception", True) for i in range(n)]
-    crops = [full[i][p.crop[0] : p.crop[0] + p.crop[2], p.crop[1] : p.crop[1] + p.crop[3]] for i, p in enumerate(ip)]
+    crops = [
+        full[i][p.crop[0] : p.crop[0] + p.crop[2], p.crop[1] : p.crop[1] + p.crop[3]]
+        for i, p in enumerate(ip)
+    ]
     f299 = np.empty((299, 299, 3), np.float32)
     u299 = np.empty((299, 299, 3), np.uint8)
     for method in R.METHODS:
@@ -95,13 +99,14 @@ def _worker(shard: str, count: int) -> dict:
         R.resize(crops[i], f299, ip[i].method, in_scale=1 / 255, flip=ip[i].flip)
         resized.append(f299.copy())
 
+    fused_store = "out" in inspect.signature(T.distort_color).parameters
+
     def colour(i):
         f299[...] = resized[i]  # (a 1 MB copy, about 0.03 ms: in both contenders' numbers)
-        params = T.TrainParams((0, 0, 0, 0), False, "bilinear", ip[i].color)
-        if hasattr(T, "_colour_store"):
-            T._colour_store(f299, params, u299)
+        if fused_store:
+            T.distort_color(f299, ip[i].color, u299)
         else:
-            T.distort_color(f299, params.color)
+            T.distort_color(f299, ip[i].color)
             T._store(f299, u299, np.float32(255))
         return u299
 
@@ -111,7 +116,8 @@ def _worker(shard: str, count: int) -> dict:
         return T.apply_train(full[i], ip[i], 299, "inception", u299, f299)
 
     timed("inc-train", inception, lambda i: inception(i).tobytes())
-    del full, crops, resized
+    for kept in (full, crops, resized):  # (memory for the vgg item)
+        kept.clear()
 
     vp = [vgg.sample_train_params(rng, *sizes[i], 224) for i in range(n)]
     rows = []
@@ -134,7 +140,16 @@ def _worker(shard: str, count: int) -> dict:
 
 def _run(tree: str, shard: str, count: int) -> dict:
     env = dict(os.environ, PYTHONPATH=tree, OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "bench.bench_kernels_cpu", "--worker", "--shard", shard, "--images", str(count)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.bench_kernels_cpu",
+        "--worker",
+        "--shard",
+        shard,
+        "--images",
+        str(count),
+    ]
     done = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -157,7 +172,9 @@ def main() -> None:
             base = Path(tmp) / "baseline"
             base.mkdir()
             archive = subprocess.run(
-                ["git", "-C", here, "archive", args.baseline, "fasttrain", "bench"], capture_output=True, check=True
+                ["git", "-C", here, "archive", args.baseline, "fasttrain", "bench"],
+                capture_output=True,
+                check=True,
             ).stdout
             subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
             # this script itself, so that the baseline runs the same items
@@ -173,10 +190,14 @@ def main() -> None:
                         best[name][item] = row
         print("load after: ", Path("/proc/loadavg").read_text().strip())
     names = list(trees)
-    print(f"{args.images} records of {args.shard}, one thread, ms per image (CPU / wall), best of {args.rounds}")
+    print(
+        f"{args.images} records of {args.shard}, one thread, ms per image (CPU / wall), best of {args.rounds}"
+    )
     print("item".ljust(18) + "".join(n.rjust(20) for n in names) + ("  pixels" if len(names) > 1 else ""))
     for item in best[names[-1]]:
-        cells = "".join(f"{best[n][item]['cpu_ms']:.3f} / {best[n][item]['wall_ms']:.3f}".rjust(20) for n in names)
+        cells = "".join(
+            f"{best[n][item]['cpu_ms']:.3f} / {best[n][item]['wall_ms']:.3f}".rjust(20) for n in names
+        )
         same = ""
         if len(names) > 1:
             same = "  same" if best[names[0]][item]["sha"] == best[names[1]][item]["sha"] else "  DIFFERENT"

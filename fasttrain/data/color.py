@@ -236,28 +236,73 @@ def _shift_hue_row(red, green, blue, delta6):
 
 
 @numba.njit(**_JIT)
-def _distort(x, ordering, brightness, saturation, hue, contrast):
-    """In place on (H, W, 3) float32: the seed's colour steps in `ordering`, then clip to [0, 1].
+def _round255(v):
+    """v * 255 rounded to the nearest uint8 level, clamped to [0, 255] (resize._round's rounding)."""
+    v = min(max(v * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))
+    return np.uint8(min(np.int32(v), 255))
 
-    Row by row through planar buffers, so the per-pixel steps run as vector loops.
+
+@numba.njit(**_JIT)
+def _clip_store(red, green, blue, line, dst):
+    """The clip to [0, 1] of the planar row (TF's clip_by_value: max(0, min(1, x)), NaN kept) into
+    the interleaved float32 `line`, or, when dst has values, rounded x 255 into dst instead (a
+    separate function: inlined, its loops grew _distort past the size at which LLVM still inlined
+    and vectorised the colour steps, 6x slower)."""
+    zero, one = _F32(0), _F32(1)
+    for i in range(red.shape[0]):
+        r, g, b = red[i], green[i], blue[i]
+        r, g, b = (r if zero < r else zero), (g if zero < g else zero), (b if zero < b else zero)
+        red[i], green[i], blue[i] = (r if r < one else one), (g if g < one else one), (b if b < one else one)
+    if dst.shape[0] > 0:
+        for i in range(red.shape[0]):
+            dst[3 * i], dst[3 * i + 1], dst[3 * i + 2] = (
+                _round255(red[i]),
+                _round255(green[i]),
+                _round255(blue[i]),
+            )
+    else:
+        for i in range(red.shape[0]):
+            line[3 * i], line[3 * i + 1], line[3 * i + 2] = red[i], green[i], blue[i]
+
+
+@numba.njit(**_JIT)
+def _distort(x, ordering, brightness, saturation, hue, contrast, uout):
+    """The seed's colour steps in `ordering` on (H, W, 3) float32 x, then the clip to [0, 1]: into x,
+    or (uout (H * W * 3) uint8 with values) rounded x 255 into uout, x then holding an intermediate.
+
+    Two passes over the image, each fusing every per-pixel step it can: contrast needs the channel
+    means of its input first. Ordering 1: the means of the brightened image (a sum alone), then per
+    row brightness, contrast, saturation, hue, clip and store. Ordering 0: per row brightness,
+    saturation and hue back into x, summed as they are written; then contrast, clip and store. The
+    per-pixel steps run on planar row buffers allocated here, as loops in this body (LLVM vectorises
+    them only where it sees that the buffers do not overlap: measured 6x slower as calls); the
+    float64 sums keep the transcription's order (pixel order per channel), so the means are those of
+    the unfused steps.
     """
     h, w = x.shape[0], x.shape[1]
+    n = 3 * w
     red, green, blue = np.empty(w, np.float32), np.empty(w, np.float32), np.empty(w, np.float32)
     delta6 = hue * _F32(6)
     count = h * w
-    means = np.zeros(3, np.float32)
+    flat = x.reshape(h, n)
+    rounding = uout.shape[0] > 0
+    levels = uout.reshape(h, n) if rounding else np.empty((0, n), np.uint8)
+    t0 = t1 = t2 = 0.0
     if ordering == 1:  # contrast runs second: its means are those of the brightened image
-        total = np.zeros(3)
         for y in range(h):
+            line = flat[y]
             for i in range(w):
-                for c in range(3):
-                    total[c] += x[y, i, c] + brightness
-        means[:] = total / count
-    m0, m1, m2 = means[0], means[1], means[2]
+                t0 += line[3 * i] + brightness
+                t1 += line[3 * i + 1] + brightness
+                t2 += line[3 * i + 2] + brightness
+    m0, m1, m2 = _F32(t0 / count), _F32(t1 / count), _F32(t2 / count)
+    t0 = t1 = t2 = 0.0
     for y in range(h):
-        row = x[y]
+        line = flat[y]
         for i in range(w):
-            red[i], green[i], blue[i] = row[i, 0] + brightness, row[i, 1] + brightness, row[i, 2] + brightness
+            red[i] = line[3 * i] + brightness
+            green[i] = line[3 * i + 1] + brightness
+            blue[i] = line[3 * i + 2] + brightness
         if ordering == 1:
             for i in range(w):
                 red[i] = (red[i] - m0) * contrast + m0
@@ -265,28 +310,40 @@ def _distort(x, ordering, brightness, saturation, hue, contrast):
                 blue[i] = (blue[i] - m2) * contrast + m2
         _saturate_row(red, green, blue, saturation)
         _shift_hue_row(red, green, blue, delta6)
-        for i in range(w):
-            row[i, 0], row[i, 1], row[i, 2] = red[i], green[i], blue[i]
-    if ordering == 0:  # contrast runs last, on the saturated and hue-shifted image
-        total = np.zeros(3)
-        for y in range(h):
+        if ordering == 0:  # back into x for the contrast pass, summed in pixel order per channel
             for i in range(w):
-                for c in range(3):
-                    total[c] += x[y, i, c]
-        means[:] = total / count
-        flat = x.reshape(count, 3)
-        for i in range(count):
-            for c in range(3):
-                flat[i, c] = (flat[i, c] - means[c]) * contrast + means[c]
-    flat = x.reshape(count * 3)
-    for i in range(count * 3):
-        v = flat[i]
-        v = v if _F32(0) < v else _F32(0)
-        flat[i] = v if v < _F32(1) else _F32(1)
+                line[3 * i], line[3 * i + 1], line[3 * i + 2] = red[i], green[i], blue[i]
+            for i in range(w):
+                t0 += red[i]
+                t1 += green[i]
+                t2 += blue[i]
+            continue
+        _clip_store(red, green, blue, line, levels[y] if rounding else levels[0:0].reshape(-1))
+    if ordering == 0:  # contrast runs last, on the saturated and hue-shifted image
+        m0, m1, m2 = _F32(t0 / count), _F32(t1 / count), _F32(t2 / count)
+        for y in range(h):
+            line = flat[y]
+            for i in range(w):
+                red[i] = (line[3 * i] - m0) * contrast + m0
+                green[i] = (line[3 * i + 1] - m1) * contrast + m1
+                blue[i] = (line[3 * i + 2] - m2) * contrast + m2
+            _clip_store(red, green, blue, line, levels[y] if rounding else levels[0:0].reshape(-1))
 
 
-def distort_color(image: np.ndarray, params: ColorParams) -> np.ndarray:
-    """The seed's distort_color on (H, W, 3) float32 RGB in [0, 1], in place; returns it."""
+_NO_LEVELS = np.empty(0, np.uint8)
+
+
+def distort_color(image: np.ndarray, params: ColorParams, out: np.ndarray | None = None) -> np.ndarray:
+    """The seed's distort_color on (H, W, 3) float32 RGB in [0, 1], in place; returns it.
+
+    out: an optional C-contiguous (H, W, 3) uint8 array that receives the result x 255 rounded to the
+    nearest level instead (fused into the last pass; `image` is then left holding an intermediate);
+    returns out.
+    """
+    if not image.flags.c_contiguous or image.dtype != np.float32 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"distort_color takes a C-contiguous (H, W, 3) float32 image, got {image.shape}")
+    if out is not None and (out.shape != image.shape or out.dtype != np.uint8 or not out.flags.c_contiguous):
+        raise ValueError(f"out must be a C-contiguous {image.shape} uint8 array")
     _distort(
         image,
         params.ordering,
@@ -294,5 +351,6 @@ def distort_color(image: np.ndarray, params: ColorParams) -> np.ndarray:
         _F32(params.saturation),
         _F32(params.hue),
         _F32(params.contrast),
+        _NO_LEVELS if out is None else out.reshape(-1),
     )
-    return image
+    return image if out is None else out

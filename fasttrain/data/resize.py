@@ -16,8 +16,18 @@ axis (float32, as TF: `scale = float(H) / float(S_h)`):
 Every kernel reads uint8 or float32 (H, W, 3) arrays of any strides (a crop is a view, a left-right flip
 a view with a negative stride), multiplies each input value by `in_scale` (1/255 reproduces
 `convert_image_dtype`, which the Inception seed applies before resizing) and writes float32 into `out`
-(S_h, S_w, 3). The arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to
-the compiler's choices (tests/test_transforms_tf.py compares them with TensorFlow's own).
+(S_h, S_w, 3), or, when `out` is uint8, the float32 result times `multiplier` rounded to the nearest level
+and clamped to [0, 255] (`_round`, fused into the kernel's last pass: no float image in between). The
+arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to the compiler's
+choices (tests/test_transforms_tf.py compares them with TensorFlow's own).
+
+How the kernels save work without changing a float operation: each reads the image as flat rows
+(`_flat_rows`: no copy for a crop or its mirror), converts only the source columns its taps read, once
+per source row, in a contiguous loop the compiler vectorises; bilinear keeps a source row's horizontal
+lerps while the next output row reads them; bicubic's vertical 4-tap sums run over the contiguous run of
+columns (a vector loop) before the horizontal taps; area's horizontal sums of a source row are computed
+once and kept in a small ring while the output rows that overlap the row read them (TF recomputes them
+per output row: the same additions in the same order).
 
 The kernels are compiled by numba on first use (about 1 s each, then cached on disk).
 """
@@ -32,6 +42,8 @@ import numpy as np
 _F32 = np.float32
 METHODS = ("bilinear", "nearest", "bicubic", "area")
 _JIT = dict(nogil=True, cache=True)
+_NO_FLOATS = np.empty((0, 0), np.float32)  # the output a kernel does not write (it has no rows)
+_NO_LEVELS = np.empty((0, 0), np.uint8)
 
 
 @numba.njit(**_JIT)
@@ -39,41 +51,75 @@ def _scale(in_size, out_size):
     return _F32(in_size) / _F32(out_size)
 
 
-@numba.njit(**_JIT)
-def _lerp_row(buf, start, in_scale, i0, i1, t, conv, dst):
-    """dst[k] = TF's horizontal lerp, for flat output element k (x * 3 + c), of the source row whose
-    W * 3 values start at buf[start].
+@numba.njit(nogil=True, cache=True, inline="always")
+def _round(v, multiplier):
+    """v * multiplier to the nearest uint8 level, clamped to [0, 255] (the conversion truncates: floor
+    for the clamped, non-negative value); NaN becomes 0."""
+    v = min(max(v * multiplier + _F32(0.5), _F32(0)), _F32(255.5))
+    return np.uint8(min(np.int32(v), 255))
 
-    The row is first converted to float32 once (`conv`: a contiguous loop the compiler vectorises),
-    then the lerp reads two floats per output element through flat indices: the same float operations
-    as TF's per-pixel loop.
-    """
-    row = buf[start : start + conv.shape[0]]
+
+@numba.njit(**_JIT)
+def _emit(row, y, fout, uout, multiplier):
+    """Output row y = the float32 `row`, rounded into uout when uout has rows, else copied into fout."""
+    if uout.shape[0] > 0:
+        dst = uout[y]
+        for k in range(row.shape[0]):
+            dst[k] = _round(row[k], multiplier)
+    else:
+        fout[y, :] = row
+
+
+@numba.njit(**_JIT)
+def _convert(buf, start, in_scale, conv):
+    """conv = the values buf[start : start + conv.size] as float32 times in_scale (a vector loop)."""
+    line = buf[start : start + conv.shape[0]]
     for j in range(conv.shape[0]):
-        conv[j] = _F32(row[j]) * in_scale
-    for k in range(i0.shape[0]):
-        left = conv[i0[k]]
-        right = conv[i1[k]]
-        dst[k] = left + (right - left) * t[k]
+        conv[j] = _F32(line[j]) * in_scale
 
 
 @numba.njit(**_JIT)
-def _bilinear(buf, row_stride, in_h, in_w, mirror, in_scale, out, flip, full_h, full_w, oy, ox):
+def _lerp_row(buf, start, in_scale, ia, ib, tx, conv, dst):
+    """dst[3x + c] = TF's horizontal lerp of output pixel x, channel c, from the source row whose
+    values (from the first column read) start at buf[start]: left + (right - left) * tx.
+
+    ia / ib are 3 x the taps' columns (from the first column read), unsigned: numba then skips its
+    negative-index fix-up on every load of conv (measured: the bilinear resize 1.4x as fast).
+    """
+    _convert(buf, start, in_scale, conv)
+    k = np.uint32(0)
+    one, two = np.uint32(1), np.uint32(2)
+    for x in range(ia.shape[0]):
+        a, b, t = ia[x], ib[x], tx[x]
+        left0, left1, left2 = conv[a], conv[a + one], conv[a + two]
+        dst[k] = left0 + (conv[b] - left0) * t
+        dst[k + one] = left1 + (conv[b + one] - left1) * t
+        dst[k + two] = left2 + (conv[b + two] - left2) * t
+        k += np.uint32(3)
+
+
+@numba.njit(**_JIT)
+def _bilinear(
+    buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip, full_h, full_w, oy, ox
+):
     """Rows oy.. and columns ox.. of the (full_h, full_w) resize (ResNet eval keeps only a window).
 
     The (in_h, in_w, 3) image is row y's in_w * 3 values at buf[y * row_stride:] (`_flat_rows`),
     mirrored left-right when `mirror` (the ResNet seed flips before resizing); `flip` mirrors the output.
     Each source row's horizontal lerp is computed once and kept while the next output row needs it
-    (TF computes it per output pixel: the same float operations, about half of them here).
+    (TF computes it per output pixel: the same float operations, about half of them here); the vertical
+    lerp and the rounding store are one loop when uout (rows, S_w * 3) has rows, else fout receives
+    the floats.
     """
-    out_h, out_w = out.shape[0], out.shape[1] // 3
+    rounding = uout.shape[0] > 0
+    out_h = uout.shape[0] if rounding else fout.shape[0]
+    n = uout.shape[1] if rounding else fout.shape[1]
+    out_w = n // 3
     sy, sx = _scale(in_h, full_h), _scale(in_w, full_w)
-    n = out_w * 3
-    # Flat source element (column * 3 + channel) of each output element. Unsigned: numba then skips its
-    # negative-index fix-up on every load of conv[i0[k]] (measured: the bilinear resize 1.4x as fast).
-    i0 = np.empty(n, np.uint32)
-    i1 = np.empty(n, np.uint32)
-    tx = np.empty(n, np.float32)
+    ia = np.empty(out_w, np.int64)
+    ib = np.empty(out_w, np.int64)
+    tx = np.empty(out_w, np.float32)
+    lo, hi = in_w - 1, 0  # the stored columns read
     for x in range(out_w):
         s = _F32(x + ox) * sx
         f = math.floor(s)
@@ -81,29 +127,39 @@ def _bilinear(buf, row_stride, in_h, in_w, mirror, in_scale, out, flip, full_h, 
         if mirror:  # column a of the mirrored image is column in_w - 1 - a of the stored one
             a, b = in_w - 1 - a, in_w - 1 - b
         xo = out_w - 1 - x if flip else x
-        for c in range(3):
-            i0[3 * xo + c], i1[3 * xo + c], tx[3 * xo + c] = 3 * a + c, 3 * b + c, t
-    conv = np.empty(in_w * 3, np.float32)
-    top = np.empty(n, np.float32)
-    bottom = np.empty(n, np.float32)
-    top_row, bottom_row = -1, -1
+        ia[xo], ib[xo], tx[xo] = a, b, t
+        lo, hi = min(lo, a, b), max(hi, a, b)
+    ua = np.empty(out_w, np.uint32)
+    ub = np.empty(out_w, np.uint32)
+    for x in range(out_w):
+        ua[x], ub[x] = 3 * (ia[x] - lo), 3 * (ib[x] - lo)
+    conv = np.empty(3 * (hi - lo + 1), np.float32)
+    upper = np.empty(n, np.float32)
+    lower = np.empty(n, np.float32)
+    upper_row, lower_row = -1, -1
     for y in range(out_h):
         s = _F32(y + oy) * sy
         f = math.floor(s)
         y0, y1 = max(int(f), 0), min(int(math.ceil(s)), in_h - 1)
         ty = s - _F32(f)
-        if y0 == bottom_row and y0 != top_row:  # the previous bottom row is this row's top
-            top, bottom = bottom, top
-            top_row, bottom_row = bottom_row, top_row
-        if y0 != top_row:
-            _lerp_row(buf, y0 * row_stride, in_scale, i0, i1, tx, conv, top)
-            top_row = y0
-        if y1 != bottom_row:
-            _lerp_row(buf, y1 * row_stride, in_scale, i0, i1, tx, conv, bottom)
-            bottom_row = y1
-        row = out[y]
-        for k in range(n):
-            row[k] = top[k] + (bottom[k] - top[k]) * ty
+        if y0 != upper_row:
+            if y0 == lower_row:  # the previous lower row is this row's upper one
+                upper, lower = lower, upper
+                upper_row, lower_row = lower_row, upper_row
+            else:
+                _lerp_row(buf, y0 * row_stride + 3 * lo, in_scale, ua, ub, tx, conv, upper)
+                upper_row = y0
+        if y1 != lower_row:
+            _lerp_row(buf, y1 * row_stride + 3 * lo, in_scale, ua, ub, tx, conv, lower)
+            lower_row = y1
+        if rounding:
+            dst = uout[y]
+            for k in range(n):
+                dst[k] = _round(upper[k] + (lower[k] - upper[k]) * ty, multiplier)
+        else:
+            row = fout[y]
+            for k in range(n):
+                row[k] = upper[k] + (lower[k] - upper[k]) * ty
 
 
 def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, int, bool]:
@@ -113,8 +169,10 @@ def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, int, bool]:
     mirrored = image.strides[1] < 0
     if mirrored:
         image = image[:, ::-1]
-    size = image.itemsize
     height, width = image.shape[:2]
+    if image.flags.c_contiguous:
+        return image.reshape(-1), width * 3, mirrored
+    size = image.itemsize
     if (
         image.strides[2] != size
         or image.strides[1] != 3 * size
@@ -128,20 +186,31 @@ def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, int, bool]:
 
 
 @numba.njit(**_JIT)
-def _nearest(src, in_scale, out, flip):
-    in_h, in_w = src.shape[0], src.shape[1]
-    out_h, out_w = out.shape[0], out.shape[1]
+def _nearest(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
+    """A gather: output row y is source row min(floor(y * sy), H - 1), its columns likewise; an output
+    row that reads the same source row as the one before is copied."""
+    out_h = max(uout.shape[0], fout.shape[0])
+    n = max(uout.shape[1], fout.shape[1])
+    out_w = n // 3
     sy, sx = _scale(in_h, out_h), _scale(in_w, out_w)
-    columns = np.empty(out_w, np.int64)
+    columns = np.empty(out_w, np.uint32)  # 3 x the stored column of output pixel x
     for x in range(out_w):
-        columns[x] = min(int(math.floor(_F32(x) * sx)), in_w - 1)
-    if flip:
-        columns = columns[::-1].copy()
+        c = min(int(math.floor(_F32(x) * sx)), in_w - 1)
+        columns[out_w - 1 - x if flip else x] = 3 * (in_w - 1 - c if mirror else c)
+    row = np.empty(n, np.float32)
+    one, two = np.uint32(1), np.uint32(2)
+    previous = -1
     for y in range(out_h):
-        row = src[min(int(math.floor(_F32(y) * sy)), in_h - 1)]
-        for x in range(out_w):
-            for c in range(3):
-                out[y, x, c] = _F32(row[columns[x], c]) * in_scale
+        r = min(int(math.floor(_F32(y) * sy)), in_h - 1)
+        if r != previous:
+            line = buf[r * row_stride : r * row_stride + 3 * in_w]
+            for x in range(out_w):
+                a = columns[x]
+                row[3 * x] = _F32(line[a]) * in_scale
+                row[3 * x + 1] = _F32(line[a + one]) * in_scale
+                row[3 * x + 2] = _F32(line[a + two]) * in_scale
+            previous = r
+        _emit(row, y, fout, uout, multiplier)
 
 
 _TABLE_SIZE = 1024
@@ -179,39 +248,51 @@ def _cubic_taps(out_size, in_size, scale, table):
 
 
 @numba.njit(**_JIT)
-def _bicubic(src, in_scale, out, flip):
-    """Per output row: the vertical 4-tap sums of every source column any output reads, then the
-    horizontal 4-tap sums of those (TF's order: column values first, then across them)."""
-    in_h, in_w = src.shape[0], src.shape[1]
-    out_h, out_w = out.shape[0], out.shape[1]
+def _bicubic(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
+    """Per output row: the vertical 4-tap sums of the run of source columns the output reads, then
+    the horizontal 4-tap sums of those (TF's order: column values first, then across them)."""
+    out_h = max(uout.shape[0], fout.shape[0])
+    n = max(uout.shape[1], fout.shape[1])
+    out_w = n // 3
     table = _cubic_table()
     xi, xw = _cubic_taps(out_w, in_w, _scale(in_w, out_w), table)
     yi, yw = _cubic_taps(out_h, in_h, _scale(in_h, out_h), table)
-    if flip:
-        xi, xw = xi[::-1].copy(), xw[::-1].copy()
-    needed = np.zeros(in_w, np.bool_)
+    if mirror:
+        xi = in_w - 1 - xi
+    lo = xi.min()
+    taps = np.empty((out_w, 4), np.uint32)  # 3 x (column - lo), in output order
+    weights = np.empty((out_w, 4), np.float32)
     for x in range(out_w):
+        xo = out_w - 1 - x if flip else x
         for k in range(4):
-            needed[xi[x, k]] = True
-    column = np.empty((in_w, 3), np.float32)
+            taps[xo, k], weights[xo, k] = 3 * (xi[x, k] - lo), xw[x, k]
+    count = 3 * (xi.max() - lo + 1)
+    column = np.empty(count, np.float32)
+    row = np.empty(n, np.float32)
+    one = np.uint32(1)
     for y in range(out_h):
-        r0, r1, r2, r3 = src[yi[y, 0]], src[yi[y, 1]], src[yi[y, 2]], src[yi[y, 3]]
+        start = 3 * lo
+        r0 = buf[yi[y, 0] * row_stride + start : yi[y, 0] * row_stride + start + count]
+        r1 = buf[yi[y, 1] * row_stride + start : yi[y, 1] * row_stride + start + count]
+        r2 = buf[yi[y, 2] * row_stride + start : yi[y, 2] * row_stride + start + count]
+        r3 = buf[yi[y, 3] * row_stride + start : yi[y, 3] * row_stride + start + count]
         w0, w1, w2, w3 = yw[y, 0], yw[y, 1], yw[y, 2], yw[y, 3]
-        for j in range(in_w):
-            if needed[j]:
-                for c in range(3):
-                    column[j, c] = (
-                        (_F32(r0[j, c]) * in_scale) * w0
-                        + (_F32(r1[j, c]) * in_scale) * w1
-                        + (_F32(r2[j, c]) * in_scale) * w2
-                        + (_F32(r3[j, c]) * in_scale) * w3
-                    )
-        row = out[y]
+        for j in range(count):
+            column[j] = (
+                (_F32(r0[j]) * in_scale) * w0
+                + (_F32(r1[j]) * in_scale) * w1
+                + (_F32(r2[j]) * in_scale) * w2
+                + (_F32(r3[j]) * in_scale) * w3
+            )
         for x in range(out_w):
-            a, b, d, e = xi[x, 0], xi[x, 1], xi[x, 2], xi[x, 3]
-            v0, v1, v2, v3 = xw[x, 0], xw[x, 1], xw[x, 2], xw[x, 3]
-            for c in range(3):
-                row[x, c] = column[a, c] * v0 + column[b, c] * v1 + column[d, c] * v2 + column[e, c] * v3
+            a, b, d, e = taps[x, 0], taps[x, 1], taps[x, 2], taps[x, 3]
+            v0, v1, v2, v3 = weights[x, 0], weights[x, 1], weights[x, 2], weights[x, 3]
+            row[3 * x] = column[a] * v0 + column[b] * v1 + column[d] * v2 + column[e] * v3
+            a, b, d, e = a + one, b + one, d + one, e + one
+            row[3 * x + 1] = column[a] * v0 + column[b] * v1 + column[d] * v2 + column[e] * v3
+            a, b, d, e = a + one, b + one, d + one, e + one
+            row[3 * x + 2] = column[a] * v0 + column[b] * v1 + column[d] * v2 + column[e] * v3
+        _emit(row, y, fout, uout, multiplier)
 
 
 @numba.njit(**_JIT)
@@ -224,45 +305,87 @@ def _area_cell_scale(i, lo, hi, scale):
 
 
 @numba.njit(**_JIT)
-def _area(src, in_scale, out, flip):
-    """Per output row: for each source row it overlaps (in order), the weighted sums along x of every
-    output column, accumulated with the row's weight (TF's order of additions per output pixel)."""
-    in_h, in_w = src.shape[0], src.shape[1]
-    out_h, out_w = out.shape[0], out.shape[1]
+def _area_taps(out_w, in_w, sx, mirror, flip):
+    """Per output pixel (in output order) the terms of TF's horizontal sum, in TF's order: the first
+    cell times its overlap, the inner cells (times 1: the same float as adding the value), the last
+    cell times its overlap; as (ptr, index = 3 x stored column, weight), pixel x's terms being
+    ptr[x] .. ptr[x + 1] - 1. Cells past the edge are clamped to it."""
+    ptr = np.empty(out_w + 1, np.int64)
+    ptr[0] = 0
+    for xo in range(out_w):
+        x = out_w - 1 - xo if flip else xo
+        lo, hi = _F32(x) * sx, _F32(x + 1) * sx
+        start, end = int(math.floor(lo)), int(math.ceil(hi))
+        ptr[xo + 1] = ptr[xo] + end - start
+    index = np.empty(ptr[out_w], np.uint32)
+    weight = np.empty(ptr[out_w], np.float32)
+    for xo in range(out_w):
+        x = out_w - 1 - xo if flip else xo
+        lo, hi = _F32(x) * sx, _F32(x + 1) * sx
+        start, end = int(math.floor(lo)), int(math.ceil(hi))
+        p = ptr[xo]
+        for j in range(start, end):
+            c = min(in_w - 1, max(0, j))
+            index[p] = 3 * (in_w - 1 - c if mirror else c)
+            weight[p] = _F32(1)
+            p += 1
+        weight[ptr[xo]] = _area_cell_scale(start, lo, hi, sx)
+        if start + 1 != end:
+            weight[p - 1] = _area_cell_scale(end - 1, lo, hi, sx)
+    return ptr, index, weight
+
+
+@numba.njit(**_JIT)
+def _area_row(buf, start, in_scale, conv, ptr, index, weight, dst):
+    """dst[3x + c] = TF's horizontal area sum of output pixel x, channel c, over the source row whose
+    W * 3 values start at buf[start]."""
+    _convert(buf, start, in_scale, conv)
+    one, two = np.uint32(1), np.uint32(2)
+    for x in range(ptr.shape[0] - 1):
+        p = ptr[x]
+        i, w = index[p], weight[p]
+        line0, line1, line2 = conv[i] * w, conv[i + one] * w, conv[i + two] * w
+        for q in range(p + 1, ptr[x + 1]):
+            i, w = index[q], weight[q]
+            line0 += conv[i] * w
+            line1 += conv[i + one] * w
+            line2 += conv[i + two] * w
+        dst[3 * x], dst[3 * x + 1], dst[3 * x + 2] = line0, line1, line2
+
+
+@numba.njit(**_JIT)
+def _area(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
+    """Per output row: for each source row it overlaps (in order), the row's horizontal sums (computed
+    once per source row, kept in a ring while later output rows overlap it) times the row's weight,
+    accumulated (TF's order of additions per output pixel), then times 1 / (scale_h * scale_w)."""
+    out_h = max(uout.shape[0], fout.shape[0])
+    n = max(uout.shape[1], fout.shape[1])
+    out_w = n // 3
     sy, sx = _scale(in_h, out_h), _scale(in_w, out_w)
     norm = _F32(1.0 / (sy * sx))
-    x_start = np.empty(out_w, np.int64)
-    x_end = np.empty(out_w, np.int64)
-    x_first = np.empty(out_w, np.float32)
-    x_last = np.empty(out_w, np.float32)
-    for x in range(out_w):
-        lo, hi = _F32(x) * sx, _F32(x + 1) * sx
-        x_start[x], x_end[x] = int(math.floor(lo)), int(math.ceil(hi))
-        x_first[x] = _area_cell_scale(x_start[x], lo, hi, sx)
-        x_last[x] = _area_cell_scale(x_end[x] - 1, lo, hi, sx)
-    if flip:
-        x_start, x_end = x_start[::-1].copy(), x_end[::-1].copy()
-        x_first, x_last = x_first[::-1].copy(), x_last[::-1].copy()
-    total = np.empty((out_w, 3), np.float32)
+    ptr, index, weight = _area_taps(out_w, in_w, sx, mirror, flip)
+    conv = np.empty(3 * in_w, np.float32)
+    ring = int(math.ceil(sy)) + 2  # more than the source rows one output row overlaps
+    sums = np.empty((ring, n), np.float32)
+    held = np.full(ring, -1, np.int64)  # the source row (unclamped) each slot holds
+    total = np.empty(n, np.float32)
     for y in range(out_h):
         lo, hi = _F32(y) * sy, _F32(y + 1) * sy
         total[:] = 0
         for i in range(int(math.floor(lo)), int(math.ceil(hi))):
-            row = src[min(in_h - 1, max(0, i))]
+            slot = i % ring
+            if held[slot] != i:
+                _area_row(
+                    buf, min(in_h - 1, max(0, i)) * row_stride, in_scale, conv, ptr, index, weight, sums[slot]
+                )
+                held[slot] = i
             row_weight = _area_cell_scale(i, lo, hi, sy)
-            for x in range(out_w):
-                start, end = x_start[x], x_end[x]
-                first, last = min(in_w - 1, max(0, start)), min(in_w - 1, max(0, end - 1))
-                for c in range(3):
-                    line = (_F32(row[first, c]) * in_scale) * x_first[x]
-                    if start + 1 != end:
-                        for j in range(start + 1, end - 1):
-                            line += _F32(row[min(in_w - 1, max(0, j)), c]) * in_scale
-                        line += (_F32(row[last, c]) * in_scale) * x_last[x]
-                    total[x, c] += line * row_weight
-        for x in range(out_w):
-            for c in range(3):
-                out[y, x, c] = total[x, c] * norm
+            line = sums[slot]
+            for k in range(n):
+                total[k] += line[k] * row_weight
+        for k in range(n):
+            total[k] = total[k] * norm
+        _emit(total, y, fout, uout, multiplier)
 
 
 _KERNELS = {"nearest": _nearest, "bicubic": _bicubic, "area": _area}
@@ -276,40 +399,54 @@ def resize(
     flip: bool = False,
     full_size: tuple[int, int] | None = None,
     offset: tuple[int, int] = (0, 0),
+    multiplier: float = 1.0,
 ) -> np.ndarray:
     """TF1 resize_images(image * in_scale, out.shape[:2], method, align_corners=False) into `out`.
 
     flip: write the result mirrored left-right (flip_left_right after the resize, at no cost).
-    image: (H, W, 3) uint8 or float32, any strides; out: (S_h, S_w, 3) float32, written and returned.
+    image: (H, W, 3) uint8 or float32, any strides; out: (S_h, S_w, 3) float32, or uint8 to receive
+    the float32 result times `multiplier` rounded to the nearest level (clamped to [0, 255]).
     full_size / offset (bilinear only): compute just the out-sized window at `offset` (top, left) of
     the resize to full_size, the same pixels as resizing to full_size and slicing.
     """
     if image.ndim != 3 or image.shape[2] != 3 or image.shape[0] < 1 or image.shape[1] < 1:
         raise ValueError(f"resize takes a non-empty (H, W, 3) image, got shape {image.shape}")
+    if method != "bilinear" and full_size is not None:
+        raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
+    kernel = _bilinear if method == "bilinear" else _KERNELS[method]
+    rows = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    flat = rows.reshape(out.shape[0], -1)
+    fout, uout = (_NO_FLOATS, flat) if out.dtype == np.uint8 else (flat, _NO_LEVELS)
+    buf, row_stride, mirrored = _flat_rows(image)
+    height, width = image.shape[:2]
+    args = (
+        buf,
+        row_stride,
+        height,
+        width,
+        mirrored,
+        _F32(in_scale),
+        fout,
+        uout,
+        _F32(multiplier),
+        bool(flip),
+    )
     if method == "bilinear":
         full_h, full_w = full_size or out.shape[:2]
-        buf, row_stride, mirrored = _flat_rows(image)
-        height, width = image.shape[:2]
-        rows = out if out.flags.c_contiguous else np.empty(out.shape, np.float32)
-        _bilinear(
-            buf, row_stride, height, width, mirrored, _F32(in_scale), rows.reshape(out.shape[0], -1),
-            flip, full_h, full_w, *offset,
-        )  # fmt: skip
-        if rows is not out:
-            out[...] = rows
-    elif full_size is not None:
-        raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
+        _bilinear(*args, full_h, full_w, *offset)
     else:
-        _KERNELS[method](image, _F32(in_scale), out, flip)
+        kernel(*args)
+    if rows is not out:
+        out[...] = rows
     return out
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel for the input types the pipelines use."""
-    out = np.empty((2, 2, 3), np.float32)
+    """Compile (or load from numba's cache) every kernel for the input and output types the pipelines
+    use (uint8 or float32 images; float32 or rounded uint8 out)."""
     for dtype in (np.uint8, np.float32):
         image = np.zeros((3, 4, 3), dtype)
-        for method in METHODS:
-            for flip in (False, True):
-                resize(image, out, method, flip=flip)
-                resize(image[:, ::-1], out, method, flip=flip)
+        for out in (np.empty((2, 2, 3), np.float32), np.empty((2, 2, 3), np.uint8)):
+            for method in METHODS:
+                resize(image, out, method)
+                resize(image[:, 1:], out, method)

@@ -164,16 +164,6 @@ def sample_train_params(
     return TrainParams(crop, flip, method, color)
 
 
-@numba.njit(nogil=True, cache=True)
-def _store(x, out, multiplier):
-    """out = x * multiplier rounded to the nearest uint8 level, clamped to [0, 255]."""
-    src, dst = x.ravel(), out.ravel()
-    half, top = np.float32(0.5), np.float32(255.5)
-    for k in range(src.size):
-        v = min(max(src[k] * multiplier + half, np.float32(0)), top)
-        dst[k] = np.uint8(min(np.int32(v), 255))  # the conversion truncates: floor for v >= 0
-
-
 def _scratch(image_size: int, scratch) -> np.ndarray:
     if scratch is None or scratch.shape != (image_size, image_size, 3):
         scratch = np.empty((image_size, image_size, 3), np.float32)
@@ -193,26 +183,27 @@ def apply_train(
 ) -> np.ndarray:
     """(S, S, 3) uint8 of the decoded (H, W, 3) uint8 `image` under `params`, written into `out`.
 
-    scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker).
+    scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker), used only by
+    the colour distortion: without it the resize rounds x * 255 into `out` itself.
     """
     top, left, h, w = params.crop
     crop = image[top : top + h, left : left + w]
     if preprocess == "resnet":
         return _resnet_train(crop, params.flip, image_size, out, scratch)
     out = _output(image_size, out)
+    if params.color is None:
+        resize(crop, out, params.method, in_scale=1 / 255, flip=params.flip, multiplier=255)
+        return out
     work = _scratch(image_size, scratch)
     resize(crop, work, params.method, in_scale=1 / 255, flip=params.flip)
-    if params.color is not None:
-        distort_color(work, params.color)
-    _store(work, out, _F32(255))
+    distort_color(work, params.color, out)  # the clip and the x255 rounding store in its last pass
     return out
 
 
 def _resnet_train(window: np.ndarray, flip: bool, image_size: int, out, scratch) -> np.ndarray:
+    """The resize rounds straight into `out` (scratch: the transforms' common signature, unused)."""
     out = _output(image_size, out)
-    work = _scratch(image_size, scratch)
-    resize(window[:, ::-1] if flip else window, work, "bilinear")
-    _store(work, out, _F32(1))
+    resize(window[:, ::-1] if flip else window, out, "bilinear")
     return out
 
 
@@ -261,17 +252,14 @@ def apply_eval(image: np.ndarray, image_size: int, preprocess: str, out=None, sc
     if preprocess == "vgg":
         return vgg.apply_eval(image, image_size, out)
     out = _output(image_size, out)
-    work = _scratch(image_size, scratch)
     height, width = image.shape[:2]
     if preprocess == "inception":
         top, left, h, w = inception_central_crop(height, width)
-        resize(image[top : top + h, left : left + w], work, "bilinear", in_scale=1 / 255)
-        _store(work, out, _F32(255))
+        resize(image[top : top + h, left : left + w], out, "bilinear", in_scale=1 / 255, multiplier=255)
         return out
     new_h, new_w = resnet_resize_size(height, width, image_size)
     window = ((new_h - image_size) // 2, (new_w - image_size) // 2)
-    resize(image, work, "bilinear", full_size=(new_h, new_w), offset=window)
-    _store(work, out, _F32(1))
+    resize(image, out, "bilinear", full_size=(new_h, new_w), offset=window)
     return out
 
 
@@ -294,5 +282,5 @@ def warm_up() -> None:
     vgg.warm_up()
     work = np.zeros((2, 2, 3), np.float32)
     for ordering in (0, 1):
-        distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0))
-    _store(work, np.empty((2, 2, 3), np.uint8), _F32(255))
+        for out in (None, np.empty((2, 2, 3), np.uint8)):
+            distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0), out)
