@@ -71,22 +71,21 @@ def _emit(row, y, fout, uout, multiplier):
 
 
 @numba.njit(**_JIT)
-def _convert(buf, start, in_scale, conv):
-    """conv = the values buf[start : start + conv.size] as float32 times in_scale (a vector loop)."""
-    line = buf[start : start + conv.shape[0]]
+def _convert(line, in_scale, conv):
+    """conv = the values of `line` as float32 times in_scale (a vector loop)."""
     for j in range(conv.shape[0]):
         conv[j] = _F32(line[j]) * in_scale
 
 
 @numba.njit(**_JIT)
-def _lerp_row(buf, start, in_scale, ia, ib, tx, conv, dst):
+def _lerp_row(line, in_scale, ia, ib, tx, conv, dst):
     """dst[3x + c] = TF's horizontal lerp of output pixel x, channel c, from the source row whose
-    values (from the first column read) start at buf[start]: left + (right - left) * tx.
+    values (from the first column read) are `line`: left + (right - left) * tx.
 
     ia / ib are 3 x the taps' columns (from the first column read), unsigned: numba then skips its
     negative-index fix-up on every load of conv (measured: the bilinear resize 1.4x as fast).
     """
-    _convert(buf, start, in_scale, conv)
+    _convert(line, in_scale, conv)
     k = np.uint32(0)
     one, two = np.uint32(1), np.uint32(2)
     for x in range(ia.shape[0]):
@@ -99,18 +98,17 @@ def _lerp_row(buf, start, in_scale, ia, ib, tx, conv, dst):
 
 
 @numba.njit(**_JIT)
-def _bilinear(
-    buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip, full_h, full_w, oy, ox
-):
+def _bilinear(rows, mirror, in_scale, fout, uout, multiplier, flip, full_h, full_w, oy, ox):
     """Rows oy.. and columns ox.. of the (full_h, full_w) resize (ResNet eval keeps only a window).
 
-    The (in_h, in_w, 3) image is row y's in_w * 3 values at buf[y * row_stride:] (`_flat_rows`),
+    The (in_h, in_w, 3) image is rows (in_h, in_w * 3) (`_flat_rows`),
     mirrored left-right when `mirror` (the ResNet seed flips before resizing); `flip` mirrors the output.
     Each source row's horizontal lerp is computed once and kept while the next output row needs it
     (TF computes it per output pixel: the same float operations, about half of them here); the vertical
     lerp and the rounding store are one loop when uout (rows, S_w * 3) has rows, else fout receives
     the floats.
     """
+    in_h, in_w = rows.shape[0], rows.shape[1] // 3
     rounding = uout.shape[0] > 0
     out_h = uout.shape[0] if rounding else fout.shape[0]
     n = uout.shape[1] if rounding else fout.shape[1]
@@ -147,10 +145,10 @@ def _bilinear(
                 upper, lower = lower, upper
                 upper_row, lower_row = lower_row, upper_row
             else:
-                _lerp_row(buf, y0 * row_stride + 3 * lo, in_scale, ua, ub, tx, conv, upper)
+                _lerp_row(rows[y0, 3 * lo :], in_scale, ua, ub, tx, conv, upper)
                 upper_row = y0
         if y1 != lower_row:
-            _lerp_row(buf, y1 * row_stride + 3 * lo, in_scale, ua, ub, tx, conv, lower)
+            _lerp_row(rows[y1, 3 * lo :], in_scale, ua, ub, tx, conv, lower)
             lower_row = y1
         if rounding:
             dst = uout[y]
@@ -162,33 +160,25 @@ def _bilinear(
                 row[k] = upper[k] + (lower[k] - upper[k]) * ty
 
 
-def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, int, bool]:
-    """(buf, row_stride, mirrored): `image` as a 1-D contiguous run of memory whose row y holds
-    image's W * 3 values from buf[y * row_stride] on, read right to left when mirrored. No copy for
-    a crop of a C-contiguous image or its left-right flip (what the pipelines pass)."""
+def _flat_rows(image: np.ndarray) -> tuple[np.ndarray, bool]:
+    """(rows, mirrored): `image` as (H, W * 3) rows, read right to left when mirrored. No copy for a
+    crop of a C-contiguous image or its left-right flip (what the pipelines pass): the rows then keep
+    the image's row stride."""
     mirrored = image.strides[1] < 0
     if mirrored:
         image = image[:, ::-1]
-    height, width = image.shape[:2]
-    if image.flags.c_contiguous:
-        return image.reshape(-1), width * 3, mirrored
-    size = image.itemsize
-    if (
-        image.strides[2] != size
-        or image.strides[1] != 3 * size
-        or image.strides[0] % size
-        or image.strides[0] < 0
-    ):
-        return np.ascontiguousarray(image).reshape(-1), width * 3, mirrored
-    row_stride = image.strides[0] // size
-    length = (height - 1) * row_stride + width * 3
-    return np.lib.stride_tricks.as_strided(image, (length,), (size,)), row_stride, mirrored
+    if image.strides[2] != image.itemsize or image.strides[1] != 3 * image.itemsize:
+        image = np.ascontiguousarray(image)
+    return image.reshape(image.shape[0], -1), mirrored
 
 
 @numba.njit(**_JIT)
-def _nearest(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
-    """A gather: output row y is source row min(floor(y * sy), H - 1), its columns likewise; an output
-    row that reads the same source row as the one before is copied."""
+def _nearest(rows, mirror, in_scale, fout, uout, multiplier, flip):
+    """A gather: output row y is source row min(floor(y * sy), H - 1), its columns likewise. Each
+    source row read is converted once (a vector loop); an output row that reads the same source row
+    as the one before is a copy of it."""
+    in_h, in_w = rows.shape[0], rows.shape[1] // 3
+    rounding = uout.shape[0] > 0
     out_h = max(uout.shape[0], fout.shape[0])
     n = max(uout.shape[1], fout.shape[1])
     out_w = n // 3
@@ -197,20 +187,26 @@ def _nearest(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multipli
     for x in range(out_w):
         c = min(int(math.floor(_F32(x) * sx)), in_w - 1)
         columns[out_w - 1 - x if flip else x] = 3 * (in_w - 1 - c if mirror else c)
+    conv = np.empty(3 * in_w, np.float32)
     row = np.empty(n, np.float32)
     one, two = np.uint32(1), np.uint32(2)
     previous = -1
     for y in range(out_h):
         r = min(int(math.floor(_F32(y) * sy)), in_h - 1)
-        if r != previous:
-            line = buf[r * row_stride : r * row_stride + 3 * in_w]
-            for x in range(out_w):
-                a = columns[x]
-                row[3 * x] = _F32(line[a]) * in_scale
-                row[3 * x + 1] = _F32(line[a + one]) * in_scale
-                row[3 * x + 2] = _F32(line[a + two]) * in_scale
-            previous = r
-        _emit(row, y, fout, uout, multiplier)
+        if r == previous:
+            if rounding:
+                uout[y, :] = uout[y - 1]
+            else:
+                fout[y, :] = fout[y - 1]
+            continue
+        previous = r
+        _convert(rows[r], in_scale, conv)
+        dst = row if rounding else fout[y]
+        for x in range(out_w):
+            a = columns[x]
+            dst[3 * x], dst[3 * x + 1], dst[3 * x + 2] = conv[a], conv[a + one], conv[a + two]
+        if rounding:  # a separate vector loop: rounding each value as it is gathered is 3x slower
+            _emit(row, y, fout, uout, multiplier)
 
 
 _TABLE_SIZE = 1024
@@ -248,9 +244,10 @@ def _cubic_taps(out_size, in_size, scale, table):
 
 
 @numba.njit(**_JIT)
-def _bicubic(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
+def _bicubic(rows, mirror, in_scale, fout, uout, multiplier, flip):
     """Per output row: the vertical 4-tap sums of the run of source columns the output reads, then
     the horizontal 4-tap sums of those (TF's order: column values first, then across them)."""
+    in_h, in_w = rows.shape[0], rows.shape[1] // 3
     out_h = max(uout.shape[0], fout.shape[0])
     n = max(uout.shape[1], fout.shape[1])
     out_w = n // 3
@@ -272,10 +269,8 @@ def _bicubic(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multipli
     one = np.uint32(1)
     for y in range(out_h):
         start = 3 * lo
-        r0 = buf[yi[y, 0] * row_stride + start : yi[y, 0] * row_stride + start + count]
-        r1 = buf[yi[y, 1] * row_stride + start : yi[y, 1] * row_stride + start + count]
-        r2 = buf[yi[y, 2] * row_stride + start : yi[y, 2] * row_stride + start + count]
-        r3 = buf[yi[y, 3] * row_stride + start : yi[y, 3] * row_stride + start + count]
+        r0, r1 = rows[yi[y, 0], start : start + count], rows[yi[y, 1], start : start + count]
+        r2, r3 = rows[yi[y, 2], start : start + count], rows[yi[y, 3], start : start + count]
         w0, w1, w2, w3 = yw[y, 0], yw[y, 1], yw[y, 2], yw[y, 3]
         for j in range(count):
             column[j] = (
@@ -336,10 +331,10 @@ def _area_taps(out_w, in_w, sx, mirror, flip):
 
 
 @numba.njit(**_JIT)
-def _area_row(buf, start, in_scale, conv, ptr, index, weight, dst):
+def _area_row(line, in_scale, conv, ptr, index, weight, dst):
     """dst[3x + c] = TF's horizontal area sum of output pixel x, channel c, over the source row whose
-    W * 3 values start at buf[start]."""
-    _convert(buf, start, in_scale, conv)
+    W * 3 values are `line`."""
+    _convert(line, in_scale, conv)
     one, two = np.uint32(1), np.uint32(2)
     for x in range(ptr.shape[0] - 1):
         p = ptr[x]
@@ -354,10 +349,11 @@ def _area_row(buf, start, in_scale, conv, ptr, index, weight, dst):
 
 
 @numba.njit(**_JIT)
-def _area(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier, flip):
+def _area(rows, mirror, in_scale, fout, uout, multiplier, flip):
     """Per output row: for each source row it overlaps (in order), the row's horizontal sums (computed
     once per source row, kept in a ring while later output rows overlap it) times the row's weight,
     accumulated (TF's order of additions per output pixel), then times 1 / (scale_h * scale_w)."""
+    in_h, in_w = rows.shape[0], rows.shape[1] // 3
     out_h = max(uout.shape[0], fout.shape[0])
     n = max(uout.shape[1], fout.shape[1])
     out_w = n // 3
@@ -375,9 +371,7 @@ def _area(buf, row_stride, in_h, in_w, mirror, in_scale, fout, uout, multiplier,
         for i in range(int(math.floor(lo)), int(math.ceil(hi))):
             slot = i % ring
             if held[slot] != i:
-                _area_row(
-                    buf, min(in_h - 1, max(0, i)) * row_stride, in_scale, conv, ptr, index, weight, sums[slot]
-                )
+                _area_row(rows[min(in_h - 1, max(0, i))], in_scale, conv, ptr, index, weight, sums[slot])
                 held[slot] = i
             row_weight = _area_cell_scale(i, lo, hi, sy)
             line = sums[slot]
@@ -413,31 +407,19 @@ def resize(
         raise ValueError(f"resize takes a non-empty (H, W, 3) image, got shape {image.shape}")
     if method != "bilinear" and full_size is not None:
         raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
-    kernel = _bilinear if method == "bilinear" else _KERNELS[method]
-    rows = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
-    flat = rows.reshape(out.shape[0], -1)
+    target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
+    flat = target.reshape(out.shape[0], -1)
     fout, uout = (_NO_FLOATS, flat) if out.dtype == np.uint8 else (flat, _NO_LEVELS)
-    buf, row_stride, mirrored = _flat_rows(image)
-    height, width = image.shape[:2]
-    args = (
-        buf,
-        row_stride,
-        height,
-        width,
-        mirrored,
-        _F32(in_scale),
-        fout,
-        uout,
-        _F32(multiplier),
-        bool(flip),
-    )
+    rows, mirrored = _flat_rows(image)
     if method == "bilinear":
         full_h, full_w = full_size or out.shape[:2]
-        _bilinear(*args, full_h, full_w, *offset)
+        _bilinear(
+            rows, mirrored, _F32(in_scale), fout, uout, _F32(multiplier), bool(flip), full_h, full_w, *offset
+        )
     else:
-        kernel(*args)
-    if rows is not out:
-        out[...] = rows
+        _KERNELS[method](rows, mirrored, _F32(in_scale), fout, uout, _F32(multiplier), bool(flip))
+    if target is not out:
+        out[...] = target
     return out
 
 
@@ -448,5 +430,5 @@ def warm_up() -> None:
         image = np.zeros((3, 4, 3), dtype)
         for out in (np.empty((2, 2, 3), np.float32), np.empty((2, 2, 3), np.uint8)):
             for method in METHODS:
-                resize(image, out, method)
-                resize(image[:, 1:], out, method)
+                resize(image, out, method)  # C-contiguous rows
+                resize(image[:, 1:], out, method)  # a crop's rows (any row stride)
