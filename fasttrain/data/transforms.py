@@ -165,7 +165,12 @@ def sample_train_params(
 
 
 def _scratch(image_size: int, scratch) -> np.ndarray:
-    if scratch is None or scratch.shape != (image_size, image_size, 3):
+    if (
+        scratch is None
+        or scratch.shape != (image_size, image_size, 3)
+        or scratch.dtype != np.float32
+        or not scratch.flags.c_contiguous
+    ):
         scratch = np.empty((image_size, image_size, 3), np.float32)
     return scratch
 
@@ -183,8 +188,8 @@ def apply_train(
 ) -> np.ndarray:
     """(S, S, 3) uint8 of the decoded (H, W, 3) uint8 `image` under `params`, written into `out`.
 
-    scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker), used only by
-    the colour distortion: without it the resize rounds x * 255 into `out` itself.
+    scratch: an optional (S, S, 3) float32 work buffer (a loader keeps one per worker) for the resized
+    image the colour distortion works on; without colour the resize rounds x * 255 into `out` itself.
     """
     top, left, h, w = params.crop
     crop = image[top : top + h, left : left + w]
@@ -248,7 +253,8 @@ def resnet_resize_size(height: int, width: int, image_size: int) -> tuple[int, i
 
 
 def apply_eval(image: np.ndarray, image_size: int, preprocess: str, out=None, scratch=None) -> np.ndarray:
-    """(S, S, 3) uint8: the seed's central-crop evaluation transform of a decoded (H, W, 3) image."""
+    """(S, S, 3) uint8: the seed's central-crop evaluation transform of a decoded (H, W, 3) image (the
+    resize rounds straight into `out`; scratch: the transforms' common signature, unused)."""
     if preprocess == "vgg":
         return vgg.apply_eval(image, image_size, out)
     out = _output(image_size, out)
