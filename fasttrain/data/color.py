@@ -15,6 +15,12 @@ steps). The per-pixel conversions are float32 transcriptions of TensorFlow's CPU
 (adjust_saturation_op.cc, adjust_hue_op.cc), including their double-precision constants; the channel
 means are accumulated in float64 (TF's float32 reduction order differs by about 1e-7 relative).
 The clip is TF's clip_by_value (max(0, min(1, x)) in float32; NaN stays NaN in both).
+
+`distort_color(x, params, out)` also does the pipeline's last step, out = round(x * 255) as uint8
+(clamped; resize._round's rounding), in its last pass instead of writing x back. Cost (one thread,
+299 x 299): about 0.65 ms, of which the saturation and hue arithmetic (3 divisions and a double
+round trip per pixel, 8 pixels per vector instruction) is about 0.4 and the float64 sum of ordering
+1's means, a chain of dependent additions kept in the transcription's order, 0.12.
 """
 
 from __future__ import annotations
