@@ -155,3 +155,11 @@ def test_distort_color_rejects_a_bad_out():
     x = np.zeros((4, 5, 3), np.float32)
     with pytest.raises(ValueError, match="out must be a C-contiguous"):
         distort_color(x, ColorParams(0, 0.0, 1.0, 0.0, 1.0), np.empty((4, 5, 3), np.float32))
+
+
+def test_resize_rejects_an_out_it_cannot_write():
+    image = np.zeros((4, 5, 3), np.uint8)
+    with pytest.raises(ValueError, match="float32 or uint8 out"):
+        resize(image, np.empty((2, 2, 3), np.float64))
+    with pytest.raises(ValueError, match="float32 or uint8 out"):
+        resize(image, np.empty((2, 2), np.float32))

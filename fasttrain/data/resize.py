@@ -21,13 +21,13 @@ and clamped to [0, 255] (`_round`, fused into the kernel's last pass: no float i
 arithmetic is float32 in TF's order of operations, so the outputs equal TF's up to the compiler's
 choices (tests/test_transforms_tf.py compares them with TensorFlow's own).
 
-How the kernels save work without changing a float operation: each reads the image as flat rows
-(`_flat_rows`: no copy for a crop or its mirror), converts only the source columns its taps read, once
-per source row, in a contiguous loop the compiler vectorises; bilinear keeps a source row's horizontal
-lerps while the next output row reads them; bicubic's vertical 4-tap sums run over the contiguous run of
-columns (a vector loop) before the horizontal taps; area's horizontal sums of a source row are computed
-once and kept in a small ring while the output rows that overlap the row read them (TF recomputes them
-per output row: the same additions in the same order).
+How the kernels save work without changing a float operation: each converts only the source columns
+its taps read, once per source row, in a vector loop; bilinear keeps a source row's horizontal lerps
+while the next output row reads them; bicubic's vertical sums run over the run of columns read (a
+vector loop); area's horizontal sums of a source row are computed once (TF: once per output row it
+overlaps). Cost (bench/bench_kernels_cpu.py, one thread, the bench photos, uint8 out for ResNet 224,
+float out for Inception 299): ResNet bilinear 0.13 ms; Inception bilinear 0.17, nearest 0.10, bicubic
+0.38, area 0.35 ms. The horizontal taps are scalar loads: about 1.2 ns per pixel and source row.
 
 The kernels are compiled by numba on first use (about 1 s each, then cached on disk).
 """
@@ -407,6 +407,8 @@ def resize(
         raise ValueError(f"resize takes a non-empty (H, W, 3) image, got shape {image.shape}")
     if method != "bilinear" and full_size is not None:
         raise ValueError(f"a window of the resize is implemented for bilinear only, not {method}")
+    if out.ndim != 3 or out.shape[2] != 3 or out.dtype not in (np.float32, np.uint8):
+        raise ValueError(f"resize writes an (S_h, S_w, 3) float32 or uint8 out, got {out.dtype} {out.shape}")
     target = out if out.flags.c_contiguous else np.empty(out.shape, out.dtype)
     flat = target.reshape(out.shape[0], -1)
     fout, uout = (_NO_FLOATS, flat) if out.dtype == np.uint8 else (flat, _NO_LEVELS)
