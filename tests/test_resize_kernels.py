@@ -144,7 +144,9 @@ def test_colour_rounding_store_is_the_float_result_rounded(ordering):
         x = rng.uniform(-0.05, 1.05, (height, width, 3)).astype(np.float32)
         params = ColorParams(ordering, 0.07, 1.3, -0.11, 0.6)
         floats = distort_color(x.copy(), params)
-        levels = distort_color(x.copy(), params, np.empty((height, width, 3), np.uint8))
+        image = x.copy()
+        levels = distort_color(image, params, np.empty((height, width, 3), np.uint8))
+        np.testing.assert_array_equal(image, floats)  # the image holds the float result too
         target = floats.astype(np.float64) * 255
         assert np.abs(levels - target).max() <= 0.5 + 1e-4
         exact = np.abs(np.abs(target - np.floor(target)) - 0.5) > 1e-4

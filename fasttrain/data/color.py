@@ -17,10 +17,10 @@ means are accumulated in float64 (TF's float32 reduction order differs by about 
 The clip is TF's clip_by_value (max(0, min(1, x)) in float32; NaN stays NaN in both).
 
 `distort_color(x, params, out)` also does the pipeline's last step, out = round(x * 255) as uint8
-(clamped; resize._round's rounding), in its last pass instead of writing x back. Cost (one thread,
-299 x 299): about 0.65 ms, of which the saturation and hue arithmetic (3 divisions and a double
-round trip per pixel, 8 pixels per vector instruction) is about 0.4 and the float64 sum of ordering
-1's means, a chain of dependent additions kept in the transcription's order, 0.12.
+(clamped; resize._round's rounding), in its last pass. Cost (one thread, 299 x 299): about 0.6 ms,
+of which the saturation and hue arithmetic (3 divisions and a double round trip per pixel, 8 pixels
+per vector instruction) is about 0.4 and the float64 sum of ordering 1's means, a chain of dependent
+additions kept in the transcription's order, 0.12.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def _round255(v):
 @numba.njit(**_JIT)
 def _clip_store(red, green, blue, line, dst):
     """The clip to [0, 1] of the planar row (TF's clip_by_value: max(0, min(1, x)), NaN kept) into
-    the interleaved float32 `line`, or, when dst has values, rounded x 255 into dst instead (a
+    the interleaved float32 `line`, and, when dst has values, rounded x 255 into dst too (a
     separate function: inlined, its loops grew _distort past the size at which LLVM still inlined
     and vectorised the colour steps, 6x slower)."""
     zero, one = _F32(0), _F32(1)
@@ -259,22 +259,16 @@ def _clip_store(red, green, blue, line, dst):
         r, g, b = red[i], green[i], blue[i]
         r, g, b = (r if zero < r else zero), (g if zero < g else zero), (b if zero < b else zero)
         red[i], green[i], blue[i] = (r if r < one else one), (g if g < one else one), (b if b < one else one)
-    if dst.shape[0] > 0:
-        for i in range(red.shape[0]):
-            dst[3 * i], dst[3 * i + 1], dst[3 * i + 2] = (
-                _round255(red[i]),
-                _round255(green[i]),
-                _round255(blue[i]),
-            )
-    else:
-        for i in range(red.shape[0]):
-            line[3 * i], line[3 * i + 1], line[3 * i + 2] = red[i], green[i], blue[i]
+    for i in range(red.shape[0]):
+        line[3 * i], line[3 * i + 1], line[3 * i + 2] = red[i], green[i], blue[i]
+    for k in range(dst.shape[0]):  # contiguous: a vector loop (rounding the planar row is slower)
+        dst[k] = _round255(line[k])
 
 
 @numba.njit(**_JIT)
 def _distort(x, ordering, brightness, saturation, hue, contrast, uout):
-    """The seed's colour steps in `ordering` on (H, W, 3) float32 x, then the clip to [0, 1]: into x,
-    or (uout (H * W * 3) uint8 with values) rounded x 255 into uout, x then holding an intermediate.
+    """The seed's colour steps in `ordering` on (H, W, 3) float32 x, then the clip to [0, 1], into x;
+    and, when uout (H * W * 3) uint8 has values, rounded x 255 into uout in the same pass.
 
     Two passes over the image, each fusing every per-pixel step it can: contrast needs the channel
     means of its input first. Ordering 1: the means of the brightened image (a sum alone), then per
@@ -342,9 +336,8 @@ _NO_LEVELS = np.empty(0, np.uint8)
 def distort_color(image: np.ndarray, params: ColorParams, out: np.ndarray | None = None) -> np.ndarray:
     """The seed's distort_color on (H, W, 3) float32 RGB in [0, 1], in place; returns it.
 
-    out: an optional C-contiguous (H, W, 3) uint8 array that receives the result x 255 rounded to the
-    nearest level instead (fused into the last pass; `image` is then left holding an intermediate);
-    returns out.
+    out: an optional C-contiguous (H, W, 3) uint8 array that also receives the result x 255 rounded
+    to the nearest level (fused into the last pass); returns out.
     """
     if not image.flags.c_contiguous or image.dtype != np.float32 or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"distort_color takes a C-contiguous (H, W, 3) float32 image, got {image.shape}")
