@@ -29,6 +29,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data import example as wire
 from fasttrain.data.example import parse_example
 
 SPLITS = ("train", "validation")
@@ -235,6 +236,42 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
         synset=_text(feature_map, "image/class/synset", file, offset),
         text=_text(feature_map, "image/class/text", file, offset),
     )
+
+
+# The keys decode_record reads, with its rules, for scan_example: (key, kind, values, required).
+_B, _F, _I = wire.BYTES_LIST, wire.FLOAT_LIST, wire.INT64_LIST
+_SCANNED = [("image/encoded", _B, 1, True), ("image/class/label", _I, 1, True)]
+_SCANNED += [(key, _F, -1, False) for key in _BOX_KEYS]  # rows 2-5
+_SCANNED += [("image/height", _I, 1, False), ("image/width", _I, 1, False)]
+_SCANNED += [(key, _B, 1, False) for key in ("image/filename", "image/class/synset", "image/class/text")]
+_KEY_BYTES, _KEY_ENDS, _RULES = wire.key_table(_SCANNED)
+
+
+class SampleDecoder:
+    """decode_record's (jpeg, label, boxes) for a loader, from a payload in a RecordBuffer, without
+    protobuf for a plain record (the jpeg is then a view into the buffer). A record the scan does not
+    accept, or whose values decode_record refuses, goes through decode_record, which raises as ever."""
+
+    def __init__(self, label_offset: int, num_classes: int):
+        self.label_offset, self.num_classes = label_offset, num_classes
+        self.found = np.zeros((len(_SCANNED), 5), np.int64)
+
+    def decode(self, buffer, payload: memoryview, file, offset: int):
+        """(jpeg, label, boxes) of the payload that `buffer.read` returned (it starts at byte 12)."""
+        array, found = buffer.array, self.found
+        if wire.scan_example(array, 12, 12 + len(payload), _KEY_BYTES, _KEY_ENDS, _RULES, found):
+            jpeg, label, ymin, xmin, ymax, xmax = found[:6].tolist()
+            n, label = ymin[1], label[4] + self.label_offset
+            if xmin[1] == ymax[1] == xmax[1] == n and 0 <= label < self.num_classes:
+                boxes = _NO_BOXES
+                if n:
+                    boxes = np.empty((n, 4), np.float32)
+                    for column, row in enumerate((ymin, xmin, ymax, xmax)):
+                        boxes[:, column] = array[row[2] : row[2] + 4 * n].view("<f4")
+                if n == 0 or np.isfinite(boxes).all():
+                    return buffer.view[jpeg[2] : jpeg[2] + jpeg[3]], label, boxes
+        record = decode_record(bytes(payload), file, offset, self.label_offset, self.num_classes)
+        return record.jpeg, record.label, record.boxes
 
 
 def label_range_error(file, offset: int, stored: int, label_offset: int, num_classes: int) -> LabelRangeError:
