@@ -22,7 +22,9 @@ wanted keys' values lie instead of building Python objects (about 40 us with the
 its containers, for a converter record). It accepts only the plain layout TensorFlow writes, and every
 part of it (each key ASCII, each entry key-then-value, each Feature one kind, each list one packed
 run, every varint whole, each wanted key once); for anything else it answers "not plain" and the
-caller parses with protobuf, so no input means something different on the two paths.
+caller parses with protobuf, so no input means something different on the two paths. The scan keeps
+the GIL (no nogil): releasing it for a few microseconds would hand it to another loader thread and
+wait to take it back, which costs more than the scan.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def key_table(keys: list[tuple[str, int, int, bool]]) -> tuple[np.ndarray, np.nd
     return key_bytes, np.cumsum([len(k) for k in encoded]).astype(np.int64), rules
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _varint(buf, pos, end, max_bytes):
     """(value, position after it), or (0, -1) if it runs past `end` or is longer than max_bytes."""
     value = np.uint64(0)
@@ -150,7 +152,7 @@ def _varint(buf, pos, end, max_bytes):
     return np.uint64(0), -1
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _field(buf, pos, end, tag):
     """(start, end) of the length-delimited field with one-byte `tag` at pos, or (-1, -1)."""
     if pos >= end or buf[pos] != tag:
@@ -161,7 +163,7 @@ def _field(buf, pos, end, tag):
     return start, start + np.int64(length)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _list(buf, start, end, kind, row):
     """Check a BytesList / FloatList / Int64List in buf[start:end] and describe it in `row`."""
     count = 0
@@ -197,7 +199,7 @@ def _list(buf, start, end, kind, row):
     return True
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _which(buf, start, end, key_bytes, key_ends):
     """Index of the wanted key equal to buf[start:end], -1 for another ASCII key, -2 for non-ASCII."""
     for pos in range(start, end):
@@ -217,7 +219,7 @@ def _which(buf, start, end, key_bytes, key_ends):
     return -1
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def scan_example(buf, start, end, key_bytes, key_ends, rules, found):
     """True if buf[start:end] is a plain serialized Example whose wanted keys follow `rules`; then
     found[k] (zeroed first) describes wanted key k: KIND, COUNT of values, START and LENGTH of the

@@ -99,6 +99,9 @@ class _Epoch:
         self.cuda = pin = torch.cuda.is_available()
         self.images = [torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
         self.labels = [torch.empty(b, dtype=torch.int64, pin_memory=pin) for _ in range(slots)]
+        # NumPy views of the slots, made once: Tensor.numpy() per sample costs microseconds of GIL.
+        self.image_arrays = [t.numpy() for t in self.images]
+        self.label_arrays = [t.numpy() for t in self.labels]
         self.events: list = [None] * slots  # CUDA: the consumer's copies out of each slot
         self.cond = threading.Condition()
         self.next_sample = 0  # the next sample (counted from batch `start`) a thread takes
@@ -172,8 +175,8 @@ class _Epoch:
                 label, error = None, None
                 try:
                     position = int(self.positions[j * self.batch_size + i])
-                    label = reader.sample(position, self.images[slot].numpy()[i])
-                    self.labels[slot].numpy()[i] = label
+                    label = reader.sample(position, self.image_arrays[slot][i])
+                    self.label_arrays[slot][i] = label
                 except DataError as e:
                     if not self.cfg.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
                         error = e
