@@ -40,7 +40,7 @@ import numpy as np
 
 from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
-from fasttrain.data.jpeg import decode_and_crop_jpeg, decode_jpeg, jpeg_size
+from fasttrain.data.jpeg import decode_jpeg, decode_window_rows, jpeg_size
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
 
@@ -288,7 +288,10 @@ def train_transform(
         height, width = jpeg_size(jpeg, file, offset)
         crop = sample_distorted_bounding_box(rng, height, width, boxes)
         flip = rng.random() < 0.5
-        window = decode_and_crop_jpeg(jpeg, crop, file, offset)
+        # Decoded into this thread's reused buffer (no allocation per image), read at once by the resize.
+        rows, x = decode_window_rows(jpeg, crop, file, offset)
+        left = crop[1] - x
+        window = rows.reshape(rows.shape[0], -1, 3)[:, left : left + crop[3]]
         return _resnet_train(window, flip, image_size, out, scratch)
     image = decode_jpeg(jpeg, file, offset)
     params = sample_train_params(rng, image.shape[0], image.shape[1], boxes, preprocess, color_distort)
