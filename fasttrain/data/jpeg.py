@@ -19,9 +19,12 @@ library (its own pybind module has no cropping), and fasttrain calls that librar
 setup.py requires it on, and for macOS and Windows) the window is cut from the full decode instead:
 the same pixels but for that edge column (`CROP_DECODE` says which path runs).
 `decode_window_rows` is the same decode for a consumer that reads the pixels at once (the vgg fast
-path): into one buffer per thread, reused (no allocation per image), handed over in place (no copy of
-the window), with one TurboJPEG handle per thread; ctypes releases the GIL for each call, so threads
-decode in parallel.
+path and the resnet train transform): into one buffer per thread, reused (no allocation per image),
+handed over in place (no copy of the window), with one TurboJPEG handle per thread; the decode call
+releases the GIL, so threads decode in parallel. The JPEG may be bytes or a buffer (a loader passes a
+view into its record buffer). Only the decode itself releases the GIL: the header and settings calls
+(microseconds) go through a PyDLL, which keeps it, so a thread does not hand the GIL over and wait for
+it back several times an image.
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
 and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.

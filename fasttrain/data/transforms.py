@@ -126,6 +126,8 @@ def sample_distorted_bounding_box(
 
     boxes: (K, 4) ymin, xmin, ymax, xmax normalised (K may be 0: the whole image is the object, as
     with use_image_if_no_bounding_boxes=True). The area range is relative to the whole image.
+    A loader's generator (fasttrain.data.seeding.PCGGenerator) runs the search in one kernel,
+    `_sample_box`, with the same draws (about 1 us instead of 15-20 us of Python and NumPy scalars).
     """
     pcg = getattr(rng, "pcg", None)  # a loader's PCGGenerator: the whole search in one kernel
     if pcg is not None and 0 < height < 2**31 and 0 < width < 2**31:
