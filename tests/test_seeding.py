@@ -81,3 +81,12 @@ def test_pcg_views_see_the_state_numpy_sets():
     state = {"state": (11 << 64) | 12, "inc": (13 << 64) | 15}
     bit_generator.state = {"bit_generator": "PCG64", "state": state, "has_uint32": 1, "uinteger": 99}
     assert words.tolist() == [12, 11, 15, 13] and buffer.tolist() == [1, 99]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_seeded_is_default_rng_on_either_path(key):
+    """Three values below 2^63 go to the kernel (_seed_into), the rest to pcg64_state."""
+    assert (
+        SampleGenerator().seeded(key).bit_generator.state
+        == np.random.default_rng(list(key)).bit_generator.state
+    )

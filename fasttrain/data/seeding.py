@@ -241,8 +241,13 @@ class SampleGenerator:
 
     def seeded(self, values) -> np.random.Generator:
         pcg = self._generator.pcg
-        if pcg is not None and len(values) == 3 and all(0 <= v < 2**63 for v in values):
-            _seed_into(*values, *pcg)
-        else:
-            self._bit_generator.state = pcg64_state(values)
+        if pcg is not None and len(values) == 3:
+            a, b, c = values
+            if 0 <= a < _2_63 and 0 <= b < _2_63 and 0 <= c < _2_63:  # int64 arguments to the kernel
+                _seed_into(a, b, c, *pcg)
+                return self._generator
+        self._bit_generator.state = pcg64_state(values)
         return self._generator
+
+
+_2_63 = 2**63
