@@ -32,11 +32,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition, LabelRangeError
+from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer
-from fasttrain.data.transforms import eval_transform, train_transform, warm_up
+from fasttrain.data.transforms import eval_transform, sample_distorted_bounding_box, train_transform, warm_up
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
 
 _MAX_OPEN_FILES = 16
@@ -165,6 +166,20 @@ class SampleReader:
         return label
 
 
+def _warm_up_reader() -> None:
+    """Compile (or load from numba's disk cache) SampleReader's own kernels (the Example scan, the
+    seeding, the crop search) here, once, rather than in each worker's or thread's first sample."""
+    rng = SampleGenerator().seeded((0, 0, 0))
+    no_boxes = np.zeros((0, 4), np.float32)
+    for writeable in (False, True):  # read-only arrays (the shared "no boxes") compile apart
+        no_boxes.flags.writeable = writeable
+        sample_distorted_bounding_box(rng, 2, 2, no_boxes)
+    payload = encode_example({"image/encoded": b"", "image/class/label": 0})
+    buffer = RecordBuffer(len(payload) + 16)
+    buffer.data[12 : 12 + len(payload)] = payload  # where RecordBuffer.read puts it
+    SampleDecoder(0, 1).decode(buffer, buffer.view[12 : 12 + len(payload)], "(warm-up)", 0)
+
+
 def all_corrupt(j: int) -> DataError:
     return DataError(
         f"every record of training batch {j} is corrupt; run python -m fasttrain.data verify on the "
@@ -198,6 +213,7 @@ class ShardLoader(EpochPosition):
         self.rank, self.world_size = rank, world_size
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
         warm_up()
+        _warm_up_reader()
         self.num_records = len(self.table)
 
     def __len__(self) -> int:
