@@ -248,3 +248,17 @@ def test_record_buffer_without_preadv_or_the_c_crc(shard, monkeypatch):
     data[_offsets()[4] + 12 + 5] ^= 1
     shard.write_bytes(bytes(data))
     assert "data CRC mismatch" in _both(shard, _offsets()[4], len(PAYLOADS[4]) + 16)[1]
+
+
+def test_record_buffer_reads_on_after_short_reads(shard, monkeypatch):
+    def short_preadv(fd, buffers, offset):  # at most 7 bytes a call, as a network file system may give
+        (view,) = buffers
+        data = os.pread(fd, min(7, len(view)), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    monkeypatch.setattr(tfr, "_preadv", short_preadv)
+    test_record_buffer_reads_as_read_record(shard)
+    shard.write_bytes(shard.read_bytes()[: _offsets()[4] + 30])
+    ours, reference = _both(shard, _offsets()[4], len(PAYLOADS[4]) + 16)
+    assert ours == reference and "30 of 1016 bytes" in reference

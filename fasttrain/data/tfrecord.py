@@ -225,8 +225,10 @@ class RecordBuffer:
         if size > len(self.data):
             self._allocate(max(size, 2 * len(self.data)))
         framed = self.view[:size]
-        if _preadv is not None:
-            got = _preadv(f.fileno(), [framed], offset)  # one call, and no shared file position
+        if _preadv is not None:  # one call (no shared file position), more only after a short read
+            got, fd = 0, f.fileno()
+            while got < size and (n := _preadv(fd, [framed[got:]], offset + got)):
+                got += n  # (a network file system may return less than asked before the end)
         else:
             f.seek(offset)
             got = f.readinto(framed) or 0
