@@ -100,7 +100,7 @@ def _search_cases(count: int):
             boxes = np.sort(rng.random((k, 4)).astype(np.float32), axis=1)
         aspect = (0.75, 1.33) if trial % 2 else (float(rng.uniform(0.2, 1)), float(rng.uniform(1, 3)))
         area = (0.05, 1.0) if trial % 4 else (float(rng.uniform(0, 0.5)), float(rng.uniform(0.5, 1)))
-        cover = float(rng.choice([0.1, 0.0, 0.5, 1.0]))
+        cover = float(rng.choice([0.1, 0.0, 0.5, 1.0, 0.7]))  # float32(0.7) < 0.7
         yield height, width, boxes, cover, aspect, area, 100 if trial % 5 else int(rng.integers(1, 5))
 
 
