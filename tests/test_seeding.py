@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fasttrain.data.seeding import SampleGenerator, pcg64_state
+from fasttrain.data.seeding import SampleGenerator, integers, next_double, pcg64_state, pcg_views
 
 KEYS = [
     (0, 0, 0),
@@ -54,3 +54,39 @@ def test_colour_draws_are_generator_uniforms():
         expected = [ordering] + [float(np.float32(ref.uniform(lo, hi))) for lo, hi in ranges]
         got = sample_color(np.random.default_rng(seed))
         assert [got.ordering, got.brightness, got.saturation, got.hue, got.contrast] == expected
+
+
+def test_the_kernels_draw_from_the_generators_state_as_it_does():
+    """next_double / integers step the PCG64 through its C state as Generator.random / .integers do:
+    the same values, and the Generator left where its own draws leave it (has_uint32 included)."""
+    generator = SampleGenerator()
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        key = tuple(int(v) for v in rng.integers(0, 2**62, size=3))
+        ours, fresh = generator.seeded(key), np.random.default_rng(list(key))
+        assert ours.pcg is not None and ours.bit_generator.state == fresh.bit_generator.state
+        words, buffer = ours.pcg
+        for high in (1, 2, 3, 1, 7, 1000, 2**31 - 1, 2**32 - 1, 5):  # 1 draws nothing
+            assert integers(words, buffer, high) == fresh.integers(0, high)
+            assert next_double(words) == fresh.random()
+        integers(words, buffer, 9)  # half a 64-bit draw left in the buffer
+        fresh.integers(0, 9)
+        assert ours.bit_generator.state == fresh.bit_generator.state
+        assert ours.uniform(0.5, 1.5) == fresh.uniform(0.5, 1.5)  # the Generator goes on from there
+
+
+def test_pcg_views_see_the_state_numpy_sets():
+    bit_generator = np.random.PCG64(3)
+    words, buffer = pcg_views(bit_generator)
+    state = {"state": (11 << 64) | 12, "inc": (13 << 64) | 15}
+    bit_generator.state = {"bit_generator": "PCG64", "state": state, "has_uint32": 1, "uinteger": 99}
+    assert words.tolist() == [12, 11, 15, 13] and buffer.tolist() == [1, 99]
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_seeded_is_default_rng_on_either_path(key):
+    """Three values below 2^63 go to the kernel (_seed_into), the rest to pcg64_state."""
+    assert (
+        SampleGenerator().seeded(key).bit_generator.state
+        == np.random.default_rng(list(key)).bit_generator.state
+    )

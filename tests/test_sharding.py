@@ -102,7 +102,8 @@ def test_the_torch_loader_reads_the_one_stream_order(synthetic):
         + ["--data_backend=torch", "--preprocess=resnet", "--image_size=32", "--num_workers=0"]
     )
     loader = build_loader(cfg, "train", training=True, rank=1, world_size=2, device=torch.device("cpu"))
-    got = [labels for _, (_, labels) in zip(range(3), loader)]
+    # Cloned: a batch stays valid only until the next is requested (thread_loader's contract).
+    got = [labels.clone() for _, (_, labels) in zip(range(3), loader)]
     table = dataclasses.replace(loader.table, input_order="one_stream", batch_size=4)  # the plan, named
     planned = epoch_positions(table, True, cfg.seed, 0, 1, 2, cfg.shuffle_buffer)[:12]
     expected = []

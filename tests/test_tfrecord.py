@@ -196,3 +196,69 @@ def test_read_only_data_dir_uses_the_cache(shard, tmp_path, monkeypatch):
 def test_read_record_with_a_wrong_size_names_the_index(shard):
     with open(shard, "rb") as f, pytest.raises(DataError, match="index"):
         tfr.read_record(f, _offsets()[2], len(PAYLOADS[2]) + 17, shard)
+
+
+# --- RecordBuffer: the loader's reads into a reused buffer -----------------------------------------
+
+
+def _both(path, offset, size):
+    """(outcome of read_record, outcome of RecordBuffer.read): the payload bytes or the error text."""
+    outcomes = []
+    with open(path, "rb") as f:
+        for read in (tfr.read_record, tfr.RecordBuffer(size=64).read):
+            try:
+                outcomes.append(bytes(read(f, offset, size, path)))
+            except DataError as e:
+                outcomes.append(str(e))
+    return outcomes
+
+
+def test_record_buffer_reads_as_read_record(shard):
+    buffer = tfr.RecordBuffer(size=64)  # smaller than record 3: the buffer grows
+    with open(shard, "rb") as f:
+        for offset, payload in reversed(list(zip(_offsets(), PAYLOADS))):
+            assert bytes(buffer.read(f, offset, len(payload) + 16, shard)) == payload
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_record_buffer_errors_are_read_records(shard, field):
+    record, offset = 3, _offsets()[3]
+    data = bytearray(shard.read_bytes())
+    data[offset + FIELDS[field]] ^= 0x10
+    shard.write_bytes(bytes(data))
+    ours, reference = _both(shard, offset, len(PAYLOADS[record]) + 16)
+    assert ours == reference and reference.startswith(f"corrupted record at offset {offset} in {shard}")
+
+
+@pytest.mark.parametrize("cut", [1, 12, 300])
+def test_record_buffer_truncation_and_stale_size_are_read_records(shard, cut):
+    offset = _offsets()[3]
+    ours, reference = _both(shard, _offsets()[2], len(PAYLOADS[2]) + 17)
+    assert ours == reference and "delete the stale index file" in reference
+    shard.write_bytes(shard.read_bytes()[: offset + cut])
+    ours, reference = _both(shard, offset, len(PAYLOADS[3]) + 16)
+    assert ours == reference and reference.startswith(f"truncated record at offset {offset} in {shard}")
+
+
+def test_record_buffer_without_preadv_or_the_c_crc(shard, monkeypatch):
+    monkeypatch.setattr(tfr, "_crc_at", None)  # the fallbacks: google_crc32c over a copy,
+    monkeypatch.setattr(tfr, "_preadv", None)  # seek + readinto
+    test_record_buffer_reads_as_read_record(shard)
+    data = bytearray(shard.read_bytes())
+    data[_offsets()[4] + 12 + 5] ^= 1
+    shard.write_bytes(bytes(data))
+    assert "data CRC mismatch" in _both(shard, _offsets()[4], len(PAYLOADS[4]) + 16)[1]
+
+
+def test_record_buffer_reads_on_after_short_reads(shard, monkeypatch):
+    def short_preadv(fd, buffers, offset):  # at most 7 bytes a call, as a network file system may give
+        (view,) = buffers
+        data = os.pread(fd, min(7, len(view)), offset)
+        view[: len(data)] = data
+        return len(data)
+
+    monkeypatch.setattr(tfr, "_preadv", short_preadv)
+    test_record_buffer_reads_as_read_record(shard)
+    shard.write_bytes(shard.read_bytes()[: _offsets()[4] + 30])
+    ours, reference = _both(shard, _offsets()[4], len(PAYLOADS[4]) + 16)
+    assert ours == reference and "30 of 1016 bytes" in reference

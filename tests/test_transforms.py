@@ -21,6 +21,7 @@ from fasttrain.data.color import (
 from fasttrain.data.jpeg import decode_jpeg
 from fasttrain.data.normalize import normalize_images
 from fasttrain.data.resize import resize
+from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.transforms import (
     eval_transform,
     inception_central_crop,
@@ -86,6 +87,42 @@ def test_impossible_constraints_fall_back_to_the_whole_image():
         rng, 100, 100, np.zeros((0, 4)), aspect_ratio_range=(3.0, 4.0), area_range=(0.9, 1.0)
     )
     assert crop == (0, 0, 100, 100)
+
+
+def _search_cases(count: int):
+    """Seeded random (height, width, boxes, min_object_covered, aspect range, area range, attempts)."""
+    rng = np.random.default_rng(5)
+    for trial in range(count):
+        height, width = int(rng.integers(1, 1500)), int(rng.integers(1, 1500))
+        k = int(rng.integers(0, 4))
+        boxes = rng.random((k, 4)).astype(np.float32) * 1.4 - 0.2  # some outside [0, 1]: clipped
+        if trial % 3 == 0:
+            boxes = np.sort(rng.random((k, 4)).astype(np.float32), axis=1)
+        aspect = (0.75, 1.33) if trial % 2 else (float(rng.uniform(0.2, 1)), float(rng.uniform(1, 3)))
+        area = (0.05, 1.0) if trial % 4 else (float(rng.uniform(0, 0.5)), float(rng.uniform(0.5, 1)))
+        cover = float(rng.choice([0.1, 0.0, 0.5, 1.0, 0.7]))  # float32(0.7) < 0.7
+        yield height, width, boxes, cover, aspect, area, 100 if trial % 5 else int(rng.integers(1, 5))
+
+
+def test_the_loaders_one_kernel_search_is_the_python_search():
+    """A loader's generator (SampleGenerator, its PCG64 state mapped) takes the numba search; a plain
+    Generator the Python loop above it: the same crop, and the generator left in the same state."""
+    generator, whole = SampleGenerator(), 0
+    for trial, (height, width, boxes, *rest) in enumerate(_search_cases(3000)):
+        ours, reference = generator.seeded((trial, 1, 2)), np.random.default_rng([trial, 1, 2])
+        crop = sample_distorted_bounding_box(ours, height, width, boxes, *rest)
+        assert crop == sample_distorted_bounding_box(reference, height, width, boxes, *rest), trial
+        assert ours.bit_generator.state == reference.bit_generator.state, trial
+        whole += crop == (0, 0, height, width)
+    assert 300 < whole < 2700  # both outcomes, many times
+
+
+def test_a_box_that_is_not_finite_leaves_the_kernel_search_unused():
+    boxes = np.array([[0.1, 0.1, np.nan, 0.9]], np.float32)
+    ours = SampleGenerator().seeded((1, 2, 3))
+    with np.errstate(invalid="ignore"):  # the Python path casts NaN to int32 (decode_record refuses it)
+        crop = sample_distorted_bounding_box(ours, 50, 60, boxes)
+        assert crop == sample_distorted_bounding_box(np.random.default_rng([1, 2, 3]), 50, 60, boxes)
 
 
 # --- train and eval transforms ---------------------------------------------------------------------

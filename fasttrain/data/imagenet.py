@@ -22,13 +22,16 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba
 import numpy as np
 from google.protobuf.message import DecodeError
 
 from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data import example as wire
 from fasttrain.data.example import parse_example
 
 SPLITS = ("train", "validation")
@@ -235,6 +238,59 @@ def decode_record(payload: bytes, file, offset: int, label_offset: int, num_clas
         synset=_text(feature_map, "image/class/synset", file, offset),
         text=_text(feature_map, "image/class/text", file, offset),
     )
+
+
+# The keys decode_record reads, with its rules, for scan_example: (key, kind, values, required).
+_B, _F, _I = wire.BYTES_LIST, wire.FLOAT_LIST, wire.INT64_LIST
+_SCANNED = [("image/encoded", _B, 1, True), ("image/class/label", _I, 1, True)]
+_SCANNED += [(key, _F, -1, False) for key in _BOX_KEYS]  # rows 2-5
+_SCANNED += [("image/height", _I, 1, False), ("image/width", _I, 1, False)]
+_SCANNED += [(key, _B, 1, False) for key in ("image/filename", "image/class/synset", "image/class/text")]
+_KEY_BYTES, _KEY_ENDS, _RULES = wire.key_table(_SCANNED)
+_LITTLE_ENDIAN = sys.byteorder == "little"  # the scan reads the packed floats in the host's order
+
+
+class SampleDecoder:
+    """decode_record's (jpeg, label, boxes) for a loader, from a payload in a RecordBuffer, without
+    protobuf for a plain record (the jpeg is then a view into the buffer). A record the scan does not
+    accept, or whose values decode_record refuses, goes through decode_record, which raises as ever."""
+
+    def __init__(self, label_offset: int, num_classes: int):
+        self.label_offset, self.num_classes = label_offset, num_classes
+        self.found = np.zeros((len(_SCANNED), 5), np.int64)
+
+    def decode(self, buffer, payload: memoryview, file, offset: int):
+        """(jpeg, label, boxes) of the payload that `buffer.read` returned (it starts at byte 12)."""
+        found = self.found
+        boxes = _scan_sample(buffer.array, 12 + len(payload), found) if _LITTLE_ENDIAN else None
+        if boxes is not None:
+            label = int(found[1, wire.VALUE]) + self.label_offset
+            if 0 <= label < self.num_classes:
+                start = int(found[0, wire.START])
+                jpeg = buffer.view[start : start + int(found[0, wire.LENGTH])]
+                return jpeg, label, boxes if len(boxes) else _NO_BOXES
+        record = decode_record(bytes(payload), file, offset, self.label_offset, self.num_classes)
+        return record.jpeg, record.label, record.boxes
+
+
+@numba.njit(cache=True)
+def _scan_sample(buf, end, found):
+    """The boxes (K, 4) float32 of the Example in buf[12:end] if scan_example accepts it and its box
+    lists are equal in length and finite (found then describes the keys), else None."""
+    if not wire.scan_example(buf, 12, end, _KEY_BYTES, _KEY_ENDS, _RULES, found):
+        return None
+    n = found[2, wire.COUNT]
+    if found[3, wire.COUNT] != n or found[4, wire.COUNT] != n or found[5, wire.COUNT] != n:
+        return None
+    boxes = np.empty((n, 4), np.float32)
+    for column in range(4):  # ymin, xmin, ymax, xmax: packed little-endian float32
+        start = found[2 + column, wire.START]
+        values = buf[start : start + 4 * n].copy().view(np.float32)
+        for i in range(n):
+            if not np.isfinite(values[i]):
+                return None
+            boxes[i, column] = values[i]
+    return boxes
 
 
 def label_range_error(file, offset: int, stored: int, label_offset: int, num_classes: int) -> LabelRangeError:

@@ -19,9 +19,12 @@ library (its own pybind module has no cropping), and fasttrain calls that librar
 setup.py requires it on, and for macOS and Windows) the window is cut from the full decode instead:
 the same pixels but for that edge column (`CROP_DECODE` says which path runs).
 `decode_window_rows` is the same decode for a consumer that reads the pixels at once (the vgg fast
-path): into one buffer per thread, reused (no allocation per image), handed over in place (no copy of
-the window), with one TurboJPEG handle per thread; ctypes releases the GIL for each call, so threads
-decode in parallel.
+path and the resnet train transform): into one buffer per thread, reused (no allocation per image),
+handed over in place (no copy of the window), with one TurboJPEG handle per thread; the decode call
+releases the GIL, so threads decode in parallel. The JPEG may be bytes or a buffer (a loader passes a
+view into its record buffer). Only the decode itself releases the GIL: the header and settings calls
+(microseconds) go through a PyDLL, which keeps it, so a thread does not hand the GIL over and wait for
+it back several times an image.
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
 and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.
@@ -115,33 +118,38 @@ class _TurboJPEG:
     MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)
 
     def __init__(self, path: Path):
-        lib = ctypes.CDLL(str(path))
+        # Two views of one library: CDLL drops the GIL over a call, which suits the decode (a
+        # millisecond); PyDLL keeps it, which suits the calls of a few microseconds or less (header,
+        # settings), where handing the GIL to another thread and taking it back (futex wake-ups,
+        # context switches) costs more than the call.
+        lib, quick = ctypes.CDLL(str(path)), ctypes.PyDLL(str(path))
         c_void_p, c_int, c_size_t = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-        lib.tj3Init.restype, lib.tj3Init.argtypes = c_void_p, [c_int]
-        lib.tj3Set.argtypes = [c_void_p, c_int, c_int]
-        lib.tj3Get.argtypes = [c_void_p, c_int]
-        lib.tj3DecompressHeader.argtypes = [c_void_p, ctypes.c_char_p, c_size_t]
-        lib.tj3SetCroppingRegion.argtypes = [c_void_p, _Region]
-        lib.tj3Decompress8.argtypes = [c_void_p, ctypes.c_char_p, c_size_t, c_void_p, c_int, c_int]
-        lib.tj3GetErrorStr.restype, lib.tj3GetErrorStr.argtypes = ctypes.c_char_p, [c_void_p]
-        self.lib = lib
+        quick.tj3Init.restype, quick.tj3Init.argtypes = c_void_p, [c_int]
+        quick.tj3Set.argtypes = [c_void_p, c_int, c_int]
+        quick.tj3Get.argtypes = [c_void_p, c_int]
+        quick.tj3DecompressHeader.argtypes = [c_void_p, c_void_p, c_size_t]
+        quick.tj3SetCroppingRegion.argtypes = [c_void_p, _Region]
+        quick.tj3GetErrorStr.restype, quick.tj3GetErrorStr.argtypes = ctypes.c_char_p, [c_void_p]
+        lib.tj3Decompress8.argtypes = [c_void_p, c_void_p, c_size_t, c_void_p, c_int, c_int]
+        self.lib, self.quick = lib, quick
+        self.get, self.decompress = quick.tj3Get, lib.tj3Decompress8
         self.local = threading.local()  # a TurboJPEG handle is not thread-safe: one per thread
 
     def _handle(self):
         handle = getattr(self.local, "handle", None)
         if handle is None:
-            handle = self.lib.tj3Init(self.INIT_DECOMPRESS)
+            handle = self.quick.tj3Init(self.INIT_DECOMPRESS)
             if not handle:
                 raise MemoryError("tj3Init failed")
-            self.lib.tj3Set(handle, self.FASTDCT, 1)  # TensorFlow's JDCT_IFAST
-            self.lib.tj3Set(handle, self.FASTUPSAMPLE, 0)  # and its fancy upsampling
+            self.quick.tj3Set(handle, self.FASTDCT, 1)  # TensorFlow's JDCT_IFAST
+            self.quick.tj3Set(handle, self.FASTUPSAMPLE, 0)  # and its fancy upsampling
             self.local.handle = handle
         return handle
 
     def _check(self, handle, status: int) -> None:
         # Warnings (corrupt data libjpeg can step over) fail too, as simplejpeg's strict mode does.
         if status != 0:
-            raise ValueError(self.lib.tj3GetErrorStr(handle).decode(errors="replace"))
+            raise ValueError(self.quick.tj3GetErrorStr(handle).decode(errors="replace"))
 
     def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
         out, x, channels = self._decode(jpeg, top, left, h, w, None)
@@ -159,30 +167,44 @@ class _TurboJPEG:
 
     def _decode(self, jpeg: bytes, top: int, left: int, h: int, w: int, reuse) -> tuple[np.ndarray, int, int]:
         """(out (h, span * channels) uint8, x, channels): rows top .. top + h - 1 from column x on."""
-        lib, handle = self.lib, self._handle()
-        self._check(handle, lib.tj3DecompressHeader(handle, jpeg, len(jpeg)))
-        width, height = lib.tj3Get(handle, self.JPEGWIDTH), lib.tj3Get(handle, self.JPEGHEIGHT)
+        get, handle, data, size = self.get, self._handle(), _address(jpeg), len(jpeg)
+        self._check(handle, self.quick.tj3DecompressHeader(handle, data, size))
+        width, height = get(handle, self.JPEGWIDTH), get(handle, self.JPEGHEIGHT)
         if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
             raise ValueError(f"crop window {(top, left, h, w)} outside the {height}x{width} image")
-        subsamp = lib.tj3Get(handle, self.SUBSAMP)
-        cmyk = lib.tj3Get(handle, self.COLORSPACE) in (self.CS_CMYK, self.CS_YCCK)
+        subsamp = get(handle, self.SUBSAMP)
+        cmyk = get(handle, self.COLORSPACE) in (self.CS_CMYK, self.CS_YCCK)
         channels, pixel_format = (4, self.PF_CMYK) if cmyk else (3, self.PF_RGB)
         if 0 <= subsamp < len(self.MCU_WIDTH):
             x = left - left % self.MCU_WIDTH[subsamp]
             region, skip, span = _Region(x, top, w + left - x, h), 0, w + left - x
         else:  # an unusual sampling layout (TJSAMP_UNKNOWN) cannot be cropped: decode it whole
             x, region, skip, span = 0, _Region(0, 0, 0, 0), top, width
-        self._check(handle, lib.tj3SetCroppingRegion(handle, region))
+        self._check(handle, self.quick.tj3SetCroppingRegion(handle, region))
         rows, pitch = region.h or height, span * channels
         if reuse is None:
             out = np.empty(rows * pitch, np.uint8)
+            address = out.ctypes.data
         else:  # one buffer per thread, grown to the largest region seen: no allocation per image
             out = getattr(reuse, "buffer", None)
             if out is None or out.size < rows * pitch:
                 out = reuse.buffer = np.empty(max(rows * pitch, 1 << 20), np.uint8)
-        status = lib.tj3Decompress8(handle, jpeg, len(jpeg), out.ctypes.data, pitch, pixel_format)
+                reuse.address = out.ctypes.data  # (.ctypes builds an object: 10% of the GIL-held time)
+            address = reuse.address
+        status = self.decompress(handle, data, size, address, pitch, pixel_format)
         self._check(handle, status)
         return out[: rows * pitch].reshape(rows, pitch)[skip : skip + h], x, channels
+
+
+def _address(jpeg):
+    """The JPEG as ctypes passes it (c_void_p): bytes as they are, another buffer (a view into a
+    loader's record buffer) by its address, which stays valid while the caller holds `jpeg`."""
+    if type(jpeg) is bytes:
+        return jpeg
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(jpeg))  # writable buffers: the quick way
+    except (TypeError, ValueError):  # read-only or empty
+        return np.frombuffer(jpeg, np.uint8).ctypes.data
 
 
 def _load_turbojpeg() -> _TurboJPEG | None:

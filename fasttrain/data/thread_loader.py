@@ -25,13 +25,14 @@ consumer contract: **a yielded batch stays valid until `hold` more batches have 
 keeps at once; 1 for evaluation). Keep a batch longer (a list of an epoch's batches) and it must be
 cloned. The GPU event path is not exercised on this project's CPU-only machine.
 
-Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG through ctypes.CDLL, whose calls drop
-the GIL), the numba kernels (nogil=True) and file reads run without the GIL. What holds it is
-small beside them, measured per image on the benchmark's photos (ResNet 224, one thread, a loaded
-2-core machine): Example parsing (protobuf) 0.10 ms, the generator's seeding 0.06 ms, the crop
-sampling 0.08 ms, and read + CRC 0.05 ms (google-crc32c, 60 kB at about 6 GB/s), against 1.3 ms of
-decode and 0.5 ms of resize. Each thread reads its own records, so the reading parallelises with
-the rest and the GIL-held part (about 1/8 of an image) does not serialise a pool of a few threads.
+Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
+calls drop the GIL), the transforms' numba kernels (nogil=True) and file reads run without the GIL.
+What holds it is small beside them: per image (ResNet 224, one thread, the benchmark's photos) the
+read into a reused buffer with both CRCs 0.015 ms, the Example scan 0.004 ms, the seeding and the
+crop search 0.001 ms each (one numba kernel each, fasttrain.data.example / seeding / transforms;
+calls of a few microseconds keep the GIL, as TurboJPEG's header calls do through a PyDLL, since
+handing it over and taking it back costs a thread more), against about 0.75 ms of decode and
+0.17 ms of resize. Each thread reads its own records, so reading parallelises with the rest.
 
 Errors, as in the process loader: a bad record raises DataError naming shard and offset when the
 consumer reaches its batch (one line); with skip_corrupt it is counted, reported on stderr, and a
@@ -99,6 +100,9 @@ class _Epoch:
         self.cuda = pin = torch.cuda.is_available()
         self.images = [torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
         self.labels = [torch.empty(b, dtype=torch.int64, pin_memory=pin) for _ in range(slots)]
+        # NumPy views of the slots, made once: Tensor.numpy() per sample costs microseconds of GIL.
+        self.image_arrays = [t.numpy() for t in self.images]
+        self.label_arrays = [t.numpy() for t in self.labels]
         self.events: list = [None] * slots  # CUDA: the consumer's copies out of each slot
         self.cond = threading.Condition()
         self.next_sample = 0  # the next sample (counted from batch `start`) a thread takes
@@ -172,8 +176,8 @@ class _Epoch:
                 label, error = None, None
                 try:
                     position = int(self.positions[j * self.batch_size + i])
-                    label = reader.sample(position, self.images[slot].numpy()[i])
-                    self.labels[slot].numpy()[i] = label
+                    label = reader.sample(position, self.image_arrays[slot][i])
+                    self.label_arrays[slot][i] = label
                 except DataError as e:
                     if not self.cfg.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
                         error = e

@@ -32,11 +32,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition, LabelRangeError
-from fasttrain.data.imagenet import decode_record
+from fasttrain.data.example import encode_example
+from fasttrain.data.imagenet import SampleDecoder
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
-from fasttrain.data.tfrecord import read_record
-from fasttrain.data.transforms import eval_transform, train_transform, warm_up
+from fasttrain.data.tfrecord import RecordBuffer
+from fasttrain.data.transforms import eval_transform, sample_distorted_bounding_box, train_transform, warm_up
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
 
 _MAX_OPEN_FILES = 16
@@ -118,6 +119,8 @@ class SampleReader:
         self._files: OrderedDict = OrderedDict()
         self._scratch = np.empty((self.image_size, self.image_size, 3), np.float32)
         self._generator = SampleGenerator()  # reseeded per sample: default_rng's state, 3x cheaper
+        self._buffer = RecordBuffer()  # each record is read into it: no allocation per record
+        self._decoder = SampleDecoder(self.label_offset, self.num_classes)
 
     def close(self) -> None:
         for f in self._files.values():
@@ -139,13 +142,14 @@ class SampleReader:
         table = self.table
         file_id, offset = int(table.file_ids[position]), int(table.offsets[position])
         path = table.files[file_id]
-        payload = read_record(self._file(file_id), offset, int(table.sizes[position]), path)
-        record = decode_record(payload, path, offset, self.label_offset, self.num_classes)
+        payload = self._buffer.read(self._file(file_id), offset, int(table.sizes[position]), path)
+        # jpeg may be a view into the record buffer: used up before the next read.
+        jpeg, label, boxes = self._decoder.decode(self._buffer, payload, path, offset)
         if self.training:
             rng = self._generator.seeded((self.seed, self.epoch, position))  # = default_rng([...])
             train_transform(
-                record.jpeg,
-                record.boxes,
+                jpeg,
+                boxes,
                 rng,
                 self.image_size,
                 self.preprocess,
@@ -157,9 +161,23 @@ class SampleReader:
             )
         else:
             eval_transform(
-                record.jpeg, self.image_size, self.preprocess, path, offset, out=out, scratch=self._scratch
+                jpeg, self.image_size, self.preprocess, path, offset, out=out, scratch=self._scratch
             )
-        return record.label
+        return label
+
+
+def _warm_up_reader() -> None:
+    """Compile (or load from numba's disk cache) SampleReader's own kernels (the Example scan, the
+    seeding, the crop search) here, once, rather than in each worker's or thread's first sample."""
+    rng = SampleGenerator().seeded((0, 0, 0))
+    no_boxes = np.zeros((0, 4), np.float32)
+    for writeable in (False, True):  # read-only arrays (the shared "no boxes") compile apart
+        no_boxes.flags.writeable = writeable
+        sample_distorted_bounding_box(rng, 2, 2, no_boxes)
+    payload = encode_example({"image/encoded": b"", "image/class/label": 0})
+    buffer = RecordBuffer(len(payload) + 16)
+    buffer.data[12 : 12 + len(payload)] = payload  # where RecordBuffer.read puts it
+    SampleDecoder(0, 1).decode(buffer, buffer.view[12 : 12 + len(payload)], "(warm-up)", 0)
 
 
 def all_corrupt(j: int) -> DataError:
@@ -195,6 +213,7 @@ class ShardLoader(EpochPosition):
         self.rank, self.world_size = rank, world_size
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
         warm_up()
+        _warm_up_reader()
         self.num_records = len(self.table)
 
     def __len__(self) -> int:
