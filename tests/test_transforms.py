@@ -1,6 +1,7 @@
 """The seeds' crop sampler, train/eval transforms, colour distortion, JPEG modes, and normalisation."""
 
 import io
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -315,3 +316,31 @@ def _count_mismatches(pixels, factor, delta):
         if _shift_hue(r, g, b, delta) != _shift_hue_select(r, g, b, delta * np.float32(6)):
             hue += 1
     return saturation, hue
+
+
+TF_IMAGES = Path(__file__).parent / "data" / "tf-images"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in TF_IMAGES.glob("*.jpg")))
+def test_full_window_decode_equals_the_whole_images_decode(name):
+    """The Inception train path decodes only its crop; its pixels must be the whole decode's (which
+    tests/test_transforms_tf.py holds equal to TensorFlow's decode_jpeg), edges and every JPEG kind."""
+    from fasttrain.data.jpeg import decode_full_window_rows
+
+    jpeg = (TF_IMAGES / name).read_bytes()
+    full = decode_jpeg(jpeg)
+    height, width = full.shape[:2]
+    rng = np.random.default_rng(0)
+    windows = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1), (7, 15, 9, 17)]
+    windows += [(0, 1, height, width - 2), (1, 0, height - 2, width), (16, 16, 16, 16), (17, 33, 31, 47)]
+    for _ in range(40):
+        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        windows.append((int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w))
+    for top, left, h, w in windows:
+        if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
+            continue  # a fixed window that does not fit a small image
+        rows, x = decode_full_window_rows(jpeg, (top, left, h, w), width)
+        got = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
+        np.testing.assert_array_equal(
+            got, full[top : top + h, left : left + w], err_msg=f"{name} {(top, left, h, w)}"
+        )
