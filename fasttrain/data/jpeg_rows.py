@@ -1,0 +1,568 @@
+"""Skip the entropy decoding above a crop window: per-image row checkpoints and a doctored JPEG stream.
+
+libjpeg-turbo decodes a crop window (fasttrain.data.jpeg.decode_and_crop_jpeg) without IDCT outside
+it and stops below it, but it must Huffman-decode every MCU row above it, full width: on the bench's
+photos that is 64% of a full decode's work spread over the rows above a window whose top is on average
+19% down the image. This module removes that work, exactly, for baseline JPEGs.
+
+Scope: sequential Huffman (SOF0/SOF1), 8-bit, one scan holding all components (1 or 3), no restart
+interval. Anything else (progressive, arithmetic, 12-bit, multi-scan, DRI, CMYK, corrupt or truncated
+data, default Huffman tables) gets None, and the caller decodes as before.
+
+Checkpoints (`row_checkpoints`, built once per image): an int16 array (rows, 5), one line per MCU row
+r (mcu_h = 8 * max vertical sampling factor pixel rows; a 1-component scan's MCU row is v block rows):
+
+    p = uint16(c[r, 0]) | uint16(c[r, 1]) << 16   the row's first entropy-coded bit: byte p >> 3 of the
+                                                 file (a data byte, never a stuffed 0x00), bit p & 7
+                                                 counted from the most significant bit
+    c[r, 2 + i]                                  component i's DC predictor there (scan order; 0 if absent)
+
+Doctored stream (`doctor(jpeg, checkpoints, top)`), for a window whose top lies in MCU row r0 >= 2:
+
+    SOI, the kept header segments (DQT, DHT, SOF, DRI, APP0, APP14; APP1-13/15 and COM are dropped,
+    libjpeg ignores them) with SOF's height H - shift, shift = (r0 - 2) * mcu_h, SOS, then the entropy
+    data: one synthetic MCU row, then the original data from MCU row r0 - 1's checkpoint to the end.
+
+so the new image's MCU row 1 is the original row r0 - 1 (the chroma context fancy upsampling reads for
+row r0's first lines) and row 2 on is the original from r0 on, and new_top = top - shift. The
+synthetic row's pixels are never output; it must (a) leave each component's DC predictor at row
+r0 - 1's checkpoint value, DC_pred = sum of the row's DC diffs (JPEG F.2.1.3.1), and (b) be L bits
+long with L = bit (mod 8), so its last bits and the original byte at the merge point share one byte
+and the rest is copied byte for byte. Every synthetic block is DC diff + EOB (AC symbol 0x00); (a)
+puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficients, symbol
+(run, size) + size value bits, each adding its code length + size bits. Byte stuffing (0xFF -> 0xFF
+0x00) applies to every written byte; the original's stuffed 0x00 after an 0xFF merge byte is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numba
+import numpy as np
+
+MAX_SEGMENTS = 64
+_HDR = 32  # header summary fields, see _parse
+_FAIL = -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _parse(data, hdr, keep, bits, vals):
+    """Walk the markers up to the scan. Fills hdr (0 height, 1 width, 2 offset of SOF's height field,
+    3 scan components, 4 hmax, 5 vmax, 6 entropy start, 7 kept segments, then per scan component i at
+    8 + 4 i: h, v, DC table, AC table), keep (start, end) per kept segment, bits / vals (tables by
+    class * 4 + id, bits[t, 0] = 1 when defined). False for anything outside the module's scope."""
+    n = data.size
+    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
+        return False
+    p, nkeep, nsof = 2, 0, 0
+    ids = np.zeros(4, np.int64)
+    hv = np.zeros(4, np.int64)
+    while True:
+        if p >= n or data[p] != 0xFF:
+            return False
+        while p < n and data[p] == 0xFF:
+            p += 1
+        if p + 2 >= n:
+            return False
+        m = data[p]
+        start = p - 1
+        length = (np.int64(data[p + 1]) << 8) | data[p + 2]
+        seg, end = p + 3, p + 1 + length
+        if length < 2 or end > n:
+            return False
+        kept = False
+        if m == 0xC0 or m == 0xC1:
+            nc = data[seg + 5] if length >= 8 else 0
+            if nsof or data[seg] != 8 or (nc != 1 and nc != 3) or length != 8 + 3 * nc:
+                return False
+            nsof = nc
+            hdr[0] = (np.int64(data[seg + 1]) << 8) | data[seg + 2]
+            hdr[1] = (np.int64(data[seg + 3]) << 8) | data[seg + 4]
+            hdr[2] = seg + 1
+            if hdr[0] == 0 or hdr[1] == 0:  # height 0 means a DNL marker follows the scan
+                return False
+            for i in range(nc):
+                ids[i] = data[seg + 6 + 3 * i]
+                hv[i] = data[seg + 7 + 3 * i]
+                if not (1 <= hv[i] >> 4 <= 4 and 1 <= hv[i] & 15 <= 4):
+                    return False
+            kept = True
+        elif m == 0xC4:
+            q = seg
+            while q < end:
+                tc, th = data[q] >> 4, data[q] & 15
+                if tc > 1 or th > 3 or q + 17 > end:
+                    return False
+                t = tc * 4 + th
+                total = 0
+                for i in range(16):
+                    bits[t, i + 1] = data[q + 1 + i]
+                    total += data[q + 1 + i]
+                if total > 256 or q + 17 + total > end:
+                    return False
+                for i in range(total):
+                    vals[t, i] = data[q + 17 + i]
+                bits[t, 0] = 1
+                q += 17 + total
+            kept = True
+        elif m == 0xDB or m == 0xE0 or m == 0xEE:
+            kept = True
+        elif m == 0xDD:
+            if length != 4 or data[seg] != 0 or data[seg + 1] != 0:
+                return False  # a restart interval: the checkpoints would have to track RST markers
+        elif (0xE1 <= m <= 0xEF) or m == 0xFE:
+            kept = False
+        elif m == 0xDA:
+            ns = data[seg]
+            if nsof == 0 or ns != nsof or length != 6 + 2 * ns:
+                return False
+            if data[end - 3] != 0 or data[end - 2] != 63 or data[end - 1] != 0:
+                return False
+            hmax, vmax = 1, 1
+            for i in range(nsof):
+                hmax = max(hmax, hv[i] >> 4)
+                vmax = max(vmax, hv[i] & 15)
+            seen = 0
+            for j in range(ns):
+                cs, tt = data[seg + 1 + 2 * j], data[seg + 2 + 2 * j]
+                found = -1
+                for i in range(nsof):
+                    if ids[i] == cs and not (seen >> i) & 1:
+                        found = i
+                if found < 0:
+                    return False
+                seen |= 1 << found
+                td, ta = tt >> 4, tt & 15
+                if td > 3 or ta > 3 or bits[td, 0] == 0 or bits[4 + ta, 0] == 0:
+                    return False  # libjpeg would substitute its default tables: out of scope
+                hdr[8 + 4 * j] = hv[found] >> 4
+                hdr[9 + 4 * j] = hv[found] & 15
+                hdr[10 + 4 * j] = td
+                hdr[11 + 4 * j] = 4 + ta
+            if ns == 1:  # a single-component scan is not interleaved: its MCU is one block
+                hmax, vmax = hdr[8], hdr[9]
+            hdr[3], hdr[4], hdr[5], hdr[6] = ns, hmax, vmax, end
+            if nkeep >= MAX_SEGMENTS:
+                return False
+            keep[nkeep, 0], keep[nkeep, 1] = start, end
+            hdr[7] = nkeep + 1
+            return True
+        else:  # SOF2/3/5-15 (progressive, lossless, arithmetic, hierarchical), DAC, DNL, unknown
+            return False
+        if kept:
+            if nkeep >= MAX_SEGMENTS:
+                return False
+            keep[nkeep, 0], keep[nkeep, 1] = start, end
+            nkeep += 1
+        p = end
+
+
+@numba.njit(nogil=True, cache=True)
+def _derive(bits, vals, t, look, maxcode, valptr, ecode, elen):
+    """Canonical codes of table t (JPEG C.2, libjpeg's jpeg_make_d_derived_tbl checks): a 9-bit lookup
+    (len << 8 | symbol, 0 when longer), maxcode / valptr by length, and the encoder's code and length
+    per symbol (length 0 = absent). False for a table libjpeg rejects."""
+    code, k = 0, 0
+    for i in range(256):
+        elen[t, i] = 0
+    for i in range(512):
+        look[t, i] = 0
+    for length in range(1, 17):
+        count = bits[t, length]
+        valptr[t, length] = k - code
+        for _ in range(count):
+            sym = vals[t, k]
+            if t < 4 and sym > 15:
+                return False
+            ecode[t, sym], elen[t, sym] = code, length
+            if length <= 9:
+                lo = code << (9 - length)
+                for j in range(lo, lo + (1 << (9 - length))):
+                    look[t, j] = (length << 8) | sym
+            code += 1
+            k += 1
+        maxcode[t, length] = code - 1 if count else -1
+        if code >= (1 << length):  # an all-ones code: libjpeg's "Bogus Huffman table definition"
+            return False
+        code <<= 1
+    return True
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _fill(data, n, pos, acc, nbits, fake):
+    """Top the bit buffer up to > 56 bits, unstuffing 0xFF 0x00; at a marker or the file's end feed
+    zero bytes (counted in fake) as libjpeg does."""
+    while nbits <= 56:
+        b = np.int64(data[pos]) if pos < n else 0xFF
+        if b == 0xFF:
+            if pos + 1 < n and data[pos + 1] == 0:
+                pos += 2
+            else:
+                b = 0
+                fake += 8
+        else:
+            pos += 1
+        acc = (acc << 8) | b
+        nbits += 8
+    return pos, acc, nbits, fake
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _huff(acc, nbits, t, look, maxcode, valptr, vals):
+    """(symbol, bits left) of the next code of table t; symbol -1 for a code no table holds."""
+    e = look[t, (acc >> (nbits - 9)) & 511]
+    if e:
+        return e & 255, nbits - (e >> 8)
+    length = 10
+    code = (acc >> (nbits - 10)) & 1023
+    while length <= 16 and code > maxcode[t, length]:
+        length += 1
+        code = (acc >> (nbits - length)) & ((1 << length) - 1)
+    if length > 16:
+        return -1, nbits
+    return vals[t, valptr[t, length] + code], nbits - length
+
+
+@numba.njit(nogil=True, cache=True)
+def _position(data, pos, nbits, fake):
+    """(byte, bit) of the next unconsumed bit; byte -1 when it lies past the real data."""
+    real = nbits - fake
+    if real <= 0:  # at the end of the real data (a marker follows), or past it
+        return (pos, 0) if real == 0 else (-1, 0)
+    q = pos
+    for _ in range((real + 7) // 8):
+        q -= 1
+        if data[q] == 0 and q > 0 and data[q - 1] == 0xFF:
+            q -= 1  # a stuffed zero: the data byte is the 0xFF before it
+    return q, (8 - real % 8) % 8
+
+
+@numba.njit(nogil=True, cache=True)
+def _checkpoints(data):
+    """(rows, 5) int16 checkpoints (module docstring), or a (0, 5) array when out of scope."""
+    none = np.zeros((0, 5), np.int16)
+    hdr = np.zeros(_HDR, np.int64)
+    keep = np.zeros((MAX_SEGMENTS, 2), np.int64)
+    bits = np.zeros((8, 17), np.int64)
+    vals = np.zeros((8, 256), np.int64)
+    if data.size >= (1 << 29) or not _parse(data, hdr, keep, bits, vals):
+        return none
+    look = np.zeros((8, 512), np.int64)
+    maxcode = np.zeros((8, 17), np.int64)
+    valptr = np.zeros((8, 17), np.int64)
+    ecode = np.zeros((8, 256), np.int64)
+    elen = np.zeros((8, 256), np.int64)
+    for t in range(8):
+        if bits[t, 0] and not _derive(bits, vals, t, look, maxcode, valptr, ecode, elen):
+            return none
+    height, width, ns, hmax, vmax = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5]
+    rows = (height + 8 * vmax - 1) // (8 * vmax)
+    # The scan as a list of (component, count) block runs per MCU, and MCUs per MCU row.
+    if ns == 1:
+        bw = (width + 7) // 8
+        mcus, block_rows = bw, hdr[9]
+        last_rows = (height + 7) // 8 - (rows - 1) * block_rows  # the bottom MCU row may be short
+    else:
+        mcus = (width + 8 * hmax - 1) // (8 * hmax)
+        block_rows, last_rows = 1, 1
+    out = np.zeros((rows, 5), np.int16)
+    pred = np.zeros(3, np.int64)
+    n = data.size
+    pos, acc, nbits, fake = hdr[6], np.int64(0), np.int64(0), np.int64(0)
+    for r in range(rows):
+        pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
+        q, bit = _position(data, pos, nbits, fake)
+        if q < 0:
+            return none
+        p = q * 8 + bit
+        out[r, 0], out[r, 1] = np.int16(p & 0xFFFF), np.int16(p >> 16)
+        for i in range(3):
+            if pred[i] < -32768 or pred[i] > 32767:
+                return none
+            out[r, 2 + i] = pred[i]
+        for _ in range(mcus * (block_rows if r < rows - 1 else last_rows)):
+            for i in range(ns):
+                dc, ac = hdr[10 + 4 * i], hdr[11 + 4 * i]
+                nblocks = 1 if ns == 1 else hdr[8 + 4 * i] * hdr[9 + 4 * i]
+                for _ in range(nblocks):
+                    if nbits < 32:
+                        pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
+                    s, nbits = _huff(acc, nbits, dc, look, maxcode, valptr, vals)
+                    if s < 0:
+                        return none
+                    if s:
+                        v = (acc >> (nbits - s)) & ((1 << s) - 1)
+                        nbits -= s
+                        pred[i] += v if v >= (1 << (s - 1)) else v - (1 << s) + 1
+                    k = 1
+                    while k < 64:
+                        if nbits < 32:
+                            pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
+                        rs, nbits = _huff(acc, nbits, ac, look, maxcode, valptr, vals)
+                        if rs < 0:
+                            return none
+                        s = rs & 15
+                        if s:
+                            k += (rs >> 4) + 1
+                            nbits -= s
+                        elif rs == 0xF0:
+                            k += 16
+                        else:
+                            break
+    # The scan must end at EOI, in real data (libjpeg warns on truncation or extraneous bytes).
+    q, bit = _position(data, pos, nbits, fake)
+    if q < 0:
+        return none
+    if bit:
+        q += 2 if data[q] == 0xFF else 1
+    if q + 1 >= n or data[q] != 0xFF:
+        return none
+    while q < n and data[q] == 0xFF:
+        q += 1
+    if q >= n or data[q] != 0xD9:
+        return none
+    return out
+
+
+def row_checkpoints(jpeg) -> np.ndarray | None:
+    """(rows, 5) int16 checkpoints of a baseline JPEG (module docstring), or None when out of scope."""
+    out = _checkpoints(np.frombuffer(jpeg, np.uint8))
+    return out if out.shape[0] else None
+
+
+@numba.njit(nogil=True, cache=True)
+def _category(v):
+    a, s = abs(v), 0
+    while a:
+        s += 1
+        a >>= 1
+    return s
+
+
+@numba.njit(nogil=True, cache=True)
+def _codable(elen, t, v):
+    s = _category(v)
+    return s <= 11 and elen[t, s] > 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _split(elen, t, pred, k, diffs, i):
+    """diffs[i, :k] = k DC diffs, each with a code in table t, summing to pred (k <= 3)."""
+    if k == 1:
+        diffs[i, 0] = pred
+        return _codable(elen, t, pred)
+    if k == 2:  # rare (the predictor's category has no code): search the first diff
+        for v in range(-2047, 2048):
+            if _codable(elen, t, v) and _codable(elen, t, pred - v):
+                diffs[i, 0], diffs[i, 1] = v, pred - v
+                return True
+        return False
+    for s in range(12):
+        if elen[t, s]:
+            for v in ((1 << s) - 1, -((1 << s) - 1), 1 << max(s - 1, 0)):
+                diffs[i, 2] = v
+                if _split(elen, t, pred - v, 2, diffs, i):
+                    return True
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
+def _dc_plan(elen, t, n, pred, diffs, i):
+    """(k, m): the row's first k blocks carry diffs[i, :k], summing to pred, the other n - k blocks
+    +m, -m, +m, ... (m = 0 when category 0 has a code, else n - k is even); k = -1 if impossible."""
+    m = 0
+    if elen[t, 0] == 0:
+        for s in range(1, 12):
+            if elen[t, s]:
+                m = 1 << (s - 1)
+                break
+        if m == 0:
+            return -1, 0
+    for k in range(1, 4):
+        if k <= n and (m == 0 or (n - k) % 2 == 0) and _split(elen, t, pred, k, diffs, i):
+            return k, m
+    return -1, 0
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _put(out, o, acc, nacc, code, length):
+    """Append `length` bits; complete bytes go to out[o:], each 0xFF followed by a stuffed 0x00."""
+    acc = (acc << length) | code
+    nacc += length
+    while nacc >= 8:
+        nacc -= 8
+        b = (acc >> nacc) & 0xFF
+        out[o] = b
+        o += 1
+        if b == 0xFF:
+            out[o] = 0
+            o += 1
+    return o, acc, nacc
+
+
+@numba.njit(nogil=True, cache=True)
+def _doctor(data, cp, top, out):
+    """(size, new_top) of the doctored stream written to out (module docstring); size -1 when out of
+    scope, -2 - needed bytes when out is too small."""
+    hdr = np.zeros(_HDR, np.int64)
+    keep = np.zeros((MAX_SEGMENTS, 2), np.int64)
+    bits = np.zeros((8, 17), np.int64)
+    vals = np.zeros((8, 256), np.int64)
+    if not _parse(data, hdr, keep, bits, vals):
+        return -1, 0
+    height, width, ns, hmax, vmax, start = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5], hdr[6]
+    mcu_h = 8 * vmax
+    rows = (height + mcu_h - 1) // mcu_h
+    r0 = top // mcu_h
+    if cp.shape[0] != rows or cp.shape[1] != 5 or r0 < 2 or top >= height:
+        return -1, 0
+    if (np.int64(cp[0, 0]) & 0xFFFF) | ((np.int64(cp[0, 1]) & 0xFFFF) << 16) != start * 8:
+        return -1, 0  # checkpoints of another image
+    p = (np.int64(cp[r0 - 1, 0]) & 0xFFFF) | ((np.int64(cp[r0 - 1, 1]) & 0xFFFF) << 16)
+    src, bit = p >> 3, p & 7
+    if src <= start or src >= data.size:
+        return -1, 0
+    ecode = np.zeros((8, 256), np.int64)
+    elen = np.zeros((8, 256), np.int64)
+    for j in range(ns):
+        for t in (hdr[10 + 4 * j], hdr[11 + 4 * j]):
+            code, k = 0, 0
+            for length in range(1, 17):
+                for _ in range(bits[t, length]):
+                    ecode[t, vals[t, k]], elen[t, vals[t, k]] = code, length
+                    code += 1
+                    k += 1
+                code <<= 1
+    # Blocks per component in one MCU row, and the DC plan of each component.
+    if ns == 1:
+        mcus, per = ((width + 7) // 8) * hdr[9], np.ones(1, np.int64)
+    else:
+        mcus, per = (width + 8 * hmax - 1) // (8 * hmax), np.zeros(ns, np.int64)
+        for j in range(ns):
+            per[j] = hdr[8 + 4 * j] * hdr[9 + 4 * j]
+    diffs = np.zeros((3, 3), np.int64)
+    ks = np.zeros(3, np.int64)
+    ms = np.zeros(3, np.int64)
+    total = 0
+    for j in range(ns):
+        dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+        n = mcus * per[j]
+        ks[j], ms[j] = _dc_plan(elen, dc, n, np.int64(cp[r0 - 1, 2 + j]), diffs, j)
+        if ks[j] < 0 or elen[ac, 0] == 0:
+            return -1, 0
+        for b in range(ks[j]):
+            total += elen[dc, _category(diffs[j, b])] + _category(diffs[j, b])
+        cm = _category(ms[j])
+        total += (n - ks[j]) * (elen[dc, cm] + cm) + n * elen[ac, 0]
+    # Up to 7 extra AC coefficients bring the length to bit (mod 8): a shortest path over residues.
+    opt_comp = np.full(8, -1, np.int64)
+    opt_sym = np.zeros(8, np.int64)
+    for j in range(ns):
+        ac = hdr[11 + 4 * j]
+        for sym in range(1, 256):
+            if sym & 15 and elen[ac, sym]:
+                res = (elen[ac, sym] + (sym & 15)) % 8
+                if opt_comp[res] < 0 or (sym >> 4) < (opt_sym[res] >> 4):
+                    opt_comp[res], opt_sym[res] = j, sym
+    prev = np.full(8, -1, np.int64)
+    prev[0] = 0
+    frontier = np.zeros(8, np.int64)
+    frontier[0] = 1
+    for _ in range(7):
+        grown = frontier.copy()
+        for a in range(8):
+            if frontier[a]:
+                for res in range(1, 8):
+                    if opt_comp[res] >= 0 and prev[(a + res) % 8] < 0:
+                        prev[(a + res) % 8] = res
+                        grown[(a + res) % 8] = 1
+        frontier = grown
+    want = (bit - total) % 8
+    if prev[want] < 0:
+        return -1, 0
+    ex_comp = np.full(8, -1, np.int64)
+    ex_sym = np.zeros(8, np.int64)
+    ex_block = np.zeros(8, np.int64)
+    used = np.zeros((3, 8), np.int64)  # coefficient positions taken per (component, block)
+    count = np.zeros(3, np.int64)
+    a, nex = want, 0
+    while a != 0:
+        res = prev[a]
+        j, sym = opt_comp[res], opt_sym[res]
+        ex_comp[nex], ex_sym[nex] = j, sym
+        ex_block[nex] = count[j] % min(mcus * per[j], 8)
+        used[j, ex_block[nex]] += (sym >> 4) + 1
+        if used[j, ex_block[nex]] > 62:
+            return -1, 0
+        count[j] += 1
+        nex += 1
+        a = (a - res) % 8
+    need = start + 2 * (total + 8 * 31) // 8 + 4 + data.size - src
+    if out.size < need:
+        return -2 - need, 0
+    # SOI, the kept segments (SOF's height patched), the synthetic row, the merge byte, the rest.
+    out[0], out[1] = 0xFF, 0xD8
+    o = 2
+    for s in range(hdr[7]):
+        a, b = keep[s, 0], keep[s, 1]
+        out[o : o + b - a] = data[a:b]
+        if a < hdr[2] < b:
+            new_height = height - (r0 - 2) * mcu_h
+            out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
+        o += b - a
+    acc, nacc = np.int64(0), np.int64(0)
+    count[:] = 0
+    for _ in range(mcus):
+        for j in range(ns):
+            dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+            for _ in range(per[j]):
+                blk = count[j]
+                count[j] += 1
+                if blk < ks[j]:
+                    d = diffs[j, blk]
+                else:
+                    d = ms[j] if (blk - ks[j]) % 2 == 0 else -ms[j]
+                s = _category(d)
+                o, acc, nacc = _put(out, o, acc, nacc, ecode[dc, s], elen[dc, s])
+                if s:
+                    o, acc, nacc = _put(out, o, acc, nacc, d if d > 0 else d + (1 << s) - 1, s)
+                for e in range(nex):
+                    if ex_comp[e] == j and ex_block[e] == blk:
+                        sym = ex_sym[e]
+                        o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, sym], elen[ac, sym])
+                        o, acc, nacc = _put(out, o, acc, nacc, (1 << (sym & 15)) - 1, sym & 15)
+                o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, 0], elen[ac, 0])
+    if nacc != bit:
+        return -1, 0
+    if bit:
+        merged = ((acc & ((1 << bit) - 1)) << (8 - bit)) | (data[src] & (0xFF >> bit))
+        out[o] = merged
+        o += 1
+        if merged == 0xFF:
+            out[o] = 0
+            o += 1
+        src += 2 if data[src] == 0xFF else 1
+    out[o : o + data.size - src] = data[src:]
+    return o + data.size - src, top - (r0 - 2) * mcu_h
+
+
+_local = threading.local()
+
+
+def doctor(jpeg, checkpoints: np.ndarray, top: int) -> tuple[np.ndarray, int] | None:
+    """(stream, new_top): a JPEG whose rows new_top.. decode (any columns) as rows top.. of `jpeg`,
+    without the entropy data above the window (module docstring), or None when the window's top is in
+    MCU row 0 or 1 or the tables cannot encode the synthetic row. stream is this thread's reused
+    buffer, valid until the thread's next call."""
+    data = np.frombuffer(jpeg, np.uint8)
+    out = getattr(_local, "buffer", None)
+    if out is None:
+        out = _local.buffer = np.empty(1 << 18, np.uint8)
+    size, new_top = _doctor(data, checkpoints, top, out)
+    if size <= -2:
+        out = _local.buffer = np.empty(max(-2 - size, 2 * out.size), np.uint8)
+        size, new_top = _doctor(data, checkpoints, top, out)
+    if size < 0:
+        return None
+    return out[:size], new_top
