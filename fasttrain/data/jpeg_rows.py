@@ -347,22 +347,29 @@ def _codable(elen, t, v):
 
 
 @numba.njit(nogil=True, cache=True)
+def _split2(elen, t, pred, diffs, i):
+    """diffs[i, :2] = two DC diffs with codes in table t summing to pred (rare: the predictor's own
+    category has no code), by search over the first."""
+    for v in range(-2047, 2048):
+        if _codable(elen, t, v) and _codable(elen, t, pred - v):
+            diffs[i, 0], diffs[i, 1] = v, pred - v
+            return True
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
 def _split(elen, t, pred, k, diffs, i):
     """diffs[i, :k] = k DC diffs, each with a code in table t, summing to pred (k <= 3)."""
     if k == 1:
         diffs[i, 0] = pred
         return _codable(elen, t, pred)
-    if k == 2:  # rare (the predictor's category has no code): search the first diff
-        for v in range(-2047, 2048):
-            if _codable(elen, t, v) and _codable(elen, t, pred - v):
-                diffs[i, 0], diffs[i, 1] = v, pred - v
-                return True
-        return False
+    if k == 2:
+        return _split2(elen, t, pred, diffs, i)
     for s in range(12):
         if elen[t, s]:
             for v in ((1 << s) - 1, -((1 << s) - 1), 1 << max(s - 1, 0)):
                 diffs[i, 2] = v
-                if _split(elen, t, pred - v, 2, diffs, i):
+                if _split2(elen, t, pred - v, diffs, i):
                     return True
     return False
 
