@@ -393,6 +393,15 @@ def _dc_plan(elen, t, n, pred, diffs, i):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
+def _copy(out, o, data, a, n):
+    # An explicit loop: numba's slice assignment guards against overlap with a temporary copy, which
+    # made a 60 kB copy take 31 us instead of 4.
+    dst, src = out[o : o + n], data[a : a + n]
+    for i in range(n):  # i >= 0: no negative-index wrap check, so LLVM vectorises the loop
+        dst[i] = src[i]
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
 def _put(out, o, acc, nacc, code, length):
     """Append `length` bits; complete bytes go to out[o:], each 0xFF followed by a stuffed 0x00."""
     acc = (acc << length) | code
@@ -513,7 +522,7 @@ def _doctor(data, cp, top, out):
     o = 2
     for s in range(hdr[7]):
         a, b = keep[s, 0], keep[s, 1]
-        out[o : o + b - a] = data[a:b]
+        _copy(out, o, data, a, b - a)
         if a < hdr[2] < b:
             new_height = height - (r0 - 2) * mcu_h
             out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
@@ -550,7 +559,7 @@ def _doctor(data, cp, top, out):
             out[o] = 0
             o += 1
         src += 2 if data[src] == 0xFF else 1
-    out[o : o + data.size - src] = data[src:]
+    _copy(out, o, data, src, data.size - src)
     return o + data.size - src, top - (r0 - 2) * mcu_h
 
 
