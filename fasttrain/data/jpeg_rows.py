@@ -36,10 +36,13 @@ puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficie
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numba
 import numpy as np
+
+from fasttrain.data import jpeg as _jpeg
 
 MAX_SEGMENTS = 64
 _HDR = 32  # header summary fields, see _parse
@@ -582,3 +585,50 @@ def doctor(jpeg, checkpoints: np.ndarray, top: int) -> tuple[np.ndarray, int] | 
     if size < 0:
         return None
     return out[:size], new_top
+
+
+class _Stream:
+    """A doctored stream as TurboJPEG's ctypes calls take a JPEG (a char pointer and len()), without
+    copying the thread's buffer into a bytes object."""
+
+    def __init__(self, buffer: np.ndarray):
+        self.buffer = buffer
+        self._as_parameter_ = buffer.ctypes.data_as(ctypes.c_char_p)
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _stream(doctored: np.ndarray) -> _Stream:
+    stream = getattr(_local, "stream", None)
+    if stream is None or stream.buffer is not _local.buffer:
+        stream = _local.stream = _Stream(_local.buffer)
+    stream.size = doctored.size
+    return stream
+
+
+def decode_and_crop(jpeg: bytes, checkpoints, window, file="", offset: int = 0) -> np.ndarray:
+    """decode_and_crop_jpeg(jpeg, window)'s pixels, bit for bit, through a doctored stream when the
+    checkpoints allow one (else, or if that decode fails, the usual path reports any problem)."""
+    top, left, h, w = window
+    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, top)
+    if doctored is not None:
+        try:
+            return _jpeg._turbo.decode_window(_stream(doctored[0]), doctored[1], left, h, w)
+        except ValueError:
+            pass
+    return _jpeg.decode_and_crop_jpeg(jpeg, window, file, offset)
+
+
+def decode_window_rows(jpeg: bytes, checkpoints, window, file="", offset: int = 0):
+    """fasttrain.data.jpeg.decode_window_rows(jpeg, window) ((rows, x), the same pixels), through a
+    doctored stream when the checkpoints allow one."""
+    top, left, h, w = window
+    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, top)
+    if doctored is not None:
+        try:
+            return _jpeg._turbo.decode_rows(_stream(doctored[0]), doctored[1], left, h, w)
+        except ValueError:
+            pass
+    return _jpeg.decode_window_rows(jpeg, window, file, offset)

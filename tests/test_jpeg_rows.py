@@ -1,0 +1,206 @@
+"""Row checkpoints and doctored streams (fasttrain.data.jpeg_rows) against libjpeg-turbo's own decode.
+
+The reference for every window is fasttrain.data.jpeg.decode_and_crop_jpeg of the original JPEG
+(libjpeg-turbo's crop decode, which the TF-fixture tests tie to TensorFlow): the doctored stream's
+window must equal it bit for bit. The checkpoint walk is checked on its own against two things it does
+not compute: the encoder's restart markers (a JPEG with a restart every MCU row must walk each row to
+exactly the next marker) and DC predictors recomputed from the encoder's input (libjpeg's integer
+forward DCT's DC term of the edge-replicated block, quantised by the file's DQT).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import simplejpeg
+import skimage.data
+from PIL import Image
+
+from fasttrain.data import jpeg_rows
+from fasttrain.data.jpeg import CROP_DECODE, decode_and_crop_jpeg, decode_window_rows
+
+pytestmark = pytest.mark.skipif(not CROP_DECODE, reason="needs libjpeg-turbo's TurboJPEG library")
+
+
+def _pil(image, **options) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, "JPEG", **options)
+    return buffer.getvalue()
+
+
+def _exif() -> bytes:
+    exif = Image.Exif()
+    exif[0x010F] = "fasttrain test camera"
+    exif[0x0112] = 6  # orientation: libjpeg (and TensorFlow) ignore it
+    return exif.tobytes()
+
+
+def _cases():
+    """(name, jpeg, mcu_h) over photographs, sizes, qualities, sampling and table kinds."""
+    astronaut, coffee, chelsea = skimage.data.astronaut(), skimage.data.coffee(), skimage.data.chelsea()
+    camera, rocket = skimage.data.camera(), skimage.data.rocket()
+    yield "astronaut-420-q90", _pil(astronaut, quality=90, subsampling=2), 16
+    yield "coffee-301x217-422-q75-opt", _pil(coffee[:217, :301], quality=75, subsampling=1, optimize=True), 8
+    yield "chelsea-444-q95-opt", _pil(chelsea, quality=95, subsampling=0, optimize=True), 8
+    yield "camera-gray-301x217-opt", _pil(camera[:217, :301], quality=85, optimize=True), 8
+    yield (
+        "rocket-333x250-420-q50-opt-exif",
+        _pil(rocket[:333, :250], quality=50, optimize=True, exif=_exif()),
+        16,
+    )
+    yield "astronaut-77x100-420-q20-opt", _pil(astronaut[100:177, 50:150], quality=20, optimize=True), 16
+    yield "camera-gray-37x41-q10-opt", _pil(camera[:41, :37], quality=10, optimize=True), 8
+    yield "coffee-440", simplejpeg.encode_jpeg(coffee[:203, :185], 80, colorsubsampling="440"), 16
+    yield "rocket-411", simplejpeg.encode_jpeg(rocket[:150, :299], 80, colorsubsampling="411"), 8
+    yield "flat-opt", _pil(np.full((90, 70, 3), 77, np.uint8), quality=70, optimize=True), 16
+
+
+CASES = list(_cases())
+# Optimised tables with so few codes (an all-EOB AC table) that a synthetic row may not fit: None.
+SPARSE_TABLES = {"camera-gray-37x41-q10-opt", "flat-opt"}
+
+
+def _windows(height, width, mcu_h):
+    tops = {0, 1, mcu_h - 1, mcu_h, 2 * mcu_h - 1, 2 * mcu_h, 2 * mcu_h + 1, 3 * mcu_h, 3 * mcu_h + 5}
+    tops |= {height // 2, (height - 1) // mcu_h * mcu_h, height - 1}
+    for top in sorted(t for t in tops if 0 <= t < height):
+        for h in {1, height - top, max((height - top) // 3, 1)}:
+            yield top, 0, h, width
+            if width > 20:
+                yield top, 7, h, width // 2
+                yield top, width - 13, h, 13
+
+
+@pytest.mark.parametrize("name,jpeg,mcu_h", CASES, ids=[c[0] for c in CASES])
+def test_doctored_window_equals_crop_decode(name, jpeg, mcu_h):
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    assert checkpoints is not None
+    height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+    assert checkpoints.shape == (-(-height // mcu_h), 5)
+    doctored = 0
+    for window in _windows(height, width, mcu_h):
+        expected = decode_and_crop_jpeg(jpeg, window)
+        np.testing.assert_array_equal(jpeg_rows.decode_and_crop(jpeg, checkpoints, window), expected)
+        rows, x = jpeg_rows.decode_window_rows(jpeg, checkpoints, window)
+        top, left, h, w = window
+        got = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
+        np.testing.assert_array_equal(got, expected)
+        result = jpeg_rows.doctor(jpeg, checkpoints, window[0])
+        if window[0] < 2 * mcu_h:
+            assert result is None  # nothing to skip above MCU row 2
+        elif name not in SPARSE_TABLES:
+            assert result is not None, window
+        doctored += result is not None
+    assert doctored > 0 or name in SPARSE_TABLES
+
+
+def test_doctored_stream_skips_the_rows_above():
+    name, jpeg, mcu_h = CASES[0]
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, 10 * mcu_h + 3)
+    assert new_top == 2 * mcu_h + 3
+    assert simplejpeg.decode_jpeg_header(bytes(stream))[0] == 512 - 8 * mcu_h
+    assert len(stream) < len(jpeg) - 0.1 * len(jpeg)
+
+
+def test_rows_below_the_window_top_are_unchanged_in_the_doctored_stream():
+    # The whole doctored image from new row 2 * mcu_h on is the original's rows from r0 * mcu_h on: a
+    # full decode, not only the cropped path, sees the same data.
+    name, jpeg, mcu_h = CASES[2]
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, 7 * mcu_h)
+    full = simplejpeg.decode_jpeg(jpeg, fastdct=True, fastupsample=False)
+    doctored = simplejpeg.decode_jpeg(bytes(stream), fastdct=True, fastupsample=False)
+    np.testing.assert_array_equal(doctored[new_top:], full[7 * mcu_h :])
+
+
+def test_progressive_and_restart_jpegs_fall_back_exactly():
+    astronaut = skimage.data.astronaut()[:200, :160]
+    for jpeg in (
+        _pil(astronaut, quality=80, progressive=True),
+        _pil(astronaut, quality=80, restart_marker_blocks=3),
+    ):
+        assert jpeg_rows.row_checkpoints(jpeg) is None
+        window = (50, 9, 100, 77)
+        np.testing.assert_array_equal(
+            jpeg_rows.decode_and_crop(jpeg, None, window), decode_and_crop_jpeg(jpeg, window)
+        )
+        rows, x = jpeg_rows.decode_window_rows(jpeg, None, window)
+        expected_rows, expected_x = decode_window_rows(jpeg, window)
+        assert x == expected_x
+        np.testing.assert_array_equal(rows, expected_rows)
+
+
+def test_checkpoints_of_other_images_are_refused():
+    _, a, _ = CASES[0]
+    _, b, _ = CASES[4]
+    assert jpeg_rows.doctor(a, jpeg_rows.row_checkpoints(b), 100) is None
+
+
+def _libjpeg_dc(plane: np.ndarray, q: int) -> np.ndarray:
+    """Quantised DC per 8x8 block as libjpeg's compressor computes it (jfdctint.c, jcdctmgr.c): the
+    plane edge-replicated to whole blocks (jcsample.c expand_right_edge, jcprepct.c expand_bottom_edge),
+    DC = sum(x - 128) (the integer DCT's DC output, scaled by 8), divided by 8 q rounding half away
+    from zero (jcdctmgr.c quantize)."""
+    h, w = plane.shape
+    padded = np.pad(plane.astype(np.int64), ((0, -h % 8), (0, -w % 8)), mode="edge")
+    sums = (padded - 128).reshape(padded.shape[0] // 8, 8, -1, 8).sum(axis=(1, 3))
+    return np.sign(sums) * ((np.abs(sums) + 4 * q) // (8 * q))
+
+
+def _dqt0(jpeg: bytes) -> int:
+    at = jpeg.index(b"\xff\xdb")
+    assert jpeg[at + 4] == 0  # 8-bit table 0
+    return jpeg[at + 5]  # its DC entry
+
+
+@pytest.mark.parametrize("quality", [30, 90])
+def test_checkpoint_dc_predictors_match_the_encoders_dc(quality):
+    # Gray (one block per MCU) and 4:4:4 luma: the predictor at row r's start is the DC of the last
+    # block of row r - 1.
+    camera = skimage.data.camera()[:203, :157]
+    jpeg = _pil(camera, quality=quality)
+    dc = _libjpeg_dc(camera, _dqt0(jpeg))
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    np.testing.assert_array_equal(checkpoints[1:, 2], dc[:-1, -1])
+    assert checkpoints[0, 2] == 0
+    rgb = skimage.data.coffee()[:101, :203].astype(np.int64)
+    # jccolor.c rgb_ycc_convert: Y = (FIX(0.299) R + FIX(0.587) G + FIX(0.114) B + ONE_HALF) >> 16.
+    luma = (19595 * rgb[..., 0] + 38470 * rgb[..., 1] + 7471 * rgb[..., 2] + 32768) >> 16
+    jpeg = _pil(rgb.astype(np.uint8), quality=quality, subsampling=0)
+    dc = _libjpeg_dc(luma, _dqt0(jpeg))
+    np.testing.assert_array_equal(jpeg_rows.row_checkpoints(jpeg)[1:, 2], dc[:-1, -1])
+
+
+def _restart_positions(jpeg: bytes) -> list[int]:
+    start = jpeg.index(b"\xff\xda")
+    start += 2 + int.from_bytes(jpeg[start + 2 : start + 4], "big")
+    return [i + 2 for i in range(start, len(jpeg) - 1) if jpeg[i] == 0xFF and 0xD0 <= jpeg[i + 1] <= 0xD7]
+
+
+def test_corrupt_and_truncated_jpegs_give_none_or_the_same_result():
+    _, jpeg, mcu_h = CASES[1]
+    height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+    window = (3 * mcu_h + 1, 5, height - 3 * mcu_h - 1, width - 5)
+    rng = np.random.default_rng(0)
+    for cut in (0, 2, 3, 100, 400, 700, len(jpeg) // 2, len(jpeg) - 300, len(jpeg) - 2, len(jpeg) - 1):
+        assert jpeg_rows.row_checkpoints(jpeg[:cut]) is None
+    assert jpeg_rows.row_checkpoints(b"\xff\xd8\xff") is None
+    assert jpeg_rows.row_checkpoints(rng.integers(0, 256, 5000, dtype=np.uint8).tobytes()) is None
+    for _ in range(60):
+        data = bytearray(jpeg)
+        for at in rng.integers(0, len(jpeg), 3):
+            data[at] = int(rng.integers(0, 256))
+        data = bytes(data)
+        checkpoints = jpeg_rows.row_checkpoints(data)
+        if checkpoints is None:
+            continue
+        try:
+            expected = decode_and_crop_jpeg(data, window)
+        except Exception as error:  # noqa: BLE001 - the doctored path must then fail the same way
+            with pytest.raises(type(error)):
+                jpeg_rows.decode_and_crop(data, checkpoints, window)
+        else:
+            np.testing.assert_array_equal(jpeg_rows.decode_and_crop(data, checkpoints, window), expected)
