@@ -54,6 +54,12 @@ def _cases():
     yield "camera-gray-37x41-q10-opt", _pil(camera[:41, :37], quality=10, optimize=True), 8
     yield "coffee-440", simplejpeg.encode_jpeg(coffee[:203, :185], 80, colorsubsampling="440"), 16
     yield "rocket-411", simplejpeg.encode_jpeg(rocket[:150, :299], 80, colorsubsampling="411"), 8
+    yield "chelsea-restart-rows-420", _pil(chelsea[:250, :333], quality=85, restart_marker_rows=1), 16
+    yield (
+        "camera-gray-restart-rows-opt",
+        _pil(camera[:99, :201], quality=60, optimize=True, restart_marker_rows=1),
+        8,
+    )
     yield "flat-opt", _pil(np.full((90, 70, 3), 77, np.uint8), quality=70, optimize=True), 16
 
 
@@ -175,9 +181,26 @@ def test_checkpoint_dc_predictors_match_the_encoders_dc(quality):
 
 
 def _restart_positions(jpeg: bytes) -> list[int]:
+    """The byte after each RST marker: the encoder's own start of every interval."""
     start = jpeg.index(b"\xff\xda")
     start += 2 + int.from_bytes(jpeg[start + 2 : start + 4], "big")
     return [i + 2 for i in range(start, len(jpeg) - 1) if jpeg[i] == 0xFF and 0xD0 <= jpeg[i + 1] <= 0xD7]
+
+
+@pytest.mark.parametrize("subsampling", [0, 1, 2])
+def test_checkpoints_walk_each_row_to_the_encoders_restart_marker(subsampling):
+    # With a restart after every MCU row, the walk must end each row exactly at the marker the encoder
+    # wrote (a block decoded one bit long or short anywhere in the row misses it), and start the next
+    # row right after it, with the predictors at 0.
+    rocket = skimage.data.rocket()[:301, :417]
+    for optimize in (False, True):
+        jpeg = _pil(rocket, quality=75, subsampling=subsampling, optimize=optimize, restart_marker_rows=1)
+        checkpoints = jpeg_rows.row_checkpoints(jpeg)
+        positions = (
+            checkpoints[:, 0].astype(np.int64) & 0xFFFF | (checkpoints[:, 1].astype(np.int64) & 0xFFFF) << 16
+        )
+        assert list(positions[1:]) == [8 * p for p in _restart_positions(jpeg)]
+        assert not checkpoints[1:, 2:].any()
 
 
 def test_corrupt_and_truncated_jpegs_give_none_or_the_same_result():

@@ -6,8 +6,10 @@ photos that is 64% of a full decode's work spread over the rows above a window w
 19% down the image. This module removes that work, exactly, for baseline JPEGs.
 
 Scope: sequential Huffman (SOF0/SOF1), 8-bit, one scan holding all components (1 or 3), no restart
-interval. Anything else (progressive, arithmetic, 12-bit, multi-scan, DRI, CMYK, corrupt or truncated
-data, default Huffman tables) gets None, and the caller decodes as before.
+interval or a restart after every MCU row (what encoders that restart at all write: all 25 such
+photos of the bench's 600). Anything else (progressive, arithmetic, 12-bit, multi-scan, other restart
+intervals, CMYK, corrupt or truncated data, default Huffman tables) gets None, and the caller decodes
+as before.
 
 Checkpoints (`row_checkpoints`, built once per image): an int16 array (rows, 5), one line per MCU row
 r (mcu_h = 8 * max vertical sampling factor pixel rows; a 1-component scan's MCU row is v block rows):
@@ -32,6 +34,12 @@ and the rest is copied byte for byte. Every synthetic block is DC diff + EOB (AC
 puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficients, symbol
 (run, size) + size value bits, each adding its code length + size bits. Byte stuffing (0xFF -> 0xFF
 0x00) applies to every written byte; the original's stuffed 0x00 after an 0xFF merge byte is dropped.
+
+With a restart after every MCU row the predictors restart at 0 and every row starts on a byte, right
+after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The doctored stream
+then holds k = (r0 - 2) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0, RST1, ... between
+them) and the original from the marker before row r0 - 1 on, shift = (r0 - 1 - k) * mcu_h, so that
+marker's number, (r0 - 2) mod 8, is the one libjpeg expects after k rows.
 """
 
 from __future__ import annotations
@@ -52,9 +60,9 @@ _FAIL = -1
 @numba.njit(nogil=True, cache=True)
 def _parse(data, hdr, keep, bits, vals):
     """Walk the markers up to the scan. Fills hdr (0 height, 1 width, 2 offset of SOF's height field,
-    3 scan components, 4 hmax, 5 vmax, 6 entropy start, 7 kept segments, then per scan component i at
-    8 + 4 i: h, v, DC table, AC table), keep (start, end) per kept segment, bits / vals (tables by
-    class * 4 + id, bits[t, 0] = 1 when defined). False for anything outside the module's scope."""
+    3 scan components, 4 hmax, 5 vmax, 6 entropy start, 7 kept segments, per scan component i at
+    8 + 4 i: h, v, DC table, AC table, 20 restart interval), keep (start, end) per kept segment,
+    bits / vals (tables by class * 4 + id, bits[t, 0] = 1 when defined). False when out of scope."""
     n = data.size
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return False
@@ -112,8 +120,10 @@ def _parse(data, hdr, keep, bits, vals):
         elif m == 0xDB or m == 0xE0 or m == 0xEE:
             kept = True
         elif m == 0xDD:
-            if length != 4 or data[seg] != 0 or data[seg + 1] != 0:
-                return False  # a restart interval: the checkpoints would have to track RST markers
+            if length != 4:
+                return False
+            hdr[20] = (np.int64(data[seg]) << 8) | data[seg + 1]  # checked against the row length later
+            kept = True
         elif (0xE1 <= m <= 0xEF) or m == 0xFE:
             kept = False
         elif m == 0xDA:
@@ -269,11 +279,25 @@ def _checkpoints(data):
     else:
         mcus = (width + 8 * hmax - 1) // (8 * hmax)
         block_rows, last_rows = 1, 1
+    if hdr[20] and hdr[20] != mcus * block_rows:
+        return none  # restarts other than one per MCU row
     out = np.zeros((rows, 5), np.int16)
     pred = np.zeros(3, np.int64)
     n = data.size
     pos, acc, nbits, fake = hdr[6], np.int64(0), np.int64(0), np.int64(0)
     for r in range(rows):
+        if hdr[20] and r:  # skip the padding bits and RST(r - 1 mod 8); the predictors restart at 0
+            q, bit = _position(data, pos, nbits, fake)
+            if q < 0:
+                return none
+            if bit:
+                q += 2 if data[q] == 0xFF else 1
+            while q + 2 < n and data[q] == 0xFF and data[q + 1] == 0xFF:
+                q += 1
+            if q + 2 >= n or data[q] != 0xFF or data[q + 1] != 0xD0 + (r - 1) % 8:
+                return none
+            pos, acc, nbits, fake = q + 2, np.int64(0), np.int64(0), np.int64(0)
+            pred[:] = 0
         pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
         q, bit = _position(data, pos, nbits, fake)
         if q < 0:
@@ -421,6 +445,65 @@ def _put(out, o, acc, nacc, code, length):
 
 
 @numba.njit(nogil=True, cache=True)
+def _header(data, out, hdr, keep, new_height):
+    """Write SOI and the kept segments with SOF's height set to new_height; the bytes written."""
+    out[0], out[1] = 0xFF, 0xD8
+    o = 2
+    for s in range(hdr[7]):
+        a, b = keep[s, 0], keep[s, 1]
+        _copy(out, o, data, a, b - a)
+        if a < hdr[2] < b:
+            out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
+        o += b - a
+    return o
+
+
+@numba.njit(nogil=True, cache=True)
+def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, r0, mcus, per, src, bit):
+    """_doctor for a JPEG with a restart marker after every MCU row (module docstring)."""
+    height, ns, mcu_h = hdr[0], hdr[3], 8 * hdr[5]
+    marker = src - 2
+    if bit or data[marker] != 0xFF or data[marker + 1] != 0xD0 + (r0 - 2) % 8:
+        return -1, 0
+    k = (r0 - 2) % 8 + 1  # synthetic rows: the marker before row r0 - 1 must stay RST(k - 1 mod 8)
+    row_bits = 0
+    for j in range(ns):
+        dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+        if elen[ac, 0] == 0:
+            return -1, 0
+        c = 0
+        while c < 12 and elen[dc, c] == 0:
+            c += 1
+        if c == 12:
+            return -1, 0
+        row_bits += mcus * per[j] * (elen[dc, c] + c + elen[ac, 0])
+    need = hdr[6] + k * (2 * (row_bits // 8) + 4) + data.size - marker
+    if out.size < need:
+        return -2 - need, 0
+    shift = (r0 - 1 - k) * mcu_h
+    o = _header(data, out, hdr, keep, height - shift)
+    for row in range(k):
+        acc, nacc = np.int64(0), np.int64(0)
+        for _ in range(mcus):
+            for j in range(ns):
+                dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+                c = 0
+                while elen[dc, c] == 0:
+                    c += 1
+                for _ in range(per[j]):
+                    o, acc, nacc = _put(out, o, acc, nacc, ecode[dc, c], elen[dc, c])
+                    o, acc, nacc = _put(out, o, acc, nacc, (1 << c) - 1, c)  # any DC: it restarts
+                    o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, 0], elen[ac, 0])
+        if nacc:
+            o, acc, nacc = _put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
+        if row < k - 1:
+            out[o], out[o + 1] = 0xFF, 0xD0 + row % 8
+            o += 2
+    _copy(out, o, data, marker, data.size - marker)
+    return o + data.size - marker, top - shift
+
+
+@numba.njit(nogil=True, cache=True)
 def _doctor(data, cp, top, out):
     """(size, new_top) of the doctored stream written to out (module docstring); size -1 when out of
     scope, -2 - needed bytes when out is too small."""
@@ -460,6 +543,10 @@ def _doctor(data, cp, top, out):
         mcus, per = (width + 8 * hmax - 1) // (8 * hmax), np.zeros(ns, np.int64)
         for j in range(ns):
             per[j] = hdr[8 + 4 * j] * hdr[9 + 4 * j]
+    if hdr[20]:
+        if hdr[20] != mcus:
+            return -1, 0
+        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, r0, mcus, per, src, bit)
     diffs = np.zeros((3, 3), np.int64)
     ks = np.zeros(3, np.int64)
     ms = np.zeros(3, np.int64)
@@ -521,15 +608,7 @@ def _doctor(data, cp, top, out):
     if out.size < need:
         return -2 - need, 0
     # SOI, the kept segments (SOF's height patched), the synthetic row, the merge byte, the rest.
-    out[0], out[1] = 0xFF, 0xD8
-    o = 2
-    for s in range(hdr[7]):
-        a, b = keep[s, 0], keep[s, 1]
-        _copy(out, o, data, a, b - a)
-        if a < hdr[2] < b:
-            new_height = height - (r0 - 2) * mcu_h
-            out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
-        o += b - a
+    o = _header(data, out, hdr, keep, height - (r0 - 2) * mcu_h)
     acc, nacc = np.int64(0), np.int64(0)
     count[:] = 0
     for _ in range(mcus):
