@@ -405,3 +405,9 @@ def decode_window_rows(jpeg: bytes, checkpoints, window, file="", offset: int = 
         except ValueError:
             pass
     return _jpeg.decode_window_rows(jpeg, window, file, offset)
+
+
+if __name__ == "__main__":  # python -m fasttrain.data.jpeg_rows DATA_DIR: build the shards' sidecars
+    from fasttrain.data.row_index import main
+
+    raise SystemExit(main())
