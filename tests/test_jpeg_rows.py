@@ -71,7 +71,8 @@ SPARSE_TABLES = {"camera-gray-37x41-q10-opt", "flat-opt"}
 
 
 def _windows(height, width, mcu_h):
-    tops = {0, 1, mcu_h - 1, mcu_h, 2 * mcu_h - 1, 2 * mcu_h, 2 * mcu_h + 1, 3 * mcu_h, 3 * mcu_h + 5}
+    tops = {0, 1, mcu_h - 1, mcu_h, mcu_h + 1, mcu_h + mcu_h // 2, 2 * mcu_h - 1, 2 * mcu_h, 2 * mcu_h + 1}
+    tops |= {3 * mcu_h, 3 * mcu_h + 5, 8 * mcu_h, 9 * mcu_h + 1}
     tops |= {height // 2, (height - 1) // mcu_h * mcu_h, height - 1}
     for top in sorted(t for t in tops if 0 <= t < height):
         for h in {1, height - top, max((height - top) // 3, 1)}:
@@ -96,20 +97,35 @@ def test_doctored_window_equals_crop_decode(name, jpeg, mcu_h):
         got = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
         np.testing.assert_array_equal(got, expected)
         result = jpeg_rows.doctor(jpeg, checkpoints, window[0])
-        if window[0] < 2 * mcu_h:
-            assert result is None  # nothing to skip above MCU row 2
+        # The first row kept is the window's, or the one above it for the chroma context of the row's
+        # first line (4:2:0 and 4:4:0: mcu_h 16); a doctored stream needs a row to drop above it.
+        first = top // mcu_h - (top % mcu_h == 0 and mcu_h == 16)
+        if first < 1:
+            assert result is None
         elif name not in SPARSE_TABLES:
             assert result is not None, window
         doctored += result is not None
     assert doctored > 0 or name in SPARSE_TABLES
 
 
+@pytest.mark.parametrize("name,jpeg,mcu_h", CASES, ids=[c[0] for c in CASES])
+def test_every_top_line_of_the_first_rows(name, jpeg, mcu_h):
+    # Every line offset within an MCU row, where the chroma context of the window's first line changes
+    # (dropping the row above is right only when the window starts below the row's first line).
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+    for top in range(0, min(height, 4 * mcu_h + 1)):
+        for window in ((top, 0, min(3, height - top), width), (top, width // 3, height - top, width // 2)):
+            expected = decode_and_crop_jpeg(jpeg, window)
+            np.testing.assert_array_equal(jpeg_rows.decode_and_crop(jpeg, checkpoints, window), expected)
+
+
 def test_doctored_stream_skips_the_rows_above():
     name, jpeg, mcu_h = CASES[0]
     checkpoints = jpeg_rows.row_checkpoints(jpeg)
     stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, 10 * mcu_h + 3)
-    assert new_top == 2 * mcu_h + 3
-    assert simplejpeg.decode_jpeg_header(bytes(stream))[0] == 512 - 8 * mcu_h
+    assert new_top == mcu_h + 3  # one synthetic MCU row, then the window's
+    assert simplejpeg.decode_jpeg_header(bytes(stream))[0] == 512 - 9 * mcu_h
     assert len(stream) < len(jpeg) - 0.1 * len(jpeg)
 
 

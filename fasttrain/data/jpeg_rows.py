@@ -15,16 +15,19 @@ Checkpoints (`row_checkpoints`, built once per image, fasttrain.data.jpeg_scan):
 (mcu_h = 8 * max vertical sampling factor pixel rows) starts in the entropy-coded data, to the bit,
 and the DC predictors there. fasttrain.data.row_index stores them per shard.
 
-Doctored stream (`doctor(jpeg, checkpoints, top)`), for a window whose top lies in MCU row r0 >= 2:
+Doctored stream (`doctor(jpeg, checkpoints, top)`) for a window whose top lies in MCU row r0. The
+first original row kept is f = r0, or f = r0 - 1 when the window starts on row r0's first line and a
+component is vertically subsampled: fancy upsampling (jdsample.c h2v2 / h1v2) makes an MCU row's
+first output line from the last chroma row above it, and no other output line reads another MCU row.
+With f >= 1 the stream is
 
     SOI, the kept header segments (DQT, DHT, SOF, DRI, APP0, APP14; APP1-13/15 and COM are dropped,
-    libjpeg ignores them) with SOF's height H - shift, shift = (r0 - 2) * mcu_h, SOS, then the entropy
-    data: one synthetic MCU row, then the original data from MCU row r0 - 1's checkpoint to the end.
+    libjpeg ignores them) with SOF's height H - shift, shift = (f - 1) * mcu_h, SOS, then the entropy
+    data: one synthetic MCU row, then the original data from MCU row f's checkpoint to the end,
 
-so the new image's MCU row 1 is the original row r0 - 1 (the chroma context fancy upsampling reads for
-row r0's first lines) and row 2 on is the original from r0 on, and new_top = top - shift. The
-synthetic row's pixels are never output; it must (a) leave each component's DC predictor at row
-r0 - 1's checkpoint value, DC_pred = sum of the row's DC diffs (JPEG F.2.1.3.1), and (b) be L bits
+so the new image's MCU rows 1, 2, ... are the original's f, f + 1, ..., and new_top = top - shift. The
+synthetic row's pixels are never output; it must (a) leave each component's DC predictor at row f's
+checkpoint value, DC_pred = sum of the row's DC diffs (JPEG F.2.1.3.1), and (b) be L bits
 long with L = bit (mod 8), so its last bits and the original byte at the merge point share one byte
 and the rest is copied byte for byte. Every synthetic block is DC diff + EOB (AC symbol 0x00); (a)
 puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficients, symbol
@@ -33,9 +36,9 @@ puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficie
 
 With a restart after every MCU row the predictors restart at 0 and every row starts on a byte, right
 after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The doctored stream
-then holds k = (r0 - 2) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0, RST1, ... between
-them) and the original from the marker before row r0 - 1 on, shift = (r0 - 1 - k) * mcu_h, so that
-marker's number, (r0 - 2) mod 8, is the one libjpeg expects after k rows.
+then holds k = (f - 1) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0, RST1, ... between
+them) and the original from the marker before row f on, shift = (f - k) * mcu_h, so that marker's
+number, (f - 1) mod 8, is the one libjpeg expects after k rows.
 """
 
 from __future__ import annotations
@@ -153,13 +156,13 @@ def _header(data, out, hdr, keep, new_height):
 
 
 @numba.njit(nogil=True, cache=True)
-def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, r0, mcus, per, src, bit):
+def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit):
     """_doctor for a JPEG with a restart marker after every MCU row (module docstring)."""
     height, ns, mcu_h = hdr[0], hdr[3], 8 * hdr[5]
     marker = src - 2
-    if bit or data[marker] != 0xFF or data[marker + 1] != 0xD0 + (r0 - 2) % 8:
+    if bit or data[marker] != 0xFF or data[marker + 1] != 0xD0 + (first - 1) % 8:
         return -1, 0
-    k = (r0 - 2) % 8 + 1  # synthetic rows: the marker before row r0 - 1 must stay RST(k - 1 mod 8)
+    k = (first - 1) % 8 + 1  # synthetic rows: the marker before row `first` must stay RST(k - 1 mod 8)
     row_bits = 0
     for j in range(ns):
         dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
@@ -174,7 +177,7 @@ def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, r0, mcus, per, s
     need = hdr[6] + k * (2 * (row_bits // 8) + 4) + data.size - marker
     if out.size < need:
         return -2 - need, 0
-    shift = (r0 - 1 - k) * mcu_h
+    shift = (first - k) * mcu_h
     o = _header(data, out, hdr, keep, height - shift)
     for row in range(k):
         acc, nacc = np.int64(0), np.int64(0)
@@ -210,12 +213,20 @@ def _doctor(data, cp, top, out):
     height, width, ns, hmax, vmax, start = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5], hdr[6]
     mcu_h = 8 * vmax
     rows = (height + mcu_h - 1) // mcu_h
-    r0 = top // mcu_h
-    if cp.shape[0] != rows or cp.shape[1] != 5 or r0 < 2 or top >= height:
+    # The first original row kept: the window's top row r0, or r0 - 1 too when the window starts on
+    # r0's first line and a component is vertically subsampled (fancy upsampling reads the chroma row
+    # above it, jdsample.c h2v2 / h1v2_fancy_upsample; no other output row reads another MCU row).
+    first = top // mcu_h
+    if top % mcu_h == 0 and ns > 1:
+        for j in range(ns):
+            if hdr[9 + 4 * j] < vmax:
+                first = top // mcu_h - 1
+                break
+    if cp.shape[0] != rows or cp.shape[1] != 5 or first < 1 or top >= height:
         return -1, 0
     if (np.int64(cp[0, 0]) & 0xFFFF) | ((np.int64(cp[0, 1]) & 0xFFFF) << 16) != start * 8:
         return -1, 0  # checkpoints of another image
-    p = (np.int64(cp[r0 - 1, 0]) & 0xFFFF) | ((np.int64(cp[r0 - 1, 1]) & 0xFFFF) << 16)
+    p = (np.int64(cp[first, 0]) & 0xFFFF) | ((np.int64(cp[first, 1]) & 0xFFFF) << 16)
     src, bit = p >> 3, p & 7
     if src <= start or src >= data.size:
         return -1, 0
@@ -240,7 +251,7 @@ def _doctor(data, cp, top, out):
     if hdr[20]:
         if hdr[20] != mcus:
             return -1, 0
-        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, r0, mcus, per, src, bit)
+        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
     diffs = np.zeros((3, 3), np.int64)
     ks = np.zeros(3, np.int64)
     ms = np.zeros(3, np.int64)
@@ -248,7 +259,7 @@ def _doctor(data, cp, top, out):
     for j in range(ns):
         dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
         n = mcus * per[j]
-        ks[j], ms[j] = _dc_plan(elen, dc, n, np.int64(cp[r0 - 1, 2 + j]), diffs, j)
+        ks[j], ms[j] = _dc_plan(elen, dc, n, np.int64(cp[first, 2 + j]), diffs, j)
         if ks[j] < 0 or elen[ac, 0] == 0:
             return -1, 0
         for b in range(ks[j]):
@@ -302,7 +313,7 @@ def _doctor(data, cp, top, out):
     if out.size < need:
         return -2 - need, 0
     # SOI, the kept segments (SOF's height patched), the synthetic row, the merge byte, the rest.
-    o = _header(data, out, hdr, keep, height - (r0 - 2) * mcu_h)
+    o = _header(data, out, hdr, keep, height - (first - 1) * mcu_h)
     acc, nacc = np.int64(0), np.int64(0)
     count[:] = 0
     for _ in range(mcus):
@@ -336,7 +347,7 @@ def _doctor(data, cp, top, out):
             o += 1
         src += 2 if data[src] == 0xFF else 1
     _copy(out, o, data, src, data.size - src)
-    return o + data.size - src, top - (r0 - 2) * mcu_h
+    return o + data.size - src, top - (first - 1) * mcu_h
 
 
 _local = threading.local()
@@ -344,8 +355,8 @@ _local = threading.local()
 
 def doctor(jpeg, checkpoints: np.ndarray, top: int) -> tuple[np.ndarray, int] | None:
     """(stream, new_top): a JPEG whose rows new_top.. decode (any columns) as rows top.. of `jpeg`,
-    without the entropy data above the window (module docstring), or None when the window's top is in
-    MCU row 0 or 1 or the tables cannot encode the synthetic row. stream is this thread's reused
+    without the entropy data above the window (module docstring), or None when there is no MCU row to
+    drop (f = 0) or the tables cannot encode the synthetic row. stream is this thread's reused
     buffer, valid until the thread's next call."""
     data = np.frombuffer(jpeg, np.uint8)
     out = getattr(_local, "buffer", None)
