@@ -50,7 +50,14 @@ import numba
 import numpy as np
 
 from fasttrain.data import jpeg as _jpeg
-from fasttrain.data.jpeg_scan import HEADER_FIELDS, MAX_SEGMENTS, parse_header, row_checkpoints
+from fasttrain.data.jpeg_scan import (
+    COLUMN_GROUP,
+    HEADER_FIELDS,
+    MAX_SEGMENTS,
+    layout,
+    parse_header,
+    row_checkpoints,
+)
 
 __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
 
@@ -201,7 +208,7 @@ def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per
 
 
 @numba.njit(nogil=True, cache=True)
-def _doctor(data, cp, top, out):
+def _doctor(data, cp, top, left, h, w, out):
     """(size, new_top) of the doctored stream written to out (module docstring); size -1 when out of
     scope, -2 - needed bytes when out is too small."""
     hdr = np.zeros(HEADER_FIELDS, np.int64)
@@ -212,21 +219,25 @@ def _doctor(data, cp, top, out):
         return -1, 0
     height, width, ns, hmax, vmax, start = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5], hdr[6]
     mcu_h = 8 * vmax
-    rows = (height + mcu_h - 1) // mcu_h
+    if h < 0:  # to the bottom
+        h = height - top
+    if w < 0:  # whole rows
+        left, w = 0, width
     # The first original row kept: the window's top row r0, or r0 - 1 too when the window starts on
     # r0's first line and a component is vertically subsampled (fancy upsampling reads the chroma row
     # above it, jdsample.c h2v2 / h1v2_fancy_upsample; no other output row reads another MCU row).
-    first = top // mcu_h
-    if top % mcu_h == 0 and ns > 1:
-        for j in range(ns):
-            if hdr[9 + 4 * j] < vmax:
-                first = top // mcu_h - 1
-                break
-    if cp.shape[0] != rows or cp.shape[1] != 5 or first < 1 or top >= height:
+    vsub = False
+    for j in range(ns):
+        vsub |= ns > 1 and hdr[9 + 4 * j] < vmax
+    first = top // mcu_h - (top % mcu_h == 0 and vsub)
+    rows, mcus, cols, _, _ = layout(hdr)
+    if cp.shape[0] != rows * cols or cp.shape[1] != 5 or first < 1 or top >= height or top + h > height:
+        return -1, 0
+    if left < 0 or w < 1 or left + w > width:
         return -1, 0
     if (np.int64(cp[0, 0]) & 0xFFFF) | ((np.int64(cp[0, 1]) & 0xFFFF) << 16) != start * 8:
         return -1, 0  # checkpoints of another image
-    p = (np.int64(cp[first, 0]) & 0xFFFF) | ((np.int64(cp[first, 1]) & 0xFFFF) << 16)
+    p = _bitpos(cp, first * cols)
     src, bit = p >> 3, p & 7
     if src <= start or src >= data.size:
         return -1, 0
@@ -242,31 +253,159 @@ def _doctor(data, cp, top, out):
                     k += 1
                 code <<= 1
     # Blocks per component in one MCU row, and the DC plan of each component.
-    if ns == 1:
-        mcus, per = ((width + 7) // 8) * hdr[9], np.ones(1, np.int64)
-    else:
-        mcus, per = (width + 8 * hmax - 1) // (8 * hmax), np.zeros(ns, np.int64)
+    per = np.ones(ns, np.int64)  # blocks per MCU by component (a 1-component scan's MCU is a block)
+    if ns > 1:
         for j in range(ns):
             per[j] = hdr[8 + 4 * j] * hdr[9 + 4 * j]
+    else:
+        mcus *= hdr[9]  # the synthetic row of a v > 1 gray scan holds v block rows (cols is then 1)
     if hdr[20]:
         if hdr[20] != mcus:
             return -1, 0
         return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
+    shift = (first - 1) * mcu_h
+    mcu_w = 8 if ns == 1 else 8 * hmax
+    # Column mode: in the window's rows only the MCU columns libjpeg's crop decodes (jpeg_crop_scanline
+    # widens the window to whole MCU columns and upsamples at its edges as at the image's) stay real,
+    # widened to whole checkpoint groups; the rest become synthetic MCUs. Rows below the window (but
+    # the one whose chroma the window's last line reads) are cut off with SOF's height.
+    g0, g1 = 0, cols
+    if cols > 1:
+        g0 = (left // mcu_w) // COLUMN_GROUP
+        g1 = min(((left + w + mcu_w - 1) // mcu_w + COLUMN_GROUP - 1) // COLUMN_GROUP, cols)
+    last = (top + h - 1) // mcu_h
+    if (top + h) % mcu_h == 0 and vsub and last + 1 < rows:
+        last += 1
+    kept = last - first + 1
+    need = start + data.size + 16 * (kept + 2) * (mcus * 6 * 9 + 64) + 64
+    if out.size < need:
+        return -2 - need, 0
+    dpred = np.zeros(3, np.int64)
+    cur = np.zeros(3, np.int64)
+    if g0 == 0 and g1 == cols:  # whole rows: one synthetic row, then the original to the end
+        for j in range(ns):
+            dpred[j] = cp[first * cols, 2 + j]
+        o = _header(data, out, hdr, keep, height - shift)
+        o, acc, nacc = _run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True)
+        if o < 0:
+            return -1, 0
+        o, acc, nacc = _splice(out, o, acc, nacc, data, src * 8 + bit, data.size * 8)
+        return o, top - shift
+    new_height = height - shift if last == rows - 1 else (kept + 1) * mcu_h
+    o = _header(data, out, hdr, keep, new_height)
+    acc, nacc = np.int64(0), np.int64(0)
+    for r in range(first, last + 1):
+        begin = r * cols + g0
+        for j in range(ns):
+            dpred[j] = cp[begin, 2 + j] - cur[j]
+        m = (mcus if r == first else mcus - min(g1 * COLUMN_GROUP, mcus)) + g0 * COLUMN_GROUP
+        o, acc, nacc = _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, _bitpos(cp, begin) & 7, True)
+        if o < 0:
+            return -1, 0
+        if g1 == cols and r == rows - 1:  # the window reaches the image's last MCU: copy to the end
+            o, acc, nacc = _splice(out, o, acc, nacc, data, _bitpos(cp, begin), data.size * 8)
+            return o, top - shift
+        end = r * cols + g1 if g1 < cols else (r + 1) * cols
+        o, acc, nacc = _splice(out, o, acc, nacc, data, _bitpos(cp, begin), _bitpos(cp, end))
+        for j in range(ns):
+            cur[j] = cp[end, 2 + j]
+    if g1 < cols:  # the rest of the last row: any DC, any length
+        dpred[:] = 0
+        o, acc, nacc = _run(
+            out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * COLUMN_GROUP, dpred, 0, False
+        )
+        if o < 0:
+            return -1, 0
+    if nacc:
+        o, acc, nacc = _put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
+    out[o], out[o + 1] = 0xFF, 0xD9
+    return o + 2, top - shift
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _bitpos(cp, i):
+    return (np.int64(cp[i, 0]) & 0xFFFF) | ((np.int64(cp[i, 1]) & 0xFFFF) << 16)
+
+
+@numba.njit(nogil=True, cache=True)
+def _splice(out, o, acc, nacc, data, begin, end):
+    """Append the original's entropy-coded bits [begin, end) (bit positions as in the checkpoints; the
+    writer's pending bits nacc == begin mod 8): whole bytes are copied as they are, stuffing and all;
+    only the first, shared with the pending bits, is rebuilt. end = 8 * size copies to the file's end."""
+    first, bit = begin >> 3, begin & 7
+    last, last_bit = end >> 3, end & 7
+    if first == last:
+        n = last_bit - bit
+        return _put(out, o, acc, nacc, (np.int64(data[first]) >> (8 - last_bit)) & ((1 << n) - 1), n)
+    if bit:
+        o, acc, nacc = _put(out, o, acc, nacc, np.int64(data[first]) & (0xFF >> bit), 8 - bit)
+        first += 2 if data[first] == 0xFF else 1
+    _copy(out, o, data, first, last - first)
+    o += last - first
+    if last_bit:
+        return o, np.int64(data[last]) >> (8 - last_bit), np.int64(last_bit)
+    return o, np.int64(0), np.int64(0)
+
+
+@numba.njit(nogil=True, cache=True)
+def _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, target_bit, exact):
+    """Append m synthetic MCUs (each block: DC diff, EOB) whose DC diffs sum to dpred[j] per component
+    and, when exact, end with target_bit bits pending (module docstring's (a) and (b)); (o, acc, nacc),
+    o = -1 when the image's tables cannot encode such a run."""
+    ns = hdr[3]
     diffs = np.zeros((3, 3), np.int64)
     ks = np.zeros(3, np.int64)
     ms = np.zeros(3, np.int64)
-    total = 0
+    total = nacc
     for j in range(ns):
         dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
-        n = mcus * per[j]
-        ks[j], ms[j] = _dc_plan(elen, dc, n, np.int64(cp[first, 2 + j]), diffs, j)
+        n = m * per[j]
+        ks[j], ms[j] = _dc_plan(elen, dc, n, dpred[j], diffs, j)
         if ks[j] < 0 or elen[ac, 0] == 0:
-            return -1, 0
+            return -1, acc, nacc
         for b in range(ks[j]):
             total += elen[dc, _category(diffs[j, b])] + _category(diffs[j, b])
         cm = _category(ms[j])
         total += (n - ks[j]) * (elen[dc, cm] + cm) + n * elen[ac, 0]
-    # Up to 7 extra AC coefficients bring the length to bit (mod 8): a shortest path over residues.
+    ex_comp = np.full(8, -1, np.int64)
+    ex_sym = np.zeros(8, np.int64)
+    ex_block = np.zeros(8, np.int64)
+    nex = 0
+    if exact:
+        nex = _extras(hdr, elen, per, m, (target_bit - total) % 8, ex_comp, ex_sym, ex_block)
+        if nex < 0:
+            return -1, acc, nacc
+    count = np.zeros(3, np.int64)
+    for _ in range(m):
+        for j in range(ns):
+            dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+            for _ in range(per[j]):
+                blk = count[j]
+                count[j] += 1
+                if blk < ks[j]:
+                    d = diffs[j, blk]
+                else:
+                    d = ms[j] if (blk - ks[j]) % 2 == 0 else -ms[j]
+                s = _category(d)
+                o, acc, nacc = _put(out, o, acc, nacc, ecode[dc, s], elen[dc, s])
+                if s:
+                    o, acc, nacc = _put(out, o, acc, nacc, d if d > 0 else d + (1 << s) - 1, s)
+                for e in range(nex):
+                    if ex_comp[e] == j and ex_block[e] == blk:
+                        sym = ex_sym[e]
+                        o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, sym], elen[ac, sym])
+                        o, acc, nacc = _put(out, o, acc, nacc, (1 << (sym & 15)) - 1, sym & 15)
+                o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, 0], elen[ac, 0])
+    if exact and nacc != target_bit:
+        return -1, acc, nacc
+    return o, acc, nacc
+
+
+@numba.njit(nogil=True, cache=True)
+def _extras(hdr, elen, per, m, want, ex_comp, ex_sym, ex_block):
+    """Up to 7 extra AC coefficients (component, symbol, block) adding want bits (mod 8): a shortest
+    path over residues. Their count, or -1."""
+    ns = hdr[3]
     opt_comp = np.full(8, -1, np.int64)
     opt_sym = np.zeros(8, np.int64)
     for j in range(ns):
@@ -289,83 +428,44 @@ def _doctor(data, cp, top, out):
                         prev[(a + res) % 8] = res
                         grown[(a + res) % 8] = 1
         frontier = grown
-    want = (bit - total) % 8
     if prev[want] < 0:
-        return -1, 0
-    ex_comp = np.full(8, -1, np.int64)
-    ex_sym = np.zeros(8, np.int64)
-    ex_block = np.zeros(8, np.int64)
+        return -1
     used = np.zeros((3, 8), np.int64)  # coefficient positions taken per (component, block)
     count = np.zeros(3, np.int64)
     a, nex = want, 0
     while a != 0:
         res = prev[a]
         j, sym = opt_comp[res], opt_sym[res]
+        if m * per[j] == 0:
+            return -1
         ex_comp[nex], ex_sym[nex] = j, sym
-        ex_block[nex] = count[j] % min(mcus * per[j], 8)
+        ex_block[nex] = count[j] % min(m * per[j], 8)
         used[j, ex_block[nex]] += (sym >> 4) + 1
         if used[j, ex_block[nex]] > 62:
-            return -1, 0
+            return -1
         count[j] += 1
         nex += 1
         a = (a - res) % 8
-    need = start + 2 * (total + 8 * 31) // 8 + 4 + data.size - src
-    if out.size < need:
-        return -2 - need, 0
-    # SOI, the kept segments (SOF's height patched), the synthetic row, the merge byte, the rest.
-    o = _header(data, out, hdr, keep, height - (first - 1) * mcu_h)
-    acc, nacc = np.int64(0), np.int64(0)
-    count[:] = 0
-    for _ in range(mcus):
-        for j in range(ns):
-            dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
-            for _ in range(per[j]):
-                blk = count[j]
-                count[j] += 1
-                if blk < ks[j]:
-                    d = diffs[j, blk]
-                else:
-                    d = ms[j] if (blk - ks[j]) % 2 == 0 else -ms[j]
-                s = _category(d)
-                o, acc, nacc = _put(out, o, acc, nacc, ecode[dc, s], elen[dc, s])
-                if s:
-                    o, acc, nacc = _put(out, o, acc, nacc, d if d > 0 else d + (1 << s) - 1, s)
-                for e in range(nex):
-                    if ex_comp[e] == j and ex_block[e] == blk:
-                        sym = ex_sym[e]
-                        o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, sym], elen[ac, sym])
-                        o, acc, nacc = _put(out, o, acc, nacc, (1 << (sym & 15)) - 1, sym & 15)
-                o, acc, nacc = _put(out, o, acc, nacc, ecode[ac, 0], elen[ac, 0])
-    if nacc != bit:
-        return -1, 0
-    if bit:
-        merged = ((acc & ((1 << bit) - 1)) << (8 - bit)) | (data[src] & (0xFF >> bit))
-        out[o] = merged
-        o += 1
-        if merged == 0xFF:
-            out[o] = 0
-            o += 1
-        src += 2 if data[src] == 0xFF else 1
-    _copy(out, o, data, src, data.size - src)
-    return o + data.size - src, top - (first - 1) * mcu_h
+    return nex
 
 
 _local = threading.local()
 
 
-def doctor(jpeg, checkpoints: np.ndarray, top: int) -> tuple[np.ndarray, int] | None:
-    """(stream, new_top): a JPEG whose rows new_top.. decode (any columns) as rows top.. of `jpeg`,
-    without the entropy data above the window (module docstring), or None when there is no MCU row to
-    drop (f = 0) or the tables cannot encode the synthetic row. stream is this thread's reused
-    buffer, valid until the thread's next call."""
+def doctor(jpeg, checkpoints: np.ndarray, top: int, left: int = 0, h: int = -1, w: int = -1):
+    """(stream, new_top) or None: a JPEG whose window (new_top, left, h, w) decodes as the window
+    (top, left, h, w) of `jpeg` (default: whole rows from top down), without the entropy data above
+    the window or beside and below it (module docstring); None when there is no MCU row to drop
+    (f = 0) or the tables cannot encode the synthetic MCUs. stream is this thread's reused buffer,
+    valid until the thread's next call."""
     data = np.frombuffer(jpeg, np.uint8)
     out = getattr(_local, "buffer", None)
     if out is None:
         out = _local.buffer = np.empty(1 << 18, np.uint8)
-    size, new_top = _doctor(data, checkpoints, top, out)
+    size, new_top = _doctor(data, checkpoints, top, left, h, w, out)
     if size <= -2:
         out = _local.buffer = np.empty(max(-2 - size, 2 * out.size), np.uint8)
-        size, new_top = _doctor(data, checkpoints, top, out)
+        size, new_top = _doctor(data, checkpoints, top, left, h, w, out)
     if size < 0:
         return None
     return out[:size], new_top
@@ -396,7 +496,7 @@ def decode_and_crop(jpeg: bytes, checkpoints, window, file="", offset: int = 0) 
     """decode_and_crop_jpeg(jpeg, window)'s pixels, bit for bit, through a doctored stream when the
     checkpoints allow one (else, or if that decode fails, the usual path reports any problem)."""
     top, left, h, w = window
-    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, top)
+    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, *window)
     if doctored is not None:
         try:
             return _jpeg._turbo.decode_window(_stream(doctored[0]), doctored[1], left, h, w)
@@ -409,7 +509,7 @@ def decode_window_rows(jpeg: bytes, checkpoints, window, file="", offset: int = 
     """fasttrain.data.jpeg.decode_window_rows(jpeg, window) ((rows, x), the same pixels), through a
     doctored stream when the checkpoints allow one."""
     top, left, h, w = window
-    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, top)
+    doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, *window)
     if doctored is not None:
         try:
             return _jpeg._turbo.decode_rows(_stream(doctored[0]), doctored[1], left, h, w)

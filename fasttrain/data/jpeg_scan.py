@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 MAX_SEGMENTS = 64
+COLUMN_GROUP = 4  # MCUs between checkpoints within a row
 HEADER_FIELDS = 32  # header summary fields, see parse_header
 
 
@@ -222,8 +223,39 @@ def _position(data, pos, nbits, fake):
 
 
 @numba.njit(nogil=True, cache=True)
+def layout(hdr):
+    """(rows, mcus, cols, block_rows, last_rows): MCU rows, MCUs per row (a 1-component scan's MCU is
+    one block, its row block_rows block rows, the last one last_rows), checkpoints per row."""
+    height, width, ns, hmax, vmax = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5]
+    rows = (height + 8 * vmax - 1) // (8 * vmax)
+    if ns == 1:
+        mcus, block_rows = (width + 7) // 8, hdr[9]
+        last_rows = (height + 7) // 8 - (rows - 1) * block_rows
+    else:
+        mcus = (width + 8 * hmax - 1) // (8 * hmax)
+        block_rows, last_rows = 1, 1
+    cols = 1 if hdr[20] or block_rows > 1 else (mcus + COLUMN_GROUP - 1) // COLUMN_GROUP
+    return rows, mcus, cols, block_rows, last_rows
+
+
+@numba.njit(nogil=True, cache=True)
+def _record(out, i, data, pos, nbits, fake, pred):
+    """Checkpoint line i: the next bit's position and the predictors; False if out of range."""
+    q, bit = _position(data, pos, nbits, fake)
+    if q < 0:
+        return False
+    p = q * 8 + bit
+    out[i, 0], out[i, 1] = np.int16(p & 0xFFFF), np.int16(p >> 16)
+    for c in range(3):
+        if pred[c] < -32768 or pred[c] > 32767:
+            return False
+        out[i, 2 + c] = pred[c]
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
 def _checkpoints(data):
-    """(rows, 5) int16 checkpoints (module docstring), or a (0, 5) array when out of scope."""
+    """(rows * cols, 5) int16 checkpoints (module docstring), or a (0, 5) array when out of scope."""
     none = np.zeros((0, 5), np.int16)
     hdr = np.zeros(HEADER_FIELDS, np.int64)
     keep = np.zeros((MAX_SEGMENTS, 2), np.int64)
@@ -239,19 +271,11 @@ def _checkpoints(data):
     for t in range(8):
         if bits[t, 0] and not _derive(bits, vals, t, look, maxcode, valptr, ecode, elen):
             return none
-    height, width, ns, hmax, vmax = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5]
-    rows = (height + 8 * vmax - 1) // (8 * vmax)
-    # The scan as a list of (component, count) block runs per MCU, and MCUs per MCU row.
-    if ns == 1:
-        bw = (width + 7) // 8
-        mcus, block_rows = bw, hdr[9]
-        last_rows = (height + 7) // 8 - (rows - 1) * block_rows  # the bottom MCU row may be short
-    else:
-        mcus = (width + 8 * hmax - 1) // (8 * hmax)
-        block_rows, last_rows = 1, 1
+    ns = hdr[3]
+    rows, mcus, cols, block_rows, last_rows = layout(hdr)
     if hdr[20] and hdr[20] != mcus * block_rows:
         return none  # restarts other than one per MCU row
-    out = np.zeros((rows, 5), np.int16)
+    out = np.zeros((rows * cols, 5), np.int16)
     pred = np.zeros(3, np.int64)
     n = data.size
     pos, acc, nbits, fake = hdr[6], np.int64(0), np.int64(0), np.int64(0)
@@ -268,17 +292,11 @@ def _checkpoints(data):
                 return none
             pos, acc, nbits, fake = q + 2, np.int64(0), np.int64(0), np.int64(0)
             pred[:] = 0
-        pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
-        q, bit = _position(data, pos, nbits, fake)
-        if q < 0:
-            return none
-        p = q * 8 + bit
-        out[r, 0], out[r, 1] = np.int16(p & 0xFFFF), np.int16(p >> 16)
-        for i in range(3):
-            if pred[i] < -32768 or pred[i] > 32767:
-                return none
-            out[r, 2 + i] = pred[i]
-        for _ in range(mcus * (block_rows if r < rows - 1 else last_rows)):
+        for mx in range(mcus * (block_rows if r < rows - 1 else last_rows)):
+            if mx % COLUMN_GROUP == 0 and (mx == 0 or cols > 1):
+                pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
+                if not _record(out, r * cols + mx // COLUMN_GROUP, data, pos, nbits, fake, pred):
+                    return none
             for i in range(ns):
                 dc, ac = hdr[10 + 4 * i], hdr[11 + 4 * i]
                 nblocks = 1 if ns == 1 else hdr[8 + 4 * i] * hdr[9 + 4 * i]
@@ -323,6 +341,6 @@ def _checkpoints(data):
 
 
 def row_checkpoints(jpeg) -> np.ndarray | None:
-    """(rows, 5) int16 checkpoints of a baseline JPEG (module docstring), or None when out of scope."""
+    """(rows * cols, 5) int16 checkpoints of a baseline JPEG (module docstring), or None when out of scope."""
     out = _checkpoints(np.frombuffer(jpeg, np.uint8))
     return out if out.shape[0] else None
