@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     )
     print(
         f"index build: {build_ms:.3f} CPU ms/image; sidecar {(10 * rows + 16 * len(jpegs)) / len(jpegs):.0f} "
-        f"bytes/image ({rows / len(jpegs):.1f} MCU rows)"
+        f"bytes/image ({rows / len(jpegs):.0f} checkpoint lines)"
     )
     for setting in ("resnet", "vgg"):
         windows = _windows(records, setting, seed=1)
@@ -102,7 +102,7 @@ def main(argv=None) -> None:
             else:
                 np.testing.assert_array_equal(expected, got)
         doctored = [
-            jpeg_rows.doctor(j, c, w[0]) is not None if c is not None else False
+            jpeg_rows.doctor(j, c, *w) is not None if c is not None else False
             for j, c, w in zip(jpegs, checkpoints, windows)
         ]
         tops = [w[0] / jpeg.jpeg_size(j)[0] for j, w in zip(jpegs, windows)]
@@ -123,7 +123,7 @@ def main(argv=None) -> None:
             d_cpu = 0.0
             if kind == "baseline":
                 d_cpu, _ = _time(
-                    jpeg_rows.doctor, [(jpegs[i], checkpoints[i], windows[i][0]) for i in pick], args.rounds
+                    jpeg_rows.doctor, [(jpegs[i], checkpoints[i], *windows[i]) for i in pick], args.rounds
                 )
             total_today += t_cpu * len(pick)
             total_rows += r_cpu * len(pick)

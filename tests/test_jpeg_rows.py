@@ -318,7 +318,8 @@ def test_row_index_stale_truncated_or_foreign_is_none(shard, tmp_path):
     cache = tmp_path / "cache"
     written = row_index.build_row_index(path, cache)
     data = written.read_bytes()
-    for broken in (data[:-1], data[:47], b"", b"NOTROWS!" + data[8:], data + b"\0"):
+    other_group = data[:12] + (COLUMN_GROUP + 1).to_bytes(4, "little") + data[16:]
+    for broken in (data[:-1], data[:47], b"", b"NOTROWS!" + data[8:], data + b"\0", other_group):
         written.write_bytes(broken)
         assert row_index.RowIndex.open(path, cache) is None
     written.write_bytes(data)

@@ -1,9 +1,10 @@
-"""Skip the entropy decoding above a crop window: per-image row checkpoints and a doctored JPEG stream.
+"""Skip the entropy decoding outside a crop window: per-image checkpoints and a doctored JPEG stream.
 
 libjpeg-turbo decodes a crop window (fasttrain.data.jpeg.decode_and_crop_jpeg) without IDCT outside
-it and stops below it, but it must Huffman-decode every MCU row above it, full width: on the bench's
-photos that is 64% of a full decode's work spread over the rows above a window whose top is on average
-19% down the image. This module removes that work, exactly, for baseline JPEGs.
+it and stops below it, but it must Huffman-decode every MCU above it and beside it in its rows: on
+the bench's photos Huffman decoding is 64% of a full decode, and a resnet window's top is on average
+19.5% down the image. This module removes most of that work, exactly (the same pixels), for baseline
+JPEGs: 21% of the crop decode's CPU time on the bench's baseline photos (bench/bench_jpeg_rows.py).
 
 Scope: sequential Huffman (SOF0/SOF1), 8-bit, one scan holding all components (1 or 3), no restart
 interval or a restart after every MCU row (what encoders that restart at all write: all 25 such
@@ -11,14 +12,15 @@ photos of the bench's 600). Anything else (progressive, arithmetic, 12-bit, mult
 intervals, CMYK, corrupt or truncated data, default Huffman tables) gets None, and the caller decodes
 as before.
 
-Checkpoints (`row_checkpoints`, built once per image, fasttrain.data.jpeg_scan): where each MCU row
-(mcu_h = 8 * max vertical sampling factor pixel rows) starts in the entropy-coded data, to the bit,
-and the DC predictors there. fasttrain.data.row_index stores them per shard.
+Checkpoints (`row_checkpoints`, built once per image, fasttrain.data.jpeg_scan): where the MCUs
+r * mcus + c * COLUMN_GROUP start in the entropy-coded data, to the bit, and the DC predictors there
+(mcu_h = 8 * max vertical sampling pixel rows per MCU row). fasttrain.data.row_index stores them.
 
-Doctored stream (`doctor(jpeg, checkpoints, top)`) for a window whose top lies in MCU row r0. The
-first original row kept is f = r0, or f = r0 - 1 when the window starts on row r0's first line and a
-component is vertically subsampled: fancy upsampling (jdsample.c h2v2 / h1v2) makes an MCU row's
-first output line from the last chroma row above it, and no other output line reads another MCU row.
+Doctored stream (`doctor(jpeg, checkpoints, top, left, h, w)`) for a window whose top lies in MCU
+row r0. The first original row kept is f = r0, or f = r0 - 1 when the window starts on row r0's first
+line and a component is vertically subsampled: fancy upsampling (jdsample.c h2v2 / h1v2) makes an MCU
+row's first output line from the last chroma row above it, and no other output line reads another
+MCU row (likewise the row below the window is kept only when the window ends on a row's last line).
 With f >= 1 the stream is
 
     SOI, the kept header segments (DQT, DHT, SOF, DRI, APP0, APP14; APP1-13/15 and COM are dropped,
@@ -26,19 +28,26 @@ With f >= 1 the stream is
     data: one synthetic MCU row, then the original data from MCU row f's checkpoint to the end,
 
 so the new image's MCU rows 1, 2, ... are the original's f, f + 1, ..., and new_top = top - shift. The
-synthetic row's pixels are never output; it must (a) leave each component's DC predictor at row f's
-checkpoint value, DC_pred = sum of the row's DC diffs (JPEG F.2.1.3.1), and (b) be L bits
-long with L = bit (mod 8), so its last bits and the original byte at the merge point share one byte
-and the rest is copied byte for byte. Every synthetic block is DC diff + EOB (AC symbol 0x00); (a)
-puts the predictor in the row's first block(s) and (b) adds up to 7 AC coefficients, symbol
+synthetic MCUs' pixels are never output; a synthetic run must (a) leave each component's DC predictor
+at the next checkpoint's value, DC_pred = sum of the DC diffs (JPEG F.2.1.3.1), and (b) be L bits
+long with L = that checkpoint's bit (mod 8), so its last bits and the original byte there share one
+byte and the rest is copied byte for byte. Every synthetic block is DC diff + EOB (AC symbol 0x00);
+(a) puts the difference in the run's first block(s) and (b) adds up to 7 AC coefficients, symbol
 (run, size) + size value bits, each adding its code length + size bits. Byte stuffing (0xFF -> 0xFF
 0x00) applies to every written byte; the original's stuffed 0x00 after an 0xFF merge byte is dropped.
 
-With a restart after every MCU row the predictors restart at 0 and every row starts on a byte, right
-after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The doctored stream
-then holds k = (f - 1) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0, RST1, ... between
-them) and the original from the marker before row f on, shift = (f - k) * mcu_h, so that marker's
-number, (f - 1) mod 8, is the one libjpeg expects after k rows.
+Column mode (the window narrower than the image): in each kept row only the checkpoint groups that
+cover the MCU columns libjpeg's crop decodes stay real (jpeg_crop_scanline widens the window to whole
+MCU columns, IDCTs only those and upsamples at their edges as at the image's, so the columns beside
+them are entropy-decoded and never read), each group run a bit-spliced copy of the original; the
+MCUs between consecutive groups (the rest of one row and the start of the next) are one synthetic run
+as above, and the stream ends after the last kept row, with SOF's height cut there.
+
+With a restart after every MCU row (row mode only) the predictors restart at 0 and every row starts
+on a byte, right after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The
+doctored stream then holds k = (f - 1) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0,
+RST1, ... between them) and the original from the marker before row f on, shift = (f - k) * mcu_h,
+so that marker's number, (f - 1) mod 8, is the one libjpeg expects after k rows.
 """
 
 from __future__ import annotations
@@ -270,7 +279,7 @@ def _doctor(data, cp, top, left, h, w, out):
     # widened to whole checkpoint groups; the rest become synthetic MCUs. Rows below the window (but
     # the one whose chroma the window's last line reads) are cut off with SOF's height.
     g0, g1 = 0, cols
-    if cols > 1:
+    if cols > 1 and _tj_croppable(hdr):
         g0 = (left // mcu_w) // COLUMN_GROUP
         g1 = min(((left + w + mcu_w - 1) // mcu_w + COLUMN_GROUP - 1) // COLUMN_GROUP, cols)
     last = (top + h - 1) // mcu_h
@@ -320,6 +329,19 @@ def _doctor(data, cp, top, left, h, w, out):
         o, acc, nacc = _put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
     out[o], out[o + 1] = 0xFF, 0xD9
     return o + 2, top - shift
+
+
+@numba.njit(nogil=True, cache=True)
+def _tj_croppable(hdr):
+    """True for the samplings TurboJPEG crops (TJSAMP 444, 422, 420, GRAY, 440, 411, 441: luma h x v,
+    chroma 1 x 1); it decodes any other whole, and then fancy upsampling at the window's edges reads
+    the columns beside it, which must stay real."""
+    if hdr[3] == 1:
+        return True
+    if hdr[12] * hdr[13] != 1 or hdr[16] * hdr[17] != 1:
+        return False
+    h, v = hdr[8], hdr[9]
+    return h * v == 1 or (h == 2 and v <= 2) or (h == 1 and v in (2, 4)) or (h == 4 and v == 1)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")

@@ -1,21 +1,22 @@
 """The entropy-coded layout of a baseline JPEG: a marker parser and a Huffman walk (numba, nogil).
 
 `row_checkpoints(jpeg)` walks every block of the scan (Huffman codes only: no dequantisation, no IDCT;
-AC values are skipped, DC diffs summed) and records where each MCU row starts, for
-fasttrain.data.jpeg_rows's doctored streams (its docstring gives the scope). The result, an int16
-array (rows, 5), one line per MCU row r (mcu_h = 8 * max vertical sampling factor pixel rows; a
-1-component scan's MCU row is v block rows):
+AC values are skipped, DC diffs summed) and records where MCU rows and groups of COLUMN_GROUP MCUs
+start, for fasttrain.data.jpeg_rows's doctored streams (its docstring gives the scope). The result,
+an int16 array (rows * cols, 5): line r * cols + c for MCU c * COLUMN_GROUP of MCU row r (mcu_h = 8 *
+max vertical sampling factor pixel rows; cols = ceil(MCUs per row / COLUMN_GROUP), or 1 with restart
+markers or for a 1-component scan whose MCU row is v > 1 block rows), see `layout`:
 
-    p = uint16(c[r, 0]) | uint16(c[r, 1]) << 16   the row's first entropy-coded bit: byte p >> 3 of the
+    p = uint16(c[i, 0]) | uint16(c[i, 1]) << 16   the MCU's first entropy-coded bit: byte p >> 3 of the
                                                  file (a data byte, never a stuffed 0x00), bit p & 7
                                                  counted from the most significant bit
-    c[r, 2 + i]                                  component i's DC predictor there (scan order; 0 if absent)
+    c[i, 2 + j]                                  component j's DC predictor there (scan order; 0 if absent)
 
 With a restart marker after every row, row r >= 1 starts on the byte after RST((r - 1) mod 8) with
 predictors 0. The walk follows libjpeg's decode_mcu (jdhuff.c): a code longer than 16 bits, data
 running into a marker, a restart marker out of place, or anything but EOI after the last MCU makes the
 image out of scope (libjpeg would warn, and fasttrain's decode treats warnings as errors). Walking
-costs about 0.45 ms for a 62 kB photo (bench/bench_jpeg_rows.py).
+costs about 0.5 ms for a 62 kB photo (bench/bench_jpeg_rows.py).
 """
 
 from __future__ import annotations
