@@ -71,7 +71,7 @@ from fasttrain.data.jpeg_scan import (
 __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, inline="always")
 def _category(v):
     a, s = abs(v), 0
     while a:
@@ -291,11 +291,12 @@ def _doctor(data, cp, top, left, h, w, out):
         return -2 - need, 0
     dpred = np.zeros(3, np.int64)
     cur = np.zeros(3, np.int64)
+    ws = _scratch(hdr, elen)
     if g0 == 0 and g1 == cols:  # whole rows: one synthetic row, then the original to the end
         for j in range(ns):
             dpred[j] = cp[first * cols, 2 + j]
         o = _header(data, out, hdr, keep, height - shift)
-        o, acc, nacc = _run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True)
+        o, acc, nacc = _run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True, ws)
         if o < 0:
             return -1, 0
         o, acc, nacc = _splice(out, o, acc, nacc, data, src * 8 + bit, data.size * 8)
@@ -308,7 +309,9 @@ def _doctor(data, cp, top, left, h, w, out):
         for j in range(ns):
             dpred[j] = cp[begin, 2 + j] - cur[j]
         m = (mcus if r == first else mcus - min(g1 * COLUMN_GROUP, mcus)) + g0 * COLUMN_GROUP
-        o, acc, nacc = _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, _bitpos(cp, begin) & 7, True)
+        o, acc, nacc = _run(
+            out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, _bitpos(cp, begin) & 7, True, ws
+        )
         if o < 0:
             return -1, 0
         if g1 == cols and r == rows - 1:  # the window reaches the image's last MCU: copy to the end
@@ -321,7 +324,7 @@ def _doctor(data, cp, top, left, h, w, out):
     if g1 < cols:  # the rest of the last row: any DC, any length
         dpred[:] = 0
         o, acc, nacc = _run(
-            out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * COLUMN_GROUP, dpred, 0, False
+            out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * COLUMN_GROUP, dpred, 0, False, ws
         )
         if o < 0:
             return -1, 0
@@ -349,7 +352,7 @@ def _bitpos(cp, i):
     return (np.int64(cp[i, 0]) & 0xFFFF) | ((np.int64(cp[i, 1]) & 0xFFFF) << 16)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, inline="always")
 def _splice(out, o, acc, nacc, data, begin, end):
     """Append the original's entropy-coded bits [begin, end) (bit positions as in the checkpoints; the
     writer's pending bits nacc == begin mod 8): whole bytes are copied as they are, stuffing and all;
@@ -369,36 +372,55 @@ def _splice(out, o, acc, nacc, data, begin, end):
     return o, np.int64(0), np.int64(0)
 
 
-@numba.njit(nogil=True, cache=True)
-def _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, target_bit, exact):
+@numba.njit(nogil=True, cache=True, inline="always")
+def _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, target_bit, exact, ws):
     """Append m synthetic MCUs (each block: DC diff, EOB) whose DC diffs sum to dpred[j] per component
     and, when exact, end with target_bit bits pending (module docstring's (a) and (b)); (o, acc, nacc),
-    o = -1 when the image's tables cannot encode such a run."""
+    o = -1 when the image's tables cannot encode such a run. ws: _scratch's arrays."""
     ns = hdr[3]
-    diffs = np.zeros((3, 3), np.int64)
-    ks = np.zeros(3, np.int64)
-    ms = np.zeros(3, np.int64)
+    diffs, ks, ms, ex_comp, ex_sym, ex_block, count, used, opt_comp, opt_sym, prev = ws
     total = nacc
     for j in range(ns):
         dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
         n = m * per[j]
-        ks[j], ms[j] = _dc_plan(elen, dc, n, dpred[j], diffs, j)
+        c = _category(dpred[j])
+        if n >= 1 and c <= 11 and elen[dc, c] and elen[dc, 0]:  # the usual case: one diff, zeros
+            ks[j], ms[j], diffs[j, 0] = 1, 0, dpred[j]
+        else:
+            ks[j], ms[j] = _dc_plan(elen, dc, n, dpred[j], diffs, j)
         if ks[j] < 0 or elen[ac, 0] == 0:
             return -1, acc, nacc
         for b in range(ks[j]):
             total += elen[dc, _category(diffs[j, b])] + _category(diffs[j, b])
         cm = _category(ms[j])
         total += (n - ks[j]) * (elen[dc, cm] + cm) + n * elen[ac, 0]
-    ex_comp = np.full(8, -1, np.int64)
-    ex_sym = np.zeros(8, np.int64)
-    ex_block = np.zeros(8, np.int64)
     nex = 0
     if exact:
-        nex = _extras(hdr, elen, per, m, (target_bit - total) % 8, ex_comp, ex_sym, ex_block)
+        nex = _extras(per, m, (target_bit - total) % 8, ws)
         if nex < 0:
             return -1, acc, nacc
-    count = np.zeros(3, np.int64)
-    for _ in range(m):
+    # Past the MCUs holding the predictor's blocks and the extras every MCU is the same all-zero one:
+    # its codes put at once (a 4:2:0 MCU is about 30 bits) when category 0 has a code.
+    zero, zero_len, plain = np.int64(0), np.int64(0), True
+    for j in range(ns):
+        dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
+        plain &= ms[j] == 0
+        for _ in range(per[j]):
+            zero = (zero << (elen[dc, 0] + elen[ac, 0])) | (ecode[dc, 0] << elen[ac, 0]) | ecode[ac, 0]
+            zero_len += elen[dc, 0] + elen[ac, 0]
+    plain &= zero_len <= 48
+    special = 0
+    for j in range(ns):
+        last = ks[j] - 1
+        for e in range(nex):
+            if ex_comp[e] == j:
+                last = max(last, ex_block[e])
+        special = max(special, last // per[j] + 1)
+    count[:] = 0
+    for mi in range(m):
+        if plain and mi >= special:
+            o, acc, nacc = _put(out, o, acc, nacc, zero, zero_len)
+            continue
         for j in range(ns):
             dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
             for _ in range(per[j]):
@@ -424,13 +446,13 @@ def _run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, target_bit, exact):
 
 
 @numba.njit(nogil=True, cache=True)
-def _extras(hdr, elen, per, m, want, ex_comp, ex_sym, ex_block):
-    """Up to 7 extra AC coefficients (component, symbol, block) adding want bits (mod 8): a shortest
-    path over residues. Their count, or -1."""
-    ns = hdr[3]
+def _scratch(hdr, elen):
+    """Work arrays for _run, made once per stream: (diffs, ks, ms, ex_comp, ex_sym, ex_block, count,
+    used, opt_comp, opt_sym, prev) with the extra-coefficient table: opt_* the AC symbol (fewest
+    positions) adding each residue of bits mod 8, prev the residues' shortest paths from 0 (<= 7 steps)."""
     opt_comp = np.full(8, -1, np.int64)
     opt_sym = np.zeros(8, np.int64)
-    for j in range(ns):
+    for j in range(hdr[3]):
         ac = hdr[11 + 4 * j]
         for sym in range(1, 256):
             if sym & 15 and elen[ac, sym]:
@@ -450,10 +472,31 @@ def _extras(hdr, elen, per, m, want, ex_comp, ex_sym, ex_block):
                         prev[(a + res) % 8] = res
                         grown[(a + res) % 8] = 1
         frontier = grown
+    z3 = np.zeros(3, np.int64)
+    return (
+        np.zeros((3, 3), np.int64),
+        z3.copy(),
+        z3.copy(),
+        np.zeros(8, np.int64),
+        np.zeros(8, np.int64),
+        np.zeros(8, np.int64),
+        z3.copy(),
+        np.zeros((3, 8), np.int64),
+        opt_comp,
+        opt_sym,
+        prev,
+    )
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _extras(per, m, want, ws):
+    """Up to 7 extra AC coefficients (ex_comp, ex_sym, ex_block in ws) adding want bits (mod 8), along
+    the table's shortest path; their count, or -1."""
+    _, _, _, ex_comp, ex_sym, ex_block, count, used, opt_comp, opt_sym, prev = ws
     if prev[want] < 0:
         return -1
-    used = np.zeros((3, 8), np.int64)  # coefficient positions taken per (component, block)
-    count = np.zeros(3, np.int64)
+    used[:] = 0  # coefficient positions taken per (component, block)
+    count[:] = 0
     a, nex = want, 0
     while a != 0:
         res = prev[a]
@@ -461,11 +504,13 @@ def _extras(hdr, elen, per, m, want, ex_comp, ex_sym, ex_block):
         if m * per[j] == 0:
             return -1
         ex_comp[nex], ex_sym[nex] = j, sym
-        ex_block[nex] = count[j] % min(m * per[j], 8)
-        used[j, ex_block[nex]] += (sym >> 4) + 1
-        if used[j, ex_block[nex]] > 62:
+        b = 0  # the first block with room (positions 1..62: the block still ends with EOB)
+        while b < min(m * per[j], 8) and used[j, b] + (sym >> 4) + 1 > 62:
+            b += 1
+        if b == min(m * per[j], 8):
             return -1
-        count[j] += 1
+        ex_block[nex] = b
+        used[j, b] += (sym >> 4) + 1
         nex += 1
         a = (a - res) % 8
     return nex
