@@ -144,6 +144,8 @@ def test_doctored_stream_skips_the_rows_above():
     rows = len(stream)
     stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, 10 * mcu_h + 3, 200, 100, 60)
     assert new_top == mcu_h + 3 and len(stream) < 0.2 * rows  # only the window's columns and rows
+    stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, 0, 200, 100, 60)  # no row above to drop
+    assert new_top == 0 and len(stream) < 0.5 * rows
 
 
 def test_rows_below_the_window_top_are_unchanged_in_the_doctored_stream():

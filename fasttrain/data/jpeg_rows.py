@@ -41,7 +41,8 @@ cover the MCU columns libjpeg's crop decodes stay real (jpeg_crop_scanline widen
 MCU columns, IDCTs only those and upsamples at their edges as at the image's, so the columns beside
 them are entropy-decoded and never read), each group run a bit-spliced copy of the original; the
 MCUs between consecutive groups (the rest of one row and the start of the next) are one synthetic run
-as above, and the stream ends after the last kept row, with SOF's height cut there.
+as above, and the stream ends after the last kept row, with SOF's height cut there. Column mode also
+serves f = 0: no synthetic row on top, shift 0, the first run only the MCUs left of the window.
 
 With a restart after every MCU row (row mode only) the predictors restart at 0 and every row starts
 on a byte, right after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The
@@ -153,9 +154,9 @@ def _doctor(data, cp, top, left, h, w, out):
     vsub = False
     for j in range(ns):
         vsub |= ns > 1 and hdr[9 + 4 * j] < vmax
-    first = top // mcu_h - (top % mcu_h == 0 and vsub)
+    first = max(top // mcu_h - (top % mcu_h == 0 and vsub), 0)
     rows, mcus, cols, _, _ = layout(hdr)
-    if cp.shape[0] != rows * cols or cp.shape[1] != 5 or first < 1 or top >= height or top + h > height:
+    if cp.shape[0] != rows * cols or cp.shape[1] != 5 or top >= height or top + h > height:
         return -1, 0
     if left < 0 or w < 1 or left + w > width:
         return -1, 0
@@ -163,7 +164,7 @@ def _doctor(data, cp, top, left, h, w, out):
         return -1, 0  # checkpoints of another image
     p = bitpos(cp, first * cols)
     src, bit = p >> 3, p & 7
-    if src <= start or src >= data.size:
+    if src < start or src >= data.size:
         return -1, 0
     ecode = np.zeros((8, 256), np.int64)
     elen = np.zeros((8, 256), np.int64)
@@ -184,10 +185,11 @@ def _doctor(data, cp, top, left, h, w, out):
     else:
         mcus *= hdr[9]  # the synthetic row of a v > 1 gray scan holds v block rows (cols is then 1)
     if hdr[20]:
-        if hdr[20] != mcus:
+        if hdr[20] != mcus or first < 1:
             return -1, 0
         return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
-    shift = (first - 1) * mcu_h
+    synthetic = 1 if first else 0  # a synthetic MCU row on top, unless the window's rows start at 0
+    shift = (first - synthetic) * mcu_h
     mcu_w = 8 if ns == 1 else 8 * hmax
     # Column mode: in the window's rows only the MCU columns libjpeg's crop decodes (jpeg_crop_scanline
     # widens the window to whole MCU columns and upsamples at its edges as at the image's) stay real,
@@ -208,6 +210,8 @@ def _doctor(data, cp, top, left, h, w, out):
     cur = np.zeros(3, np.int64)
     ws = scratch(hdr, elen)
     if g0 == 0 and g1 == cols:  # whole rows: one synthetic row, then the original to the end
+        if first < 1:
+            return -1, 0  # nothing to drop
         for j in range(ns):
             dpred[j] = cp[first * cols, 2 + j]
         o = _header(data, out, hdr, keep, height - shift)
@@ -216,18 +220,21 @@ def _doctor(data, cp, top, left, h, w, out):
             return -1, 0
         o, acc, nacc = splice(out, o, acc, nacc, data, src * 8 + bit, data.size * 8)
         return o, top - shift
-    new_height = height - shift if last == rows - 1 else (kept + 1) * mcu_h
+    new_height = height - shift if last == rows - 1 else (kept + synthetic) * mcu_h
     o = _header(data, out, hdr, keep, new_height)
     acc, nacc = np.int64(0), np.int64(0)
     for r in range(first, last + 1):
         begin = r * cols + g0
         for j in range(ns):
             dpred[j] = cp[begin, 2 + j] - cur[j]
-        m = (mcus if r == first else mcus - min(g1 * COLUMN_GROUP, mcus)) + g0 * COLUMN_GROUP
-        o, acc, nacc = run(
-            out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, bitpos(cp, begin) & 7, True, ws
-        )
-        if o < 0:
+        m = (synthetic * mcus if r == first else mcus - min(g1 * COLUMN_GROUP, mcus)) + g0 * COLUMN_GROUP
+        if m:
+            o, acc, nacc = run(
+                out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, bitpos(cp, begin) & 7, True, ws
+            )
+            if o < 0:
+                return -1, 0
+        elif dpred[0] or dpred[1] or dpred[2] or nacc != bitpos(cp, begin) & 7:
             return -1, 0
         if g1 == cols and r == rows - 1:  # the window reaches the image's last MCU: copy to the end
             o, acc, nacc = splice(out, o, acc, nacc, data, bitpos(cp, begin), data.size * 8)
