@@ -133,7 +133,7 @@ def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per
 
 
 @numba.njit(nogil=True, cache=True)
-def _doctor(data, cp, top, left, h, w, out):
+def _doctor(data, cp, top, left, h, w, out, group):
     """(size, new_top) of the doctored stream written to out (module docstring); size -1 when out of
     scope, -2 - needed bytes when out is too small."""
     hdr = np.zeros(HEADER_FIELDS, np.int64)
@@ -155,7 +155,7 @@ def _doctor(data, cp, top, left, h, w, out):
     for j in range(ns):
         vsub |= ns > 1 and hdr[9 + 4 * j] < vmax
     first = max(top // mcu_h - (top % mcu_h == 0 and vsub), 0)
-    rows, mcus, cols, _, _ = layout(hdr)
+    rows, mcus, cols, _, _ = layout(hdr, group)
     if cp.shape[0] != rows * cols or cp.shape[1] != 5 or top >= height or top + h > height:
         return -1, 0
     if left < 0 or w < 1 or left + w > width:
@@ -197,8 +197,8 @@ def _doctor(data, cp, top, left, h, w, out):
     # the one whose chroma the window's last line reads) are cut off with SOF's height.
     g0, g1 = 0, cols
     if cols > 1 and _tj_croppable(hdr):
-        g0 = (left // mcu_w) // COLUMN_GROUP
-        g1 = min(((left + w + mcu_w - 1) // mcu_w + COLUMN_GROUP - 1) // COLUMN_GROUP, cols)
+        g0 = (left // mcu_w) // group
+        g1 = min(((left + w + mcu_w - 1) // mcu_w + group - 1) // group, cols)
     last = (top + h - 1) // mcu_h
     if (top + h) % mcu_h == 0 and vsub and last + 1 < rows:
         last += 1
@@ -227,7 +227,7 @@ def _doctor(data, cp, top, left, h, w, out):
         begin = r * cols + g0
         for j in range(ns):
             dpred[j] = cp[begin, 2 + j] - cur[j]
-        m = (synthetic * mcus if r == first else mcus - min(g1 * COLUMN_GROUP, mcus)) + g0 * COLUMN_GROUP
+        m = (synthetic * mcus if r == first else mcus - min(g1 * group, mcus)) + g0 * group
         if m:
             o, acc, nacc = run(
                 out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, bitpos(cp, begin) & 7, True, ws
@@ -245,9 +245,7 @@ def _doctor(data, cp, top, left, h, w, out):
             cur[j] = cp[end, 2 + j]
     if g1 < cols:  # the rest of the last row: any DC, any length
         dpred[:] = 0
-        o, acc, nacc = run(
-            out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * COLUMN_GROUP, dpred, 0, False, ws
-        )
+        o, acc, nacc = run(out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * group, dpred, 0, False, ws)
         if o < 0:
             return -1, 0
     if nacc:
@@ -282,10 +280,10 @@ def doctor(jpeg, checkpoints: np.ndarray, top: int, left: int = 0, h: int = -1, 
     out = getattr(_local, "buffer", None)
     if out is None:
         out = _local.buffer = np.empty(1 << 18, np.uint8)
-    size, new_top = _doctor(data, checkpoints, top, left, h, w, out)
+    size, new_top = _doctor(data, checkpoints, top, left, h, w, out, COLUMN_GROUP)
     if size <= -2:
         out = _local.buffer = np.empty(max(-2 - size, 2 * out.size), np.uint8)
-        size, new_top = _doctor(data, checkpoints, top, left, h, w, out)
+        size, new_top = _doctor(data, checkpoints, top, left, h, w, out, COLUMN_GROUP)
     if size < 0:
         return None
     return out[:size], new_top

@@ -25,7 +25,9 @@ import numba
 import numpy as np
 
 MAX_SEGMENTS = 64
-COLUMN_GROUP = 4  # MCUs between checkpoints within a row
+# MCUs between checkpoints within a row; passed to the numba code as an argument, because numba's
+# cache of a module would keep a constant imported from another one after it changed.
+COLUMN_GROUP = 4
 HEADER_FIELDS = 32  # header summary fields, see parse_header
 
 
@@ -224,7 +226,7 @@ def _position(data, pos, nbits, fake):
 
 
 @numba.njit(nogil=True, cache=True)
-def layout(hdr):
+def layout(hdr, group):
     """(rows, mcus, cols, block_rows, last_rows): MCU rows, MCUs per row (a 1-component scan's MCU is
     one block, its row block_rows block rows, the last one last_rows), checkpoints per row."""
     height, width, ns, hmax, vmax = hdr[0], hdr[1], hdr[3], hdr[4], hdr[5]
@@ -235,7 +237,7 @@ def layout(hdr):
     else:
         mcus = (width + 8 * hmax - 1) // (8 * hmax)
         block_rows, last_rows = 1, 1
-    cols = 1 if hdr[20] or block_rows > 1 else (mcus + COLUMN_GROUP - 1) // COLUMN_GROUP
+    cols = 1 if hdr[20] or block_rows > 1 else (mcus + group - 1) // group
     return rows, mcus, cols, block_rows, last_rows
 
 
@@ -255,7 +257,7 @@ def _record(out, i, data, pos, nbits, fake, pred):
 
 
 @numba.njit(nogil=True, cache=True)
-def _checkpoints(data):
+def _checkpoints(data, group):
     """(rows * cols, 5) int16 checkpoints (module docstring), or a (0, 5) array when out of scope."""
     none = np.zeros((0, 5), np.int16)
     hdr = np.zeros(HEADER_FIELDS, np.int64)
@@ -273,7 +275,7 @@ def _checkpoints(data):
         if bits[t, 0] and not _derive(bits, vals, t, look, maxcode, valptr, ecode, elen):
             return none
     ns = hdr[3]
-    rows, mcus, cols, block_rows, last_rows = layout(hdr)
+    rows, mcus, cols, block_rows, last_rows = layout(hdr, group)
     if hdr[20] and hdr[20] != mcus * block_rows:
         return none  # restarts other than one per MCU row
     out = np.zeros((rows * cols, 5), np.int16)
@@ -294,9 +296,9 @@ def _checkpoints(data):
             pos, acc, nbits, fake = q + 2, np.int64(0), np.int64(0), np.int64(0)
             pred[:] = 0
         for mx in range(mcus * (block_rows if r < rows - 1 else last_rows)):
-            if mx % COLUMN_GROUP == 0 and (mx == 0 or cols > 1):
+            if mx % group == 0 and (mx == 0 or cols > 1):
                 pos, acc, nbits, fake = _fill(data, n, pos, acc, nbits, fake)
-                if not _record(out, r * cols + mx // COLUMN_GROUP, data, pos, nbits, fake, pred):
+                if not _record(out, r * cols + mx // group, data, pos, nbits, fake, pred):
                     return none
             for i in range(ns):
                 dc, ac = hdr[10 + 4 * i], hdr[11 + 4 * i]
@@ -343,5 +345,5 @@ def _checkpoints(data):
 
 def row_checkpoints(jpeg) -> np.ndarray | None:
     """(rows * cols, 5) int16 checkpoints of a baseline JPEG (module docstring), or None when out of scope."""
-    out = _checkpoints(np.frombuffer(jpeg, np.uint8))
+    out = _checkpoints(np.frombuffer(jpeg, np.uint8), COLUMN_GROUP)
     return out if out.shape[0] else None
