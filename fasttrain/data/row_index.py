@@ -203,7 +203,7 @@ def main(argv=None) -> int:
         )
         jobs = [(s, args.cache_dir) for s in todo]
         workers = max(1, min(args.workers, len(jobs)))
-        start, done, images, cpu = time.perf_counter(), 0, 0, 0.0
+        start, done, images, cpu, shown = time.perf_counter(), 0, 0, 0.0, 0.0
         pool = multiprocessing.Pool(workers) if workers > 1 else None
         try:
             for shard, records, seconds in (
@@ -211,6 +211,9 @@ def main(argv=None) -> int:
             ):
                 done, images, cpu = done + 1, images + records, cpu + seconds
                 elapsed = time.perf_counter() - start
+                if elapsed - shown < 5 and done < len(jobs):
+                    continue  # a line every 5 s (an ImageNet shard takes about a second)
+                shown = elapsed
                 rate = images / max(elapsed, 1e-9)
                 left = (sum(counts.values()) - images) / max(rate, 1e-9)
                 print(
