@@ -176,6 +176,18 @@ def test_progressive_and_restart_jpegs_fall_back_exactly():
         np.testing.assert_array_equal(rows, expected_rows)
 
 
+def test_checkpoints_outside_the_data_or_out_of_order_are_refused():
+    _, jpeg, mcu_h = CASES[0]  # 512 x 512, 4:2:0: 32 MCUs a row, 8 checkpoints
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    window = (5 * mcu_h + 3, 100, 200, 150)  # MCU rows 5..17, checkpoint groups 1..3 (lines 1 and 4)
+    assert jpeg_rows.doctor(jpeg, checkpoints, *window) is not None
+    for line in (5 * 8 + 1, 5 * 8 + 4, 9 * 8 + 1, 17 * 8 + 4):
+        for position in ((0x7FFF, 0x7FFF), (0, 0), (-1, -1)):
+            damaged = checkpoints.copy()
+            damaged[line, :2] = position
+            assert jpeg_rows.doctor(jpeg, damaged, *window) is None
+
+
 def test_checkpoints_of_other_images_are_refused():
     _, a, _ = CASES[0]
     _, b, _ = CASES[4]
@@ -310,7 +322,7 @@ def test_row_index_build_and_open(shard, tmp_path):
     assert index.checkpoints(int(entries[5, 0])) is None  # not an Example
     assert index.checkpoints(int(entries[1, 0]) + 1) is None  # not a record's offset
     rows = sum(jpeg_rows.row_checkpoints(j).shape[0] for j in jpegs)
-    assert written.stat().st_size == 48 + 16 * 6 + 8 + 10 * rows  # the documented layout, 10 bytes a row
+    assert written.stat().st_size == 56 + 16 * 6 + 8 + 10 * rows  # the documented layout, 10 bytes a line
 
 
 def test_row_index_stale_truncated_or_foreign_is_none(shard, tmp_path):
@@ -321,7 +333,8 @@ def test_row_index_stale_truncated_or_foreign_is_none(shard, tmp_path):
     written = row_index.build_row_index(path, cache)
     data = written.read_bytes()
     other_group = data[:12] + (COLUMN_GROUP + 1).to_bytes(4, "little") + data[16:]
-    for broken in (data[:-1], data[:47], b"", b"NOTROWS!" + data[8:], data + b"\0", other_group):
+    flipped = data[:-7] + bytes([data[-7] ^ 4]) + data[-6:]  # a damaged checkpoint
+    for broken in (data[:-1], data[:55], b"", b"NOTROWS!" + data[8:], data + b"\0", other_group, flipped):
         written.write_bytes(broken)
         assert row_index.RowIndex.open(path, cache) is None
     written.write_bytes(data)

@@ -223,6 +223,18 @@ def _doctor(data, cp, top, left, h, w, out, group):
     new_height = height - shift if last == rows - 1 else (kept + synthetic) * mcu_h
     o = _header(data, out, hdr, keep, new_height)
     acc, nacc = np.int64(0), np.int64(0)
+    # Checkpoints out of order or outside the data (a damaged sidecar) must not steer the copies.
+    low = start * 8
+    for r in range(first, last + 1):
+        a = bitpos(cp, r * cols + g0)
+        b = (
+            data.size * 8
+            if g1 == cols and r == rows - 1
+            else bitpos(cp, r * cols + g1 if g1 < cols else (r + 1) * cols)
+        )
+        if not low <= a < b <= data.size * 8:
+            return -1, 0
+        low = b
     for r in range(first, last + 1):
         begin = r * cols + g0
         for j in range(ns):

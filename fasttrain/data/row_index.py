@@ -4,16 +4,18 @@ A shard's sidecar lives where its tfrecord2idx index does (fasttrain.data.tfreco
 beside the shard, else in the cache directory for a read-only data directory), named
 `<shard>.rows` instead of `<shard>.idx`. Format, little-endian:
 
-    header (48 bytes)  magic b"FTROWS\\0\\0", u32 version (1), u32 COLUMN_GROUP (jpeg_scan's, checked),
-                       u64 shard size, i64 shard mtime (ns), u64 records R, u64 checkpoint lines N
+    header (56 bytes)  magic b"FTROWS\\0\\0", u32 version (1), u32 COLUMN_GROUP (jpeg_scan's, checked),
+                       u64 shard size, i64 shard mtime (ns), u64 records R, u64 checkpoint lines N,
+                       u32 CRC32C of everything after the header, u32 0
     i64[R]             each record's offset in the shard (ascending, as in the .idx file)
     i64[R + 1]         first checkpoint line of record i; its lines are [start[i], start[i + 1])
                        (none: a progressive JPEG, a corrupt record, anything jpeg_scan leaves out)
     i16[N, 5]          the checkpoint lines (10 bytes each: fasttrain.data.jpeg_scan's format; about
                        2.7 kB per photo of the bench's set, 4% of its JPEG)
 
-A sidecar is used only if the shard's size and mtime equal the header's and the file has exactly the
-length the header implies; else it is stale or truncated and `RowIndex.open` returns None (the loader
+A sidecar is used only if the shard's size and mtime equal the header's, the file has exactly the
+length the header implies and its CRC matches (0.5 ms for an ImageNet shard's; a damaged checkpoint
+would give wrong pixels); else it is stale, truncated or damaged and `RowIndex.open` returns None (the loader
 then decodes as before). `python -m fasttrain.data.jpeg_rows DATA_DIR [--workers N]` builds the
 sidecars of every train-* / validation-* shard.
 """
@@ -37,10 +39,10 @@ from fasttrain.data import DataError
 from fasttrain.data.example import parse_example
 from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.jpeg_scan import COLUMN_GROUP, row_checkpoints
-from fasttrain.data.tfrecord import index_candidates, load_index, read_record
+from fasttrain.data.tfrecord import crc32c, index_candidates, load_index, read_record
 
 MAGIC, VERSION = b"FTROWS\0\0", 1
-_HEADER = struct.Struct("<8sIIQqQQ")
+_HEADER = struct.Struct("<8sIIQqQQII")
 
 
 def sidecar_candidates(shard_path, cache_dir=None) -> list[Path]:
@@ -82,12 +84,14 @@ class RowIndex:
                 buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError):
             return None
-        magic, version, group, shard_size, mtime, records, rows = _HEADER.unpack_from(buffer)
+        magic, version, group, shard_size, mtime, records, rows, crc, _ = _HEADER.unpack_from(buffer)
         expected = _HEADER.size + 16 * records + 8 + 10 * rows
         if (magic, version, group) != (MAGIC, VERSION, COLUMN_GROUP) or size != expected:
             return None  # another format, or truncated
         if shard_size != stat.st_size or mtime != stat.st_mtime_ns:
             return None  # the shard changed since the sidecar was built
+        if crc32c(buffer[_HEADER.size :]) != crc:  # an mmap slice is a bytes copy
+            return None
         return cls(path, buffer, records, rows)
 
     def __len__(self) -> int:
@@ -135,13 +139,17 @@ def build_row_index(shard_path, cache_dir=None, progress=None) -> Path:
             if progress is not None and (i + 1) % 256 == 0:
                 progress(i + 1, len(entries))
     rows = np.concatenate(chunks) if chunks else np.zeros((0, 5), np.int16)
-    header = _HEADER.pack(MAGIC, VERSION, COLUMN_GROUP, stat.st_size, stat.st_mtime_ns, len(entries), total)
-    parts = (
-        header,
-        entries[:, 0].astype("<i8").tobytes(),
-        np.asarray(starts, "<i8").tobytes(),
-        rows.astype("<i2").tobytes(),
+    body = b"".join(
+        (
+            entries[:, 0].astype("<i8").tobytes(),
+            np.asarray(starts, "<i8").tobytes(),
+            rows.astype("<i2").tobytes(),
+        )
     )
+    header = _HEADER.pack(
+        MAGIC, VERSION, COLUMN_GROUP, stat.st_size, stat.st_mtime_ns, len(entries), total, crc32c(body), 0
+    )
+    parts = (header, body)
     errors = []
     for candidate in sidecar_candidates(shard_path, cache_dir):
         try:
