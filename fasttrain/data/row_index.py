@@ -23,6 +23,8 @@ sidecars of every train-* / validation-* shard.
 from __future__ import annotations
 
 import argparse
+import array
+import bisect
 import mmap
 import multiprocessing
 import os
@@ -60,6 +62,9 @@ class RowIndex:
         self.offsets = np.frombuffer(buffer, np.int64, records, at)
         self.starts = np.frombuffer(buffer, np.int64, records + 1, at + 8 * records)
         self.rows = np.frombuffer(buffer, np.int16, rows * 5, at + 16 * records + 8).reshape(rows, 5)
+        # Lookups bisect array.array copies (8 bytes a record): 0.5 us, where np.searchsorted took 6.
+        self._offsets = array.array("q", self.offsets.tobytes())
+        self._starts = array.array("q", self.starts.tobytes())
 
     @classmethod
     def open(cls, shard_path, cache_dir=None) -> RowIndex | None:
@@ -99,13 +104,13 @@ class RowIndex:
 
     def checkpoints_at(self, i: int) -> np.ndarray | None:
         """The checkpoints of the shard's record number i (in file order), or None."""
-        start, end = self.starts[i], self.starts[i + 1]
+        start, end = self._starts[i], self._starts[i + 1]
         return self.rows[start:end] if end > start else None
 
     def checkpoints(self, record_offset: int) -> np.ndarray | None:
         """The checkpoints of the record at byte `record_offset` of the shard, or None."""
-        i = int(np.searchsorted(self.offsets, record_offset))
-        if i == self.offsets.size or self.offsets[i] != record_offset:
+        i = bisect.bisect_left(self._offsets, record_offset)
+        if i == len(self._offsets) or self._offsets[i] != record_offset:
             return None
         return self.checkpoints_at(i)
 
