@@ -40,8 +40,9 @@ Column mode (the window narrower than the image): in each kept row only the chec
 cover the MCU columns libjpeg's crop decodes stay real (jpeg_crop_scanline widens the window to whole
 MCU columns, IDCTs only those and upsamples at their edges as at the image's, so the columns beside
 them are entropy-decoded and never read), each group run a bit-spliced copy of the original; the
-MCUs between consecutive groups (the rest of one row and the start of the next) are one synthetic run
-as above, and the stream ends after the last kept row, with SOF's height cut there. Column mode also
+MCUs left of the groups are a synthetic run as above, SOF's width is cut at the last group's right
+edge (libjpeg upsamples the window's right edge as an image edge either way), and the stream ends
+after the last kept row, with SOF's height cut there. Column mode also
 serves f = 0: no synthetic row on top, shift 0, the first run only the MCUs left of the window.
 
 With a restart after every MCU row (row mode only) the predictors restart at 0 and every row starts
@@ -74,8 +75,8 @@ __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
 
 
 @numba.njit(nogil=True, cache=True)
-def _header(data, out, hdr, keep, new_height):
-    """Write SOI and the kept segments with SOF's height set to new_height; the bytes written."""
+def _header(data, out, hdr, keep, new_height, new_width):
+    """Write SOI and the kept segments with SOF's height and width set; the bytes written."""
     out[0], out[1] = 0xFF, 0xD8
     o = 2
     for s in range(hdr[7]):
@@ -83,6 +84,7 @@ def _header(data, out, hdr, keep, new_height):
         copy_bytes(out, o, data, a, b - a)
         if a < hdr[2] < b:
             out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
+            out[o + hdr[2] - a + 2], out[o + hdr[2] - a + 3] = new_width >> 8, new_width & 0xFF
         o += b - a
     return o
 
@@ -110,7 +112,7 @@ def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per
     if out.size < need:
         return -2 - need, 0
     shift = (first - k) * mcu_h
-    o = _header(data, out, hdr, keep, height - shift)
+    o = _header(data, out, hdr, keep, height - shift, hdr[1])
     for row in range(k):
         acc, nacc = np.int64(0), np.int64(0)
         for _ in range(mcus):
@@ -214,14 +216,18 @@ def _doctor(data, cp, top, left, h, w, out, group):
             return -1, 0  # nothing to drop
         for j in range(ns):
             dpred[j] = cp[first * cols, 2 + j]
-        o = _header(data, out, hdr, keep, height - shift)
+        o = _header(data, out, hdr, keep, height - shift, width)
         o, acc, nacc = run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True, ws)
         if o < 0:
             return -1, 0
         o, acc, nacc = splice(out, o, acc, nacc, data, src * 8 + bit, data.size * 8)
         return o, top - shift
     new_height = height - shift if last == rows - 1 else (kept + synthetic) * mcu_h
-    o = _header(data, out, hdr, keep, new_height)
+    # The image ends at the last real group's right edge (at or right of libjpeg's crop columns, the
+    # window's right edge upsampled as an image edge either way), so no synthetic MCUs right of it.
+    new_mcus = min(g1 * group, mcus)
+    new_width = width if new_mcus == mcus else new_mcus * mcu_w
+    o = _header(data, out, hdr, keep, new_height, new_width)
     acc, nacc = np.int64(0), np.int64(0)
     # Checkpoints out of order or outside the data (a damaged sidecar) must not steer the copies.
     low = start * 8
@@ -239,7 +245,7 @@ def _doctor(data, cp, top, left, h, w, out, group):
         begin = r * cols + g0
         for j in range(ns):
             dpred[j] = cp[begin, 2 + j] - cur[j]
-        m = (synthetic * mcus if r == first else mcus - min(g1 * group, mcus)) + g0 * group
+        m = (synthetic * new_mcus if r == first else 0) + g0 * group
         if m:
             o, acc, nacc = run(
                 out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, bitpos(cp, begin) & 7, True, ws
@@ -255,11 +261,6 @@ def _doctor(data, cp, top, left, h, w, out, group):
         o, acc, nacc = splice(out, o, acc, nacc, data, bitpos(cp, begin), bitpos(cp, end))
         for j in range(ns):
             cur[j] = cp[end, 2 + j]
-    if g1 < cols:  # the rest of the last row: any DC, any length
-        dpred[:] = 0
-        o, acc, nacc = run(out, o, acc, nacc, hdr, ecode, elen, per, mcus - g1 * group, dpred, 0, False, ws)
-        if o < 0:
-            return -1, 0
     if nacc:
         o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
     out[o], out[o + 1] = 0xFF, 0xD9
