@@ -40,10 +40,11 @@ Column mode (the window narrower than the image): in each kept row only the chec
 cover the MCU columns libjpeg's crop decodes stay real (jpeg_crop_scanline widens the window to whole
 MCU columns, IDCTs only those and upsamples at their edges as at the image's, so the columns beside
 them are entropy-decoded and never read), each group run a bit-spliced copy of the original; the
-MCUs left of the groups are a synthetic run as above, SOF's width is cut at the last group's right
-edge (libjpeg upsamples the window's right edge as an image edge either way), and the stream ends
-after the last kept row, with SOF's height cut there. Column mode also
-serves f = 0: no synthetic row on top, shift 0, the first run only the MCUs left of the window.
+MCUs between consecutive groups (the rest of one row and the start of the next) are a synthetic run
+as above; when the groups do not start at column 0, SOF's width is cut at the last group's right edge
+(libjpeg upsamples the window's right edge as an image edge either way) and the runs are only the
+MCUs left of the groups. The stream ends after the last kept row, with SOF's height cut there.
+Column mode also serves f = 0: no synthetic row on top, shift 0.
 
 With a restart after every MCU row (row mode only) the predictors restart at 0 and every row starts
 on a byte, right after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The
@@ -224,8 +225,9 @@ def _doctor(data, cp, top, left, h, w, out, group):
         return o, top - shift
     new_height = height - shift if last == rows - 1 else (kept + synthetic) * mcu_h
     # The image ends at the last real group's right edge (at or right of libjpeg's crop columns, the
-    # window's right edge upsampled as an image edge either way), so no synthetic MCUs right of it.
-    new_mcus = min(g1 * group, mcus)
+    # window's right edge upsampled as an image edge either way), so no synthetic MCUs right of it;
+    # but a row's first group needs a synthetic run before it, to bridge the predictors and bits.
+    new_mcus = min(g1 * group, mcus) if g0 else mcus
     new_width = width if new_mcus == mcus else new_mcus * mcu_w
     o = _header(data, out, hdr, keep, new_height, new_width)
     acc, nacc = np.int64(0), np.int64(0)
@@ -245,7 +247,7 @@ def _doctor(data, cp, top, left, h, w, out, group):
         begin = r * cols + g0
         for j in range(ns):
             dpred[j] = cp[begin, 2 + j] - cur[j]
-        m = (synthetic * new_mcus if r == first else 0) + g0 * group
+        m = (synthetic * new_mcus if r == first else new_mcus - min(g1 * group, new_mcus)) + g0 * group
         if m:
             o, acc, nacc = run(
                 out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, bitpos(cp, begin) & 7, True, ws
@@ -261,6 +263,13 @@ def _doctor(data, cp, top, left, h, w, out, group):
         o, acc, nacc = splice(out, o, acc, nacc, data, bitpos(cp, begin), bitpos(cp, end))
         for j in range(ns):
             cur[j] = cp[end, 2 + j]
+    if new_mcus > g1 * group:  # the rest of the last row: any DC, any length
+        dpred[:] = 0
+        o, acc, nacc = run(
+            out, o, acc, nacc, hdr, ecode, elen, per, new_mcus - g1 * group, dpred, 0, False, ws
+        )
+        if o < 0:
+            return -1, 0
     if nacc:
         o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
     out[o], out[o + 1] = 0xFF, 0xD9
