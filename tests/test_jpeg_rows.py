@@ -381,3 +381,20 @@ def test_row_index_command(shard, tmp_path, capsys):
     assert row_index.main([str(tmp_path / "missing")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "missing" in error
+
+
+def test_threads_use_their_own_buffers():
+    # The loader decodes in threads: each thread's doctored stream and TurboJPEG handle are its own.
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = []
+    for _, jpeg, mcu_h in CASES[:6]:
+        checkpoints = jpeg_rows.row_checkpoints(jpeg)
+        height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+        for top in range(2 * mcu_h, height, 3 * mcu_h + 1):
+            jobs.append((jpeg, checkpoints, (top, width // 4, height - top, width // 2)))
+    expected = [decode_and_crop_jpeg(jpeg, window) for jpeg, _, window in jobs]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda job: jpeg_rows.decode_and_crop(*job).copy(), jobs * 3))
+    for i, image in enumerate(got):
+        np.testing.assert_array_equal(image, expected[i % len(jobs)])
