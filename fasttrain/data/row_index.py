@@ -193,8 +193,10 @@ def _build_job(args) -> tuple[str, int, float]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fasttrain.data.jpeg_rows",
-        description="Build the JPEG row-checkpoint sidecars (<shard>.rows) of every train-* and "
-        "validation-* shard in DATA_DIR, so the loader skips the entropy decoding above crop windows.",
+        description="Build the JPEG checkpoint sidecars (<shard>.rows) of every train-* and "
+        "validation-* shard in DATA_DIR, so the loader skips the entropy decoding outside crop windows. "
+        "A sidecar holds for its shard's size and mtime: rebuild after the shards are rewritten or "
+        "copied without keeping mtimes.",
     )
     parser.add_argument("data_dir", metavar="DATA_DIR")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
