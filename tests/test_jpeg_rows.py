@@ -409,3 +409,24 @@ def test_threads_use_their_own_buffers():
         got = list(pool.map(lambda job: jpeg_rows.decode_and_crop(*job).copy(), jobs * 3))
     for i, image in enumerate(got):
         np.testing.assert_array_equal(image, expected[i % len(jobs)])
+
+
+@pytest.mark.parametrize("categories", [(0, 3, 5), (0, 7), (2, 4), (1,), (0, 11)])
+def test_dc_plans_sum_to_the_predictor_with_codable_diffs(categories):
+    # Optimised tables hold only the categories an image used: the synthetic run's DC diffs must
+    # still sum to the wanted change, each with a code, the filler summing to 0.
+    from fasttrain.data.jpeg_synth import _dc_plan
+
+    elen = np.zeros((8, 256), np.int64)
+    elen[0, list(categories)] = 3
+    for n in (1, 2, 5, 6):
+        for pred in range(-300, 301, 7):
+            diffs = np.zeros((3, 3), np.int64)
+            k, m = _dc_plan(elen, 0, n, pred, diffs, 1)
+            if k < 0:
+                continue
+            plan = list(diffs[1, :k]) + [m if i % 2 == 0 else -m for i in range(n - k)]
+            assert len(plan) == n and sum(plan) == pred
+            assert all(elen[0, int(abs(d)).bit_length()] for d in plan)
+    # 5 over 6 blocks: 5 (cat 3); 2 + 3 and two +-2 pairs; 69 - 64; -1024 + 1029; never six +-1s.
+    assert (_dc_plan(elen, 0, 6, 5, np.zeros((3, 3), np.int64), 0)[0] > 0) == (categories != (1,))

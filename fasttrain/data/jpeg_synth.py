@@ -49,7 +49,7 @@ def _split(elen, t, pred, k, diffs, i):
         return _split2(elen, t, pred, diffs, i)
     for s in range(12):
         if elen[t, s]:
-            for v in ((1 << s) - 1, -((1 << s) - 1), 1 << max(s - 1, 0)):
+            for v in ((1 << s) - 1, -((1 << s) - 1), (1 << s) >> 1):  # values of category s
                 diffs[i, 2] = v
                 if _split2(elen, t, pred - v, diffs, i):
                     return True
