@@ -162,6 +162,17 @@ def test_doctored_stream_skips_the_rows_above():
     assert new_top == 0 and len(stream) < 0.5 * rows
 
 
+def test_restart_jpegs_drop_columns_too():
+    ((name, jpeg, mcu_h),) = [c for c in CASES if c[0] == "chelsea-restart-rows-420"]
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    rows = len(jpeg_rows.doctor(jpeg, checkpoints, 5 * mcu_h + 3)[0])
+    window = (5 * mcu_h + 3, 140, 100, 60)
+    stream, new_top = jpeg_rows.doctor(jpeg, checkpoints, *window)
+    assert len(stream) < 0.5 * rows
+    expected = decode_and_crop_jpeg(jpeg, window)
+    np.testing.assert_array_equal(decode_and_crop_jpeg(bytes(stream), (new_top, *window[1:])), expected)
+
+
 def test_rows_below_the_window_top_are_unchanged_in_the_doctored_stream():
     # The whole doctored image from new row 2 * mcu_h on is the original's rows from r0 * mcu_h on: a
     # full decode, not only the cropped path, sees the same data.
@@ -264,12 +275,13 @@ def test_checkpoints_walk_each_row_to_the_encoders_restart_marker(subsampling):
     rocket = skimage.data.rocket()[:301, :417]
     for optimize in (False, True):
         jpeg = _pil(rocket, quality=75, subsampling=subsampling, optimize=optimize, restart_marker_rows=1)
-        checkpoints = jpeg_rows.row_checkpoints(jpeg)
+        mcu_h = 16 if subsampling == 2 else 8
+        row_starts = jpeg_rows.row_checkpoints(jpeg).reshape(-(-301 // mcu_h), -1, 5)[:, 0]
         positions = (
-            checkpoints[:, 0].astype(np.int64) & 0xFFFF | (checkpoints[:, 1].astype(np.int64) & 0xFFFF) << 16
+            row_starts[:, 0].astype(np.int64) & 0xFFFF | (row_starts[:, 1].astype(np.int64) & 0xFFFF) << 16
         )
         assert list(positions[1:]) == [8 * p for p in _restart_positions(jpeg)]
-        assert not checkpoints[1:, 2:].any()
+        assert not row_starts[1:, 2:].any()
 
 
 def test_corrupt_and_truncated_jpegs_give_none_or_the_same_result():

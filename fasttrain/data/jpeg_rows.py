@@ -47,11 +47,13 @@ as above; when the groups do not start at column 0, SOF's width is cut at the la
 MCUs left of the groups. The stream ends after the last kept row, with SOF's height cut there.
 Column mode also serves f = 0: no synthetic row on top, shift 0.
 
-With a restart after every MCU row (row mode only) the predictors restart at 0 and every row starts
-on a byte, right after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. The
+With a restart after every MCU row the predictors restart at 0 and every row starts on a byte, right
+after marker RST((r - 1) mod 8): row r's checkpoint is that byte, predictors 0. In row mode the
 doctored stream then holds k = (f - 1) mod 8 + 1 synthetic rows (blocks of DC + EOB, 1-padded, RST0,
-RST1, ... between them) and the original from the marker before row f on, shift = (f - k) * mcu_h,
-so that marker's number, (f - 1) mod 8, is the one libjpeg expects after k rows.
+RST1, ... between them) and the original from the marker before row f on, shift = (f - k) * mcu_h, so
+that marker's number, (f - 1) mod 8, is the one libjpeg expects after k rows. In column mode every
+new row is its own interval, written whole (synthetic runs, the groups, 1-padding, the new image's
+own RSTn; DRI set to the new row length).
 """
 
 from __future__ import annotations
@@ -77,8 +79,9 @@ __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
 
 
 @numba.njit(nogil=True, cache=True)
-def _header(data, out, hdr, keep, new_height, new_width):
-    """Write SOI and the kept segments with SOF's height and width set; the bytes written."""
+def _header(data, out, hdr, keep, new_height, new_width, new_interval):
+    """Write SOI and the kept segments with SOF's height and width and DRI's interval set; the bytes
+    written."""
     out[0], out[1] = 0xFF, 0xD8
     o = 2
     for s in range(hdr[7]):
@@ -87,6 +90,8 @@ def _header(data, out, hdr, keep, new_height, new_width):
         if a < hdr[2] < b:
             out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
             out[o + hdr[2] - a + 2], out[o + hdr[2] - a + 3] = new_width >> 8, new_width & 0xFF
+        if hdr[20] and a < hdr[21] < b:
+            out[o + hdr[21] - a], out[o + hdr[21] - a + 1] = new_interval >> 8, new_interval & 0xFF
         o += b - a
     return o
 
@@ -114,7 +119,7 @@ def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per
     if out.size < need:
         return -2 - need, 0
     shift = (first - k) * mcu_h
-    o = _header(data, out, hdr, keep, height - shift, hdr[1])
+    o = _header(data, out, hdr, keep, height - shift, hdr[1], hdr[20])
     for row in range(k):
         acc, nacc = np.int64(0), np.int64(0)
         for _ in range(mcus):
@@ -188,10 +193,8 @@ def _doctor(data, cp, top, left, h, w, out, group):
             per[j] = hdr[8 + 4 * j] * hdr[9 + 4 * j]
     else:
         mcus *= hdr[9]  # the synthetic row of a v > 1 gray scan holds v block rows (cols is then 1)
-    if hdr[20]:
-        if hdr[20] != mcus or first < 1:
-            return -1, 0
-        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
+    if hdr[20] and hdr[20] != mcus:
+        return -1, 0
     synthetic = 1 if first else 0  # a synthetic MCU row on top, unless the window's rows start at 0
     shift = (first - synthetic) * mcu_h
     mcu_w = 8 if ns == 1 else 8 * hmax
@@ -213,12 +216,16 @@ def _doctor(data, cp, top, left, h, w, out, group):
     dpred = np.zeros(3, np.int64)
     cur = np.zeros(3, np.int64)
     ws = scratch(hdr, elen)
+    if hdr[20] and g0 == 0 and g1 == cols:
+        if first < 1:
+            return -1, 0
+        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
     if g0 == 0 and g1 == cols:  # whole rows: one synthetic row, then the original to the end
         if first < 1:
             return -1, 0  # nothing to drop
         for j in range(ns):
             dpred[j] = cp[first * cols, 2 + j]
-        o = _header(data, out, hdr, keep, height - shift, width)
+        o = _header(data, out, hdr, keep, height - shift, width, 0)
         o, acc, nacc = run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True, ws)
         if o < 0:
             return -1, 0
@@ -230,7 +237,28 @@ def _doctor(data, cp, top, left, h, w, out, group):
     # but a row's first group needs a synthetic run before it, to bridge the predictors and bits.
     new_mcus = min(g1 * group, mcus) if g0 else mcus
     new_width = width if new_mcus == mcus else new_mcus * mcu_w
-    o = _header(data, out, hdr, keep, new_height, new_width)
+    o = _header(data, out, hdr, keep, new_height, new_width, new_mcus)
+    if hdr[20]:
+        return _columns_restart(
+            data,
+            cp,
+            out,
+            o,
+            hdr,
+            ecode,
+            elen,
+            per,
+            ws,
+            first,
+            last,
+            cols,
+            g0,
+            g1,
+            group,
+            new_mcus,
+            synthetic,
+            top - shift,
+        )
     acc, nacc = np.int64(0), np.int64(0)
     # Checkpoints out of order or outside the data (a damaged sidecar) must not steer the copies.
     low = start * 8
@@ -275,6 +303,73 @@ def _doctor(data, cp, top, left, h, w, out, group):
         o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
     out[o], out[o + 1] = 0xFF, 0xD9
     return o + 2, top - shift
+
+
+@numba.njit(nogil=True, cache=True)
+def _columns_restart(
+    data,
+    cp,
+    out,
+    o,
+    hdr,
+    ecode,
+    elen,
+    per,
+    ws,
+    first,
+    last,
+    cols,
+    g0,
+    g1,
+    group,
+    new_mcus,
+    synthetic,
+    new_top,
+):
+    """Column mode's entropy data for a JPEG with a restart after every MCU row (after the header at
+    out[:o]): each new row one interval, the synthetic row (any DC), then per kept row a synthetic run
+    to the first group's predictors, the groups, a synthetic rest (any DC), 1-padding and the next
+    RSTn of the new image's own count; the original's markers are not copied. (size, new_top)."""
+    rows = cp.shape[0] // cols
+    dpred = np.zeros(3, np.int64)
+    acc, nacc, interval = np.int64(0), np.int64(0), 0
+    for r in range(first - synthetic, last + 1):
+        if r >= first:
+            a = bitpos(cp, r * cols + g0)
+            for j in range(hdr[3]):
+                dpred[j] = cp[r * cols + g0, 2 + j]  # from 0: the predictors restarted
+            if g0:
+                o, acc, nacc = run(
+                    out, o, acc, nacc, hdr, ecode, elen, per, g0 * group, dpred, a & 7, True, ws
+                )
+                if o < 0:
+                    return -1, 0
+            elif a & 7 or dpred[0] or dpred[1] or dpred[2]:
+                return -1, 0
+            if g1 == cols and r == rows - 1:  # the image's last MCU: copy to the end (its EOI)
+                o, acc, nacc = splice(out, o, acc, nacc, data, a, data.size * 8)
+                return o, new_top
+            if g1 < cols:
+                b = bitpos(cp, r * cols + g1)
+            else:  # to the original's marker after the row (its padding bits included)
+                b = ((bitpos(cp, (r + 1) * cols) >> 3) - 2) * 8
+            if b <= a:
+                return -1, 0
+            o, acc, nacc = splice(out, o, acc, nacc, data, a, b)
+        rest = new_mcus if r < first else new_mcus - min(g1 * group, new_mcus)
+        if rest:
+            dpred[:] = 0
+            o, acc, nacc = run(out, o, acc, nacc, hdr, ecode, elen, per, rest, dpred, 0, False, ws)
+            if o < 0:
+                return -1, 0
+        if nacc:
+            o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
+        if r < last:
+            out[o], out[o + 1] = 0xFF, 0xD0 + interval % 8
+            o += 2
+            interval += 1
+    out[o], out[o + 1] = 0xFF, 0xD9
+    return o + 2, new_top
 
 
 @numba.njit(nogil=True, cache=True)

@@ -5,7 +5,7 @@ AC values are skipped, DC diffs summed) and records where MCU rows and groups of
 start, for fasttrain.data.jpeg_rows's doctored streams (its docstring gives the scope). The result,
 an int16 array (rows * cols, 5): line r * cols + c for MCU c * COLUMN_GROUP of MCU row r (mcu_h = 8 *
 max vertical sampling factor pixel rows; cols = ceil(MCUs per row / COLUMN_GROUP), or 1 with restart
-markers or for a 1-component scan whose MCU row is v > 1 block rows), see `layout`:
+for a 1-component scan whose MCU row is v > 1 block rows), see `layout`:
 
     p = uint16(c[i, 0]) | uint16(c[i, 1]) << 16   the MCU's first entropy-coded bit: byte p >> 3 of the
                                                  file (a data byte, never a stuffed 0x00), bit p & 7
@@ -35,8 +35,9 @@ HEADER_FIELDS = 32  # header summary fields, see parse_header
 def parse_header(data, hdr, keep, bits, vals):
     """Walk the markers up to the scan. Fills hdr (0 height, 1 width, 2 offset of SOF's height field,
     3 scan components, 4 hmax, 5 vmax, 6 entropy start, 7 kept segments, per scan component i at
-    8 + 4 i: h, v, DC table, AC table, 20 restart interval), keep (start, end) per kept segment,
-    bits / vals (tables by class * 4 + id, bits[t, 0] = 1 when defined). False when out of scope."""
+    8 + 4 i: h, v, DC table, AC table, 20 restart interval, 21 its offset), keep (start, end) per
+    kept segment, bits / vals (tables by class * 4 + id, bits[t, 0] = 1 when defined). False when out
+    of scope."""
     n = data.size
     if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
         return False
@@ -97,6 +98,7 @@ def parse_header(data, hdr, keep, bits, vals):
             if length != 4:
                 return False
             hdr[20] = (np.int64(data[seg]) << 8) | data[seg + 1]  # checked against the row length later
+            hdr[21] = seg
             kept = True
         elif (0xE1 <= m <= 0xEF) or m == 0xFE:
             kept = False
@@ -237,7 +239,7 @@ def layout(hdr, group):
     else:
         mcus = (width + 8 * hmax - 1) // (8 * hmax)
         block_rows, last_rows = 1, 1
-    cols = 1 if hdr[20] or block_rows > 1 else (mcus + group - 1) // group
+    cols = 1 if block_rows > 1 else (mcus + group - 1) // group
     return rows, mcus, cols, block_rows, last_rows
 
 
