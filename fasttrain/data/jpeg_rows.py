@@ -65,6 +65,7 @@ import numba
 import numpy as np
 
 from fasttrain.data import jpeg as _jpeg
+from fasttrain.data.jpeg_restart import columns_restart, doctor_restart
 from fasttrain.data.jpeg_scan import (
     COLUMN_GROUP,
     HEADER_FIELDS,
@@ -73,72 +74,9 @@ from fasttrain.data.jpeg_scan import (
     parse_header,
     row_checkpoints,
 )
-from fasttrain.data.jpeg_synth import bitpos, copy_bytes, put, run, scratch, splice
+from fasttrain.data.jpeg_synth import bitpos, put, run, scratch, splice, write_header
 
 __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
-
-
-@numba.njit(nogil=True, cache=True)
-def _header(data, out, hdr, keep, new_height, new_width, new_interval):
-    """Write SOI and the kept segments with SOF's height and width and DRI's interval set; the bytes
-    written."""
-    out[0], out[1] = 0xFF, 0xD8
-    o = 2
-    for s in range(hdr[7]):
-        a, b = keep[s, 0], keep[s, 1]
-        copy_bytes(out, o, data, a, b - a)
-        if a < hdr[2] < b:
-            out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
-            out[o + hdr[2] - a + 2], out[o + hdr[2] - a + 3] = new_width >> 8, new_width & 0xFF
-        if hdr[20] and a < hdr[21] < b:
-            out[o + hdr[21] - a], out[o + hdr[21] - a + 1] = new_interval >> 8, new_interval & 0xFF
-        o += b - a
-    return o
-
-
-@numba.njit(nogil=True, cache=True)
-def _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit):
-    """_doctor for a JPEG with a restart marker after every MCU row (module docstring)."""
-    height, ns, mcu_h = hdr[0], hdr[3], 8 * hdr[5]
-    marker = src - 2
-    if bit or data[marker] != 0xFF or data[marker + 1] != 0xD0 + (first - 1) % 8:
-        return -1, 0
-    k = (first - 1) % 8 + 1  # synthetic rows: the marker before row `first` must stay RST(k - 1 mod 8)
-    row_bits = 0
-    for j in range(ns):
-        dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
-        if elen[ac, 0] == 0:
-            return -1, 0
-        c = 0
-        while c < 12 and elen[dc, c] == 0:
-            c += 1
-        if c == 12:
-            return -1, 0
-        row_bits += mcus * per[j] * (elen[dc, c] + c + elen[ac, 0])
-    need = hdr[6] + k * (2 * (row_bits // 8) + 4) + data.size - marker
-    if out.size < need:
-        return -2 - need, 0
-    shift = (first - k) * mcu_h
-    o = _header(data, out, hdr, keep, height - shift, hdr[1], hdr[20])
-    for row in range(k):
-        acc, nacc = np.int64(0), np.int64(0)
-        for _ in range(mcus):
-            for j in range(ns):
-                dc, ac = hdr[10 + 4 * j], hdr[11 + 4 * j]
-                c = 0
-                while elen[dc, c] == 0:
-                    c += 1
-                for _ in range(per[j]):
-                    o, acc, nacc = put(out, o, acc, nacc, ecode[dc, c], elen[dc, c])
-                    o, acc, nacc = put(out, o, acc, nacc, (1 << c) - 1, c)  # any DC: it restarts
-                    o, acc, nacc = put(out, o, acc, nacc, ecode[ac, 0], elen[ac, 0])
-        if nacc:
-            o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
-        if row < k - 1:
-            out[o], out[o + 1] = 0xFF, 0xD0 + row % 8
-            o += 2
-    copy_bytes(out, o, data, marker, data.size - marker)
-    return o + data.size - marker, top - shift
 
 
 @numba.njit(nogil=True, cache=True)
@@ -219,13 +157,13 @@ def _doctor(data, cp, top, left, h, w, out, group):
     if hdr[20] and g0 == 0 and g1 == cols:
         if first < 1:
             return -1, 0
-        return _doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
+        return doctor_restart(data, cp, top, out, hdr, keep, ecode, elen, first, mcus, per, src, bit)
     if g0 == 0 and g1 == cols:  # whole rows: one synthetic row, then the original to the end
         if first < 1:
             return -1, 0  # nothing to drop
         for j in range(ns):
             dpred[j] = cp[first * cols, 2 + j]
-        o = _header(data, out, hdr, keep, height - shift, width, 0)
+        o = write_header(data, out, hdr, keep, height - shift, width, 0)
         o, acc, nacc = run(out, o, 0, 0, hdr, ecode, elen, per, mcus, dpred, bit, True, ws)
         if o < 0:
             return -1, 0
@@ -237,9 +175,9 @@ def _doctor(data, cp, top, left, h, w, out, group):
     # but a row's first group needs a synthetic run before it, to bridge the predictors and bits.
     new_mcus = min(g1 * group, mcus) if g0 else mcus
     new_width = width if new_mcus == mcus else new_mcus * mcu_w
-    o = _header(data, out, hdr, keep, new_height, new_width, new_mcus)
+    o = write_header(data, out, hdr, keep, new_height, new_width, new_mcus)
     if hdr[20]:
-        return _columns_restart(
+        return columns_restart(
             data,
             cp,
             out,
@@ -303,73 +241,6 @@ def _doctor(data, cp, top, left, h, w, out, group):
         o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
     out[o], out[o + 1] = 0xFF, 0xD9
     return o + 2, top - shift
-
-
-@numba.njit(nogil=True, cache=True)
-def _columns_restart(
-    data,
-    cp,
-    out,
-    o,
-    hdr,
-    ecode,
-    elen,
-    per,
-    ws,
-    first,
-    last,
-    cols,
-    g0,
-    g1,
-    group,
-    new_mcus,
-    synthetic,
-    new_top,
-):
-    """Column mode's entropy data for a JPEG with a restart after every MCU row (after the header at
-    out[:o]): each new row one interval, the synthetic row (any DC), then per kept row a synthetic run
-    to the first group's predictors, the groups, a synthetic rest (any DC), 1-padding and the next
-    RSTn of the new image's own count; the original's markers are not copied. (size, new_top)."""
-    rows = cp.shape[0] // cols
-    dpred = np.zeros(3, np.int64)
-    acc, nacc, interval = np.int64(0), np.int64(0), 0
-    for r in range(first - synthetic, last + 1):
-        if r >= first:
-            a = bitpos(cp, r * cols + g0)
-            for j in range(hdr[3]):
-                dpred[j] = cp[r * cols + g0, 2 + j]  # from 0: the predictors restarted
-            if g0:
-                o, acc, nacc = run(
-                    out, o, acc, nacc, hdr, ecode, elen, per, g0 * group, dpred, a & 7, True, ws
-                )
-                if o < 0:
-                    return -1, 0
-            elif a & 7 or dpred[0] or dpred[1] or dpred[2]:
-                return -1, 0
-            if g1 == cols and r == rows - 1:  # the image's last MCU: copy to the end (its EOI)
-                o, acc, nacc = splice(out, o, acc, nacc, data, a, data.size * 8)
-                return o, new_top
-            if g1 < cols:
-                b = bitpos(cp, r * cols + g1)
-            else:  # to the original's marker after the row (its padding bits included)
-                b = ((bitpos(cp, (r + 1) * cols) >> 3) - 2) * 8
-            if b <= a:
-                return -1, 0
-            o, acc, nacc = splice(out, o, acc, nacc, data, a, b)
-        rest = new_mcus if r < first else new_mcus - min(g1 * group, new_mcus)
-        if rest:
-            dpred[:] = 0
-            o, acc, nacc = run(out, o, acc, nacc, hdr, ecode, elen, per, rest, dpred, 0, False, ws)
-            if o < 0:
-                return -1, 0
-        if nacc:
-            o, acc, nacc = put(out, o, acc, nacc, (1 << (8 - nacc)) - 1, 8 - nacc)  # 1-bit padding
-        if r < last:
-            out[o], out[o + 1] = 0xFF, 0xD0 + interval % 8
-            o += 2
-            interval += 1
-    out[o], out[o + 1] = 0xFF, 0xD9
-    return o + 2, new_top
 
 
 @numba.njit(nogil=True, cache=True)

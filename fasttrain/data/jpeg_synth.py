@@ -4,7 +4,8 @@ A synthetic run (`run`) is m MCUs whose blocks are each a DC diff and EOB, with 
 to a given change of each component's predictor and (b) optionally a length that leaves a given
 number of bits (mod 8) pending, adjusted with up to 7 extra AC coefficients; `splice` appends the
 original's bits [begin, end) by copying whole bytes (stuffing and all). The bit writer (`put`) stuffs
-a 0x00 after every 0xFF byte it writes. jpeg_rows's docstring gives the equations.
+a 0x00 after every 0xFF byte it writes; `write_header` copies the kept header segments with SOF's
+size and DRI's interval set. jpeg_rows's docstring gives the equations.
 """
 
 from __future__ import annotations
@@ -266,3 +267,21 @@ def _extras(per, m, want, ws):
         nex += 1
         a = (a - res) % 8
     return nex
+
+
+@numba.njit(nogil=True, cache=True)
+def write_header(data, out, hdr, keep, new_height, new_width, new_interval):
+    """Write SOI and the kept segments with SOF's height and width and DRI's interval set; the bytes
+    written."""
+    out[0], out[1] = 0xFF, 0xD8
+    o = 2
+    for s in range(hdr[7]):
+        a, b = keep[s, 0], keep[s, 1]
+        copy_bytes(out, o, data, a, b - a)
+        if a < hdr[2] < b:
+            out[o + hdr[2] - a], out[o + hdr[2] - a + 1] = new_height >> 8, new_height & 0xFF
+            out[o + hdr[2] - a + 2], out[o + hdr[2] - a + 3] = new_width >> 8, new_width & 0xFF
+        if hdr[20] and a < hdr[21] < b:
+            out[o + hdr[21] - a], out[o + hdr[21] - a + 1] = new_interval >> 8, new_interval & 0xFF
+        o += b - a
+    return o
