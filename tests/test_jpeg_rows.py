@@ -211,6 +211,16 @@ def test_checkpoints_outside_the_data_or_out_of_order_are_refused():
             damaged = checkpoints.copy()
             damaged[line, :2] = position
             assert jpeg_rows.doctor(jpeg, damaged, *window) is None
+    # With restart markers (333 x 250, 4:2:0: 21 MCUs a row, 6 checkpoints; groups 1..2, rows 5..11).
+    ((_, jpeg, mcu_h),) = [c for c in CASES if c[0] == "chelsea-restart-rows-420"]
+    checkpoints = jpeg_rows.row_checkpoints(jpeg)
+    window = (5 * mcu_h + 3, 100, 100, 60)
+    assert jpeg_rows.doctor(jpeg, checkpoints, *window) is not None
+    for line in (5 * 6 + 1, 8 * 6 + 3, 11 * 6 + 3):
+        for position in ((0x7FFF, 0x7FFF), (0, 0), (-1, -1)):
+            damaged = checkpoints.copy()
+            damaged[line, :2] = position
+            assert jpeg_rows.doctor(jpeg, damaged, *window) is None
 
 
 def test_checkpoints_of_other_images_are_refused():

@@ -169,6 +169,18 @@ def _doctor(data, cp, top, left, h, w, out, group):
             return -1, 0
         o, acc, nacc = splice(out, o, acc, nacc, data, src * 8 + bit, data.size * 8)
         return o, top - shift
+    # Checkpoints out of order or outside the data (a damaged sidecar) must not steer the copies.
+    low = start * 8
+    for r in range(first, last + 1):
+        a = bitpos(cp, r * cols + g0)
+        b = (
+            data.size * 8
+            if g1 == cols and r == rows - 1
+            else bitpos(cp, r * cols + g1 if g1 < cols else (r + 1) * cols)
+        )
+        if not low <= a < b <= data.size * 8:
+            return -1, 0
+        low = b
     new_height = height - shift if last == rows - 1 else (kept + synthetic) * mcu_h
     # The image ends at the last real group's right edge (at or right of libjpeg's crop columns, the
     # window's right edge upsampled as an image edge either way), so no synthetic MCUs right of it;
@@ -198,18 +210,6 @@ def _doctor(data, cp, top, left, h, w, out, group):
             top - shift,
         )
     acc, nacc = np.int64(0), np.int64(0)
-    # Checkpoints out of order or outside the data (a damaged sidecar) must not steer the copies.
-    low = start * 8
-    for r in range(first, last + 1):
-        a = bitpos(cp, r * cols + g0)
-        b = (
-            data.size * 8
-            if g1 == cols and r == rows - 1
-            else bitpos(cp, r * cols + g1 if g1 < cols else (r + 1) * cols)
-        )
-        if not low <= a < b <= data.size * 8:
-            return -1, 0
-        low = b
     for r in range(first, last + 1):
         begin = r * cols + g0
         for j in range(ns):
