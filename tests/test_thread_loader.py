@@ -226,3 +226,33 @@ def test_the_hot_path_kernels_release_the_gil():
     ]
     if jpeg.CROP_DECODE:
         assert not jpeg._turbo.lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI
+
+
+@pytest.mark.parametrize("preprocess", ["resnet", "inception", "vgg"])
+def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, capsys, monkeypatch, preprocess):
+    """With the shards' JPEG row checkpoints built (python -m fasttrain.data.jpeg_rows), both loaders'
+    train batches equal those decoded without them (the reference: the same loader on the same shards
+    with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
+    from fasttrain.data import jpeg_rows
+    from fasttrain.data.row_index import ROW_INDEX_HINT, main
+
+    doctored, doctor = [], jpeg_rows.doctor
+
+    def counted(*args):
+        result = doctor(*args)
+        doctored.append(result is not None)
+        return result
+
+    monkeypatch.setattr(jpeg_rows, "doctor", counted)
+    data = tmp_path / "data"
+    shutil.copytree(synthetic, data)  # copytree keeps the mtimes the sidecars are checked against
+    reference = _epoch(ThreadLoader(_cfg(synthetic, preprocess=preprocess), "train", True), 1)
+    assert ROW_INDEX_HINT in capsys.readouterr().err  # no sidecars there: the hint, once
+    assert main([str(data), "--workers", "1"]) == 0
+    assert list(data.glob("train-*.rows"))
+    capsys.readouterr()
+    cfg = _cfg(data, preprocess=preprocess)
+    _same(_epoch(ThreadLoader(cfg, "train", True), 1), reference)
+    _same(_epoch(TorchLoader(cfg, "train", True), 1), reference)
+    assert ROW_INDEX_HINT not in capsys.readouterr().err
+    assert sum(doctored) > len(doctored) // 2  # most decodes did go through a doctored stream

@@ -324,8 +324,10 @@ TF_IMAGES = Path(__file__).parent / "data" / "tf-images"
 @pytest.mark.parametrize("name", sorted(p.name for p in TF_IMAGES.glob("*.jpg")))
 def test_full_window_decode_equals_the_whole_images_decode(name):
     """The Inception train path decodes only its crop; its pixels must be the whole decode's (which
-    tests/test_transforms_tf.py holds equal to TensorFlow's decode_jpeg), edges and every JPEG kind."""
-    from fasttrain.data.jpeg import decode_full_window_rows
+    tests/test_transforms_tf.py holds equal to TensorFlow's decode_jpeg), edges and every JPEG kind, with
+    and without the JPEG's row checkpoints."""
+    from fasttrain.data.jpeg_rows import decode_full_window_rows
+    from fasttrain.data.jpeg_scan import row_checkpoints
 
     jpeg = (TF_IMAGES / name).read_bytes()
     full = decode_jpeg(jpeg)
@@ -336,11 +338,11 @@ def test_full_window_decode_equals_the_whole_images_decode(name):
     for _ in range(40):
         h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
         windows.append((int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w))
-    for top, left, h, w in windows:
-        if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
-            continue  # a fixed window that does not fit a small image
-        rows, x = decode_full_window_rows(jpeg, (top, left, h, w), width)
-        got = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
-        np.testing.assert_array_equal(
-            got, full[top : top + h, left : left + w], err_msg=f"{name} {(top, left, h, w)}"
-        )
+    for checkpoints in (None, row_checkpoints(jpeg)):
+        for top, left, h, w in windows:
+            if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
+                continue  # a fixed window that does not fit a small image
+            rows, x = decode_full_window_rows(jpeg, checkpoints, (top, left, h, w), width)
+            got = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
+            want = full[top : top + h, left : left + w]
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {(top, left, h, w)}")

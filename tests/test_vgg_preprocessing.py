@@ -107,9 +107,9 @@ def test_only_the_rows_and_columns_the_window_reads_are_decoded(monkeypatch):
     decoded = []
     real = vgg.decode_window_rows
 
-    def spy(data, window, file="", offset=0):
+    def spy(data, checkpoints, window, file="", offset=0):
         decoded.append(window)
-        return real(data, window, file, offset)
+        return real(data, checkpoints, window, file, offset)
 
     monkeypatch.setattr(vgg, "decode_window_rows", spy)
     data = (IMAGES / "rocket_large.jpg").read_bytes()  # 901 x 1201: side 256 shrinks it 3.5x

@@ -97,23 +97,6 @@ def decode_window_rows(jpeg: bytes, window, file="", offset: int = 0) -> tuple[n
         raise undecodable(file, offset, e) from None
 
 
-def decode_full_window_rows(
-    jpeg: bytes, window, width: int, file="", offset: int = 0
-) -> tuple[np.ndarray, int]:
-    """(rows, x) as decode_window_rows, with decode_jpeg's pixels (the whole image's decode) in the window.
-
-    A cropped decode upsamples chroma at its region's left and right edges as at an image edge, so it
-    differs from the full decode in those columns of 4:2:x JPEGs. Here the region reaches one column past
-    the window on each side where the image has one, which puts those columns outside the window. Rows
-    need no margin: libjpeg-turbo decodes the rows around a cropped region, so the window's first and
-    last rows see their true chroma neighbours. The Inception seed decodes the whole image and then
-    slices its crop; this decodes only the crop (tests/test_transforms.py: equal to decode_jpeg's slice).
-    """
-    top, left, h, w = window
-    lo, hi = max(left - 1, 0), min(left + w + 1, width)
-    return decode_window_rows(jpeg, (top, lo, h, hi - lo), file, offset)
-
-
 def _cmyk_to_rgb(cmyk: np.ndarray) -> np.ndarray:
     k = cmyk[..., 3:4].astype(np.uint16)
     return (cmyk[..., :3].astype(np.uint16) * k // 255).astype(np.uint8)

@@ -58,7 +58,6 @@ own RSTn; DRI set to the new row length).
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import numba
@@ -278,27 +277,6 @@ def doctor(jpeg, checkpoints: np.ndarray, top: int, left: int = 0, h: int = -1, 
     return out[:size], new_top
 
 
-class _Stream:
-    """A doctored stream as TurboJPEG's ctypes calls take a JPEG (a char pointer and len()), without
-    copying the thread's buffer into a bytes object."""
-
-    def __init__(self, buffer: np.ndarray):
-        self.buffer = buffer
-        self._as_parameter_ = buffer.ctypes.data_as(ctypes.c_char_p)
-        self.size = 0
-
-    def __len__(self) -> int:
-        return self.size
-
-
-def _stream(doctored: np.ndarray) -> _Stream:
-    stream = getattr(_local, "stream", None)
-    if stream is None or stream.buffer is not _local.buffer:
-        stream = _local.stream = _Stream(_local.buffer)
-    stream.size = doctored.size
-    return stream
-
-
 def decode_and_crop(jpeg: bytes, checkpoints, window, file="", offset: int = 0) -> np.ndarray:
     """decode_and_crop_jpeg(jpeg, window)'s pixels, bit for bit, through a doctored stream when the
     checkpoints allow one (else, or if that decode fails, the usual path reports any problem)."""
@@ -306,7 +284,7 @@ def decode_and_crop(jpeg: bytes, checkpoints, window, file="", offset: int = 0) 
     doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, *window)
     if doctored is not None:
         try:
-            return _jpeg._turbo.decode_window(_stream(doctored[0]), doctored[1], left, h, w)
+            return _jpeg._turbo.decode_window(doctored[0], doctored[1], left, h, w)
         except ValueError:
             pass
     return _jpeg.decode_and_crop_jpeg(jpeg, window, file, offset)
@@ -319,10 +297,26 @@ def decode_window_rows(jpeg: bytes, checkpoints, window, file="", offset: int = 
     doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, *window)
     if doctored is not None:
         try:
-            return _jpeg._turbo.decode_rows(_stream(doctored[0]), doctored[1], left, h, w)
+            return _jpeg._turbo.decode_rows(doctored[0], doctored[1], left, h, w)
         except ValueError:
             pass
     return _jpeg.decode_window_rows(jpeg, window, file, offset)
+
+
+def decode_full_window_rows(jpeg: bytes, checkpoints, window, width: int, file="", offset: int = 0):
+    """(rows, x) as decode_window_rows (through the checkpoints when given), with decode_jpeg's pixels
+    (the whole image's decode) in the window.
+
+    A cropped decode upsamples chroma at its region's left and right edges as at an image edge, so it
+    differs from the full decode in those columns of 4:2:x JPEGs. Here the region reaches one column past
+    the window on each side where the image has one, which puts those columns outside the window. Rows
+    need no margin: libjpeg-turbo decodes the rows around a cropped region, so the window's first and
+    last rows see their true chroma neighbours. The Inception seed decodes the whole image and then
+    slices its crop; this decodes only the crop (tests/test_transforms.py: equal to decode_jpeg's slice).
+    """
+    top, left, h, w = window
+    lo, hi = max(left - 1, 0), min(left + w + 1, width)
+    return decode_window_rows(jpeg, checkpoints, (top, lo, h, hi - lo), file, offset)
 
 
 if __name__ == "__main__":  # python -m fasttrain.data.jpeg_rows DATA_DIR: build the shards' sidecars

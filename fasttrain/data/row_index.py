@@ -31,6 +31,7 @@ import os
 import struct
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -113,6 +114,46 @@ class RowIndex:
         if i == len(self._offsets) or self._offsets[i] != record_offset:
             return None
         return self.checkpoints_at(i)
+
+
+ROW_INDEX_HINT = (
+    "fasttrain: the shards have no JPEG row checkpoints; train decodes are exact without them but "
+    "cost about a quarter more CPU: python -m fasttrain.data.jpeg_rows DATA_DIR builds them once "
+    "(about 0.9 CPU ms and 2.8 kB per image)\n"
+)
+
+
+class RowIndexes:
+    """The row checkpoints of a loader's shards, by file id: each sidecar opened on first use, shared by
+    the loader's threads (read-only memory maps), and opened afresh in each worker process."""
+
+    def __init__(self, files, cache_dir=None):
+        self.files, self.cache_dir = list(files), cache_dir
+        self._open: dict[int, RowIndex | None] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self):  # a worker process opens its own maps
+        return {"files": self.files, "cache_dir": self.cache_dir}
+
+    def __setstate__(self, state):
+        self.__init__(state["files"], state["cache_dir"])
+
+    def any_built(self) -> bool:
+        """Whether the first shard has a current sidecar (they are built for a directory at once)."""
+        return not self.files or self._index(0) is not None
+
+    def _index(self, file_id: int) -> RowIndex | None:
+        try:
+            return self._open[file_id]
+        except KeyError:
+            with self._lock:
+                if file_id not in self._open:
+                    self._open[file_id] = RowIndex.open(self.files[file_id], self.cache_dir)
+                return self._open[file_id]
+
+    def checkpoints(self, file_id: int, record_offset: int) -> np.ndarray | None:
+        index = self._index(file_id)
+        return None if index is None else index.checkpoints(record_offset)
 
 
 def _jpeg_of(payload: bytes) -> bytes | None:

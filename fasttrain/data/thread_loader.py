@@ -92,6 +92,7 @@ class _Epoch:
     def __init__(self, loader: ThreadLoader, positions: np.ndarray, start: int):
         cfg = loader.cfg
         self.cfg, self.table, self.training, self.epoch = cfg, loader.table, loader.training, loader.epoch
+        self.row_indexes = loader.row_indexes
         self.positions, self.start, self.count, self.hold = positions, start, loader._len, loader.hold
         b, s = cfg.batch_size, cfg.image_size
         self.batch_size = b
@@ -166,7 +167,7 @@ class _Epoch:
             return j, i, batch, self.events[j % len(self.images)]
 
     def _work(self) -> None:
-        reader = SampleReader(self.table, self.cfg, self.epoch, self.training)
+        reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
         try:
             while (task := self._take()) is not None:
                 j, i, batch, event = task

@@ -34,6 +34,7 @@ from fasttrain.config import Config
 from fasttrain.data import DataError, EpochPosition, LabelRangeError
 from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
+from fasttrain.data.row_index import ROW_INDEX_HINT, RowIndexes
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer
@@ -55,8 +56,10 @@ class _BatchDataset(IterableDataset):
         cfg: Config,
         epoch: int,
         training: bool,
+        row_indexes=None,
     ):
         self.table, self.positions, self.start, self.count = table, positions, start, count
+        self.row_indexes = row_indexes
         self.cfg, self.epoch, self.training = cfg, epoch, training
         self.batch_size, self.image_size = cfg.batch_size, cfg.image_size
         self.skip_corrupt = cfg.skip_corrupt
@@ -64,7 +67,8 @@ class _BatchDataset(IterableDataset):
     def __iter__(self):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        self._reader = SampleReader(self.table, self.cfg, self.epoch, self.training)  # one per worker
+        # One per worker (row_indexes opens its sidecars afresh in each worker process).
+        self._reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
         try:
             for j in range(self.start + worker, self.count, workers):
                 try:
@@ -108,8 +112,9 @@ class _BatchDataset(IterableDataset):
 class SampleReader:
     """One worker's (process or thread) record reading and transforms: its own open shards and scratch."""
 
-    def __init__(self, table: RecordTable, cfg: Config, epoch: int, training: bool):
+    def __init__(self, table: RecordTable, cfg: Config, epoch: int, training: bool, row_indexes=None):
         self.table, self.epoch, self.training = table, epoch, training
+        self.row_indexes = row_indexes  # RowIndexes, or None: decode without checkpoints
         self.image_size, self.preprocess, self.color_distort = (
             cfg.image_size,
             cfg.preprocess,
@@ -147,6 +152,7 @@ class SampleReader:
         jpeg, label, boxes = self._decoder.decode(self._buffer, payload, path, offset)
         if self.training:
             rng = self._generator.seeded((self.seed, self.epoch, position))  # = default_rng([...])
+            rows = self.row_indexes
             train_transform(
                 jpeg,
                 boxes,
@@ -158,6 +164,7 @@ class SampleReader:
                 offset,
                 out=out,
                 scratch=self._scratch,
+                checkpoints=None if rows is None else rows.checkpoints(file_id, offset),
             )
         else:
             eval_transform(
@@ -215,6 +222,10 @@ class ShardLoader(EpochPosition):
         warm_up()
         _warm_up_reader()
         self.num_records = len(self.table)
+        # The train decodes read the shards' JPEG row checkpoints where they were built (opened lazily).
+        self.row_indexes = RowIndexes(self.table.files, cfg.data_cache_dir or None) if training else None
+        if self.row_indexes is not None and rank == 0 and not self.row_indexes.any_built():
+            sys.stderr.write(ROW_INDEX_HINT)
 
     def __len__(self) -> int:
         return self._len
@@ -242,7 +253,9 @@ class TorchLoader(ShardLoader):
         if (plan := self._epoch_plan()) is None:
             return
         positions, start = plan
-        dataset = _BatchDataset(self.table, positions, start, self._len, cfg, self.epoch, self.training)
+        dataset = _BatchDataset(
+            self.table, positions, start, self._len, cfg, self.epoch, self.training, self.row_indexes
+        )
         loader = DataLoader(
             dataset,
             batch_size=None,

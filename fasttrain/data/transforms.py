@@ -41,7 +41,8 @@ import numpy as np
 
 from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
-from fasttrain.data.jpeg import decode_full_window_rows, decode_jpeg, decode_window_rows, jpeg_size
+from fasttrain.data.jpeg import decode_jpeg, jpeg_size
+from fasttrain.data.jpeg_rows import decode_full_window_rows, decode_window_rows
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
 
@@ -277,10 +278,14 @@ def train_transform(
     offset: int = 0,
     out=None,
     scratch=None,
+    checkpoints=None,
 ) -> np.ndarray:
-    """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour."""
+    """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour.
+
+    checkpoints: the JPEG's row checkpoints (fasttrain.data.jpeg_rows), which make the decode of the
+    crop cheaper and leave its pixels as they are; None decodes without them."""
     if preprocess == "vgg":  # the ResNet seed's scale jitter + random crop (fasttrain.data.vgg)
-        return vgg.train_transform(jpeg, rng, image_size, file, offset, out, scratch)
+        return vgg.train_transform(jpeg, rng, image_size, file, offset, out, scratch, checkpoints)
     if preprocess == "resnet":  # decode_and_crop_jpeg: only the window is decoded
         # sample_train_params' draws without its TrainParams: the crop, then the flip (the colour it
         # would draw next for color_distort comes last and changes nothing in this image).
@@ -288,7 +293,7 @@ def train_transform(
         crop = sample_distorted_bounding_box(rng, height, width, boxes)
         flip = rng.random() < 0.5
         # Decoded into this thread's reused buffer (no allocation per image), read at once by the resize.
-        rows, x = decode_window_rows(jpeg, crop, file, offset)
+        rows, x = decode_window_rows(jpeg, checkpoints, crop, file, offset)
         left = crop[1] - x
         window = rows.reshape(rows.shape[0], -1, 3)[:, left : left + crop[3]]
         return _resnet_train(window, flip, image_size, out, scratch)
@@ -297,7 +302,7 @@ def train_transform(
     height, width = jpeg_size(jpeg, file, offset)
     params = sample_train_params(rng, height, width, boxes, preprocess, color_distort)
     top, left, h, w = params.crop
-    rows, x = decode_full_window_rows(jpeg, params.crop, width, file, offset)
+    rows, x = decode_full_window_rows(jpeg, checkpoints, params.crop, width, file, offset)
     window = TrainParams((0, left - x, h, w), params.flip, params.method, params.color)
     return apply_train(rows.reshape(h, -1, 3), window, image_size, preprocess, out, scratch)
 

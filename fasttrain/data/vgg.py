@@ -56,7 +56,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from fasttrain.data.jpeg import decode_window_rows, jpeg_size
+from fasttrain.data.jpeg import jpeg_size
+from fasttrain.data.jpeg_rows import decode_window_rows
 from fasttrain.data.resize import resize
 
 _F32 = np.float32
@@ -216,13 +217,23 @@ def _lerp_row(line, ia, ib, tx, conv, dst):
 _NO_FLOATS = np.empty((0, 0), np.float32)
 
 
-def _window(jpeg: bytes, size: tuple[int, int], params: VggParams, image_size: int, out, fout, file, offset):
+def _window(
+    jpeg: bytes,
+    size: tuple[int, int],
+    params: VggParams,
+    image_size: int,
+    out,
+    fout,
+    file,
+    offset,
+    checkpoints=None,
+):
     """The fast path: out (uint8) and, unless fout is _NO_FLOATS, fout (float32), both (S, S * 3), of
     the (height, width) = size JPEG."""
     height, width = size
     new_h, new_w = smallest_size_at_least(height, width, params.side)
     window = source_window(height, width, params, image_size)
-    rows, col = decode_window_rows(jpeg, window, file, offset)
+    rows, col = decode_window_rows(jpeg, checkpoints, window, file, offset)
     _window_bilinear(
         rows, window[0], col, height, width, new_h, new_w, params.top, params.left, params.flip, out, fout
     )
@@ -281,7 +292,14 @@ def _scratch(image_size: int, scratch) -> np.ndarray:
 
 
 def train_transform(
-    jpeg: bytes, rng: np.random.Generator, image_size: int, file="", offset: int = 0, out=None, scratch=None
+    jpeg: bytes,
+    rng: np.random.Generator,
+    image_size: int,
+    file="",
+    offset: int = 0,
+    out=None,
+    scratch=None,
+    checkpoints=None,
 ) -> np.ndarray:
     """(S, S, 3) uint8: the seed's training image (random side, crop and flip) before the means, written
     straight into `out` (no float image in between: `scratch` is accepted for the transforms' common
@@ -289,7 +307,10 @@ def train_transform(
     height, width = jpeg_size(jpeg, file, offset)
     params = sample_train_params(rng, height, width, image_size)
     out = _output(image_size, out)
-    _window(jpeg, (height, width), params, image_size, out.reshape(image_size, -1), _NO_FLOATS, file, offset)
+    shape = (height, width)
+    _window(
+        jpeg, shape, params, image_size, out.reshape(image_size, -1), _NO_FLOATS, file, offset, checkpoints
+    )
     return out
 
 
