@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import select
 import statistics
 import subprocess
@@ -54,7 +55,14 @@ from bench.common import ROOT, environment
 from bench.photo_shards import cached_photo_shards
 
 SETTINGS = {"resnet224": ("resnet", 224), "inception299+colour": ("inception", 299), "vgg224": ("vgg", 224)}
-ROWS = ("fasttrain-torch", "fasttrain-dali", "tf-data", "plain-pytorch", "fasttrain-threads")
+ROWS = (
+    "fasttrain-torch",
+    "fasttrain-dali",
+    "tf-data",
+    "plain-pytorch",
+    "fasttrain-threads",
+    "fasttrain-threads-nocp",
+)
 REFERENCE = "tf-data"
 REPLY_TIMEOUT = 900.0  # seconds; a window is sized to --seconds, warm-up may fill a 16k-record buffer
 
@@ -207,6 +215,30 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
     return dict(setting=setting, rows=out)
 
 
+def ensure_row_checkpoints(data_dir: str) -> dict:
+    """Build the shards' JPEG row checkpoints (python -m fasttrain.data.jpeg_rows) unless they are there:
+    the fasttrain-torch and fasttrain-threads rows read them (fasttrain-threads-nocp does not). Returns
+    what the build cost (CPU seconds of the command's process tree, wall seconds) and the sidecars' size."""
+    from fasttrain.data.imagenet import find_shards
+    from fasttrain.data.row_index import RowIndex, main, sidecar_candidates
+
+    shards = find_shards(data_dir, "train")
+    built = all(RowIndex.open(s) is not None for s in shards)
+    info: dict = dict(already_built=built)
+    if not built:
+        cpu0, wall0 = _cpu_with_children(), time.perf_counter()
+        main([data_dir, "--workers", "2"])
+        info.update(build_cpu_seconds=_cpu_with_children() - cpu0, build_seconds=time.perf_counter() - wall0)
+    sizes = [c.stat().st_size for s in shards for c in sidecar_candidates(s) if c.is_file()]
+    info.update(sidecar_bytes=sum(sizes))
+    return info
+
+
+def _cpu_with_children() -> float:
+    self_, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_.ru_utime + self_.ru_stime + children.ru_utime + children.ru_stime
+
+
 def write_markdown(results: dict, path: Path) -> None:
     env, data = results["environment"], results["data"]
     lines = [
@@ -223,6 +255,7 @@ def write_markdown(results: dict, path: Path) -> None:
             ["SMOKE RUN: one-batch windows that prefetched batches fill; the numbers measure nothing.", ""]
             * results["smoke"]
         ),
+        *_row_checkpoint_lines(results.get("row_checkpoints"), data),
         "| setting | row | images/s median (min-max) | per core | vs tf.data | CPU ms/image | images per "
         "CPU-s vs tf.data | batch | load before/after |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -245,6 +278,25 @@ def write_markdown(results: dict, path: Path) -> None:
                 f"| {cpu_ratio} | {batch} | {load} |"
             )
     path.write_text("\n".join(lines) + "\n")
+
+
+def _row_checkpoint_lines(info: dict | None, data: dict) -> list[str]:
+    if not info:
+        return []
+    records = data.get("records") or 0
+    per = f", {info['sidecar_bytes'] / records:.0f} bytes per record" if records else ""
+    if info["already_built"]:
+        cost = "built before this run"
+    else:
+        cost = f"built in this run: {info['build_cpu_seconds']:.1f} CPU s, {info['build_seconds']:.1f} s wall"
+        if records:
+            cost += f" ({info['build_cpu_seconds'] / records * 1e3:.2f} CPU ms per record)"
+    return [
+        f"JPEG row checkpoints (python -m fasttrain.data.jpeg_rows; read by fasttrain-torch and "
+        f"fasttrain-threads, not by fasttrain-threads-nocp): {cost}; "
+        f"{info['sidecar_bytes'] / 1e6:.1f} MB{per}.",
+        "",
+    ]
 
 
 def parse_args(argv):
@@ -306,6 +358,8 @@ def main(argv=None) -> None:
         smoke=args.smoke,
         settings=[],
     )
+    if any(r in ("fasttrain-torch", "fasttrain-threads") for r in args.rows):
+        results["row_checkpoints"] = ensure_row_checkpoints(data_dir)
     for setting in args.settings:
         before = os.getloadavg()
         res = measure_setting(setting, args, data_dir, tf_python, out / "logs")

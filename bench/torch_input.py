@@ -46,15 +46,18 @@ from fasttrain.data import build_loader
 from fasttrain.data.imagenet import list_shards
 from fasttrain.train import batch_stream
 
-ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch", "fasttrain-threads")
+ROWS = ("fasttrain-torch", "fasttrain-dali", "plain-pytorch", "fasttrain-threads", "fasttrain-threads-nocp")
 LOADER_OF = {"torch": "processes", "threads": "threads"}  # the row name's suffix -> Config.loader
+# fasttrain-threads-nocp: the thread loader ignoring the shards' JPEG row checkpoints (row_checkpoints=False)
 MODEL_OF = {"resnet": "resnet50", "inception": "inception_v3", "vgg": "resnet50_v2"}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 SHUFFLE_QUEUE = 256  # records per worker and shard; tfrecord warns when a shard part holds fewer
 
 
-def fasttrain_batches(backend: str, data_dir: str, setting: str, size: int, batch: int, workers: int):
+def fasttrain_batches(
+    backend: str, data_dir: str, setting: str, size: int, batch: int, workers: int, plain: bool = False
+):
     cpu = torch.device("cpu")
     torch_loader = LOADER_OF.get(backend)  # None for dali
     kind = "torch" if torch_loader else backend
@@ -63,7 +66,7 @@ def fasttrain_batches(backend: str, data_dir: str, setting: str, size: int, batc
     if setting == "vgg":  # the ResNet seed's preprocessing (a recipe may already choose it)
         cfg = dataclasses.replace(cfg, preprocess="vgg")
     if torch_loader:
-        cfg = dataclasses.replace(cfg, loader=torch_loader)
+        cfg = dataclasses.replace(cfg, loader=torch_loader, row_checkpoints=not plain)
     loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=cpu)
     expected = (torch.float32 if backend == "dali" else torch.uint8, (batch, size, size, 3))
     for [(images, _labels)] in batch_stream(loader, 1):
@@ -195,7 +198,7 @@ def main() -> None:
     if args.row == "plain-pytorch":
         make = lambda: plain_batches(*a)  # noqa: E731
     else:
-        make = lambda: fasttrain_batches(args.row.split("-")[1], *a)  # noqa: E731
+        make = lambda: fasttrain_batches(args.row.split("-")[1], *a, plain=args.row.endswith("-nocp"))  # noqa: E731
     serve(make, lambda b: dict(shape=list(b.shape), dtype=str(b.dtype).replace("torch.", "")))
 
 

@@ -86,6 +86,9 @@ class Config:
     """Input pipeline: auto (DALI if it imports, else torch), dali, torch, or synthetic."""
     data_cache_dir: str = ""
     """Cache for the demo data set and for index files of read-only data directories."""
+    row_checkpoints: bool = True
+    """Torch backend: decode training crops through the shards' JPEG row checkpoints where
+    `python -m fasttrain.data.jpeg_rows DATA_DIR` built them (the same pixels, less decode CPU)."""
     num_workers: int = 4
     """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
     threads."""

@@ -223,7 +223,9 @@ class ShardLoader(EpochPosition):
         _warm_up_reader()
         self.num_records = len(self.table)
         # The train decodes read the shards' JPEG row checkpoints where they were built (opened lazily).
-        self.row_indexes = RowIndexes(self.table.files, cfg.data_cache_dir or None) if training else None
+        self.row_indexes = None
+        if training and cfg.row_checkpoints:
+            self.row_indexes = RowIndexes(self.table.files, cfg.data_cache_dir or None)
         if self.row_indexes is not None and rank == 0 and not self.row_indexes.any_built():
             sys.stderr.write(ROW_INDEX_HINT)
 
