@@ -117,6 +117,8 @@ def train(cfg: Config) -> dict:
         resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]
     for line in resume_lines:
         log(line)
+    for line in getattr(train_loader, "notes", ()):  # e.g. the torch loader's hint on row checkpoints
+        log(line)
 
     curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
     step_fn = run.step

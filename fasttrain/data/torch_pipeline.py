@@ -226,8 +226,8 @@ class ShardLoader(EpochPosition):
         self.row_indexes = None
         if training and cfg.row_checkpoints:
             self.row_indexes = RowIndexes(self.table.files, cfg.data_cache_dir or None)
-        if self.row_indexes is not None and rank == 0 and not self.row_indexes.any_built():
-            sys.stderr.write(ROW_INDEX_HINT)
+        # What the trainer prints with its start-up lines (fasttrain.train).
+        self.notes = [] if self.row_indexes is None or self.row_indexes.any_built() else [ROW_INDEX_HINT]
 
     def __len__(self) -> int:
         return self._len
