@@ -58,7 +58,7 @@ import numpy as np
 
 from fasttrain.data.jpeg import jpeg_size
 from fasttrain.data.jpeg_rows import decode_window_rows
-from fasttrain.data.resize import resize
+from fasttrain.data.resize import _lerp_row, resize  # TF's horizontal lerp of one source row
 
 _F32 = np.float32
 _CHROMA_MARGIN = 1  # columns decoded beyond the window on each side: the fewest that are exact
@@ -175,10 +175,10 @@ def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, o
                 upper, lower = lower, upper
                 upper_row, lower_row = lower_row, upper_row
             else:
-                _lerp_row(src[y0 - r0, first : first + count], ia, ib, tx, conv, upper)
+                _lerp_row(src[y0 - r0, first : first + count], _IN_SCALE, ia, ib, tx, conv, upper)
                 upper_row = y0
         if y1 != lower_row:
-            _lerp_row(src[y1 - r0, first : first + count], ia, ib, tx, conv, lower)
+            _lerp_row(src[y1 - r0, first : first + count], _IN_SCALE, ia, ib, tx, conv, lower)
             lower_row = y1
         dst = out[y]
         if keep:
@@ -194,24 +194,6 @@ def _window_bilinear(src, r0, c0, in_h, in_w, full_h, full_w, top, left, flip, o
 def _round(v):
     """round(v * 255) clamped to [0, 255] as uint8 (the bilinear result of [0, 1] values stays in it)."""
     return np.uint8(min(np.int32(min(max(v * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))), 255))
-
-
-@numba.njit(nogil=True, cache=True)
-def _lerp_row(line, ia, ib, tx, conv, dst):
-    """dst[3x + c] = the horizontal lerp of output pixel x, channel c, from the source row `line`
-    (uint8, 3 values per pixel from column lo on), converted to float32 once first (a contiguous loop
-    the compiler vectorises)."""
-    for j in range(conv.shape[0]):
-        conv[j] = _F32(line[j]) * _IN_SCALE
-    k = np.uint32(0)
-    one, two = np.uint32(1), np.uint32(2)
-    for x in range(ia.shape[0]):
-        a, b, t = ia[x], ib[x], tx[x]
-        left0, left1, left2 = conv[a], conv[a + one], conv[a + two]
-        dst[k] = left0 + (conv[b] - left0) * t
-        dst[k + one] = left1 + (conv[b + one] - left1) * t
-        dst[k + two] = left2 + (conv[b + two] - left2) * t
-        k += np.uint32(3)
 
 
 _NO_FLOATS = np.empty((0, 0), np.float32)
