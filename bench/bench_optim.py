@@ -5,7 +5,8 @@
 
 One call = one update of every parameter plus the weight EMA (decay 0.9999 with TF's warm-up), with
 the same L2 weight decay for every contender (RMSProp 4e-5, momentum 1e-4), on the parameter set of
-ResNet-50 v1.5 (25,557,032 parameters, 161 tensors) or ResNet-101 (44,549,160, 314), shapes taken
+ResNet-50 v1.5 (25,557,032 parameters, 161 tensors), ResNet-101 (44,549,160, 314) or Inception v3
+(27,161,264, 292; 1000 classes; not in the smoke run, it has no width knob), shapes taken
 from fasttrain.models built on the meta device (nothing runs). Full size on every device: on the CPU
 the update is memory-bound only once the buffers outgrow the caches (100-180 MB each), which a
 shrunken model hides. FASTTRAIN_BENCH_SMOKE=1 builds them at base width 4 (about 0.1M parameters)
@@ -55,8 +56,9 @@ from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SMOKE = os.environ.get("FASTTRAIN_BENCH_SMOKE") == "1"
 BASE_CHANNELS = 4 if SMOKE else 64
-MODELS = ("resnet50", "resnet101")
-FULL_COUNTS = {"resnet50": 25_557_032, "resnet101": 44_549_160}
+# Inception v3 (the RMSProp seed's network) has no width knob: full size only, so not in the smoke run.
+MODELS = ("resnet50", "resnet101") + (() if SMOKE else ("inception_v3",))
+FULL_COUNTS = {"resnet50": 25_557_032, "resnet101": 44_549_160, "inception_v3": 27_161_264}
 CALLS = 10 if DEVICE.type == "cuda" else 1  # updates per timed call (a CPU update takes 10-1000 ms)
 ROUNDS, WARMUP_ROUNDS = (1, 0) if SMOKE else (20, 3) if DEVICE.type == "cuda" else (5, 1)
 COPY_BYTES = 2**24 if SMOKE else 2**30 if DEVICE.type == "cuda" else 2**28
@@ -80,7 +82,8 @@ class Unavailable(Exception):
 def parameter_shapes(model: str) -> list[tuple[torch.Size, bool]]:
     """(shape, is a conv weight) of every parameter of `model`, built on the meta device."""
     with torch.device("meta"):
-        net = create_model(model, num_classes=1000, base_channels=BASE_CHANNELS)
+        width = 64 if model == "inception_v3" else BASE_CHANNELS
+        net = create_model(model, num_classes=1000, base_channels=width)
     shapes = [(p.shape, p.dim() == 4) for p in net.parameters()]
     if not SMOKE:
         assert sum(s.numel() for s, _ in shapes) == FULL_COUNTS[model]

@@ -308,7 +308,7 @@ class Suite:
         ]  # fmt: skip
         run = run_limited(cmd, limit, log_path)
         if result_path.exists():
-            result = json.loads(result_path.read_text())
+            result = json.loads(result_path.read_text().splitlines()[-1])  # JSON lines: one row
             result_path.unlink()
             return result
         status = "timed out" if run["timed_out"] else "failed"
@@ -356,12 +356,14 @@ def default_out_dir(env: dict) -> Path:
     return default_cache_dir() / "bench" / f"{env['date'][:10]}-{name}"
 
 
-def run_limited(cmd: list[str], limit: float, log_path: Path) -> dict:
+def run_limited(cmd: list[str], limit: float, log_path: Path, env: dict | None = None) -> dict:
     """Run cmd (in its own process group) with output to log_path; kill the group after `limit` s."""
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         # cwd at the root: `python -m bench.throughput` and `-m pytest` import this checkout.
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
         try:
             returncode, timed_out = proc.wait(timeout=limit), False
         except subprocess.TimeoutExpired:

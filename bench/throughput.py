@@ -29,7 +29,9 @@ over repeated calls on the model's gradients; the effective bandwidth counts the
 a one-pass update, 4 bytes x (3 + 2 x states + 2 x ema) per parameter: w and g read, w written, every
 state and the EMA read and written. RMSProp+EMA: 36 B/param, Momentum+EMA: 28 B/param.
 
-    python -m bench.throughput --spec JSON --opts JSON --result FILE   (one row; bench.run's subprocess)
+    python -m bench.throughput --spec JSON [--rows a,e,b] --opts JSON --result FILE
+        (rows of one configuration in a process of their own, one JSON line each appended to FILE;
+        bench.run's and bench.gpu_run's subprocess)
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class RowSpec:
     data_dir: str = ""
     num_workers: int = 8
     compile_mode: str = "max-autotune"
+    precision: str = ""
+    """fp32, fp16 or bf16 for rows a, b, d and e ("": the policy's for the device); (c) is fp32."""
 
 
 @dataclass
@@ -129,6 +133,7 @@ def config_for(spec: RowSpec, device: torch.device):
         num_workers=spec.num_workers,
         device=device.type,
         max_steps=1,
+        precision=spec.precision or "auto",
     )
 
 
@@ -343,21 +348,28 @@ def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    """One row in this process (bench.run uses it for (d), whose compilation can hang or blow up)."""
+    """Rows in this process (bench.run uses it for (d), whose compilation can hang or blow up;
+    bench.gpu_run for each configuration's rows)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="RowSpec as JSON")
+    parser.add_argument("--rows", default="", help="comma-separated rows to measure in turn (default spec's)")
     parser.add_argument("--opts", default="{}", help="MeasureOptions as JSON")
-    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    parser.add_argument("--result", required=True, help="JSON lines file: one result appended per row")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     spec = RowSpec(**json.loads(args.spec))
-    result = measure_row(spec, torch.device(args.device), MeasureOptions(**json.loads(args.opts)))
-    with open(args.result, "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=1)
-    return 0 if result["status"] == "ok" else 1
+    opts = MeasureOptions(**json.loads(args.opts))
+    failed = 0
+    for row in [r.strip() for r in args.rows.split(",") if r.strip()] or [spec.row]:
+        result = measure_row(dataclasses.replace(spec, row=row), torch.device(args.device), opts)
+        # Appended as each row ends, so that a process killed at its time limit keeps what it measured.
+        with open(args.result, "a", encoding="utf-8") as f:
+            f.write(json.dumps(result) + "\n")
+        failed += result["status"] != "ok"
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

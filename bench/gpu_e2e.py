@@ -1,0 +1,130 @@
+"""The trainer end to end on JPEG TFRecord shards, against the same trainer on synthetic data.
+
+    python -m bench.gpu_e2e --data_dir SHARDS --work DIR --out e2e.json [--dry-run] [--limit S]
+
+Two runs of the CLI, `python -m fasttrain --recipe resnet50_v1.5` (ResNet-50 v1.5, bf16 by the GPU
+policy, batch 256, the whole-step CUDA graph), alike but for the input: `--data_backend torch` (the
+thread loader: --workers threads decoding into pinned batch buffers, the shards' row checkpoints)
+and `--data_backend synthetic` (one batch made on the device). Each prints the seeds' line every
+--log_every steps with its examples/sec over those steps; the rate is the median of those lines after
+the first two (start-up, capture, the loader filling up). At each line this reads the trainer's CPU
+time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
+image = CPU time / images between the third line and the last. Cores one GPU would need for its input =
+(jpeg CPU s/image - synthetic CPU s/image) x the synthetic rate: the CPU the loader adds per image at
+the rate the GPU trains without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+LINE = re.compile(r"step (\d+), loss = \S+ \(([\d.]+) examples/sec")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def train(argv: list[str], log_path: Path, limit: float, batch: int) -> dict:
+    """One trainer run; its lines, rates and CPU time per line."""
+    cmd = [sys.executable, "-m", "fasttrain", *argv]
+    lines = []
+    start = time.monotonic()
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(" ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        timed_out = False
+        for text in proc.stdout:
+            log.write(text)
+            match = LINE.search(text)
+            if match:
+                lines.append(
+                    dict(
+                        step=int(match.group(1)),
+                        examples_per_sec=float(match.group(2)),
+                        cpu_s=_cpu_seconds(proc.pid),
+                        wall_s=time.monotonic() - start,
+                    )
+                )
+            if time.monotonic() - start > limit:
+                proc.kill()
+                timed_out = True
+                break
+        returncode = proc.wait()
+    result = dict(command=" ".join(cmd), returncode=returncode, timed_out=timed_out, lines=lines)
+    steady = lines[2:]
+    if len(steady) >= 2:
+        result["images_per_s"] = statistics.median(x["examples_per_sec"] for x in steady)
+        first, last = steady[0], steady[-1]
+        images = (last["step"] - first["step"]) * batch
+        if first["cpu_s"] is not None and last["cpu_s"] is not None and images > 0:
+            result["cpu_ms_per_image"] = (last["cpu_s"] - first["cpu_s"]) / images * 1e3
+            result["cpu_cores_busy"] = (last["cpu_s"] - first["cpu_s"]) / (last["wall_s"] - first["wall_s"])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data_dir", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=0, help="loader threads (default: CPUs - 2)")
+    p.add_argument("--limit", type=float, default=120.0, help="seconds for both runs")
+    p.add_argument("--dry-run", action="store_true", help="tiny: ResNet-18 at 32 px, batch 8, on the CPU")
+    args = p.parse_args(argv)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    workers = args.workers or (2 if args.dry_run else max(1, (os.cpu_count() or 4) - 2))
+    if args.dry_run:
+        batch, steps, every = 8, 12, 2
+        size = ["--model", "resnet18", "--image_size", "32", "--base_channels", "8", "--device", "cpu"]
+    else:
+        batch, steps, every = 256, 160, 10
+        size = []
+    common = [
+        "--recipe", "resnet50_v1.5", "--batch_size", str(batch), "--max_steps", str(steps),
+        "--log_every", str(every), "--no-eval_at_end", "--eval_every_epochs", "0", "--no-tensorboard",
+        "--checkpoint_every", "100000", "--num_workers", str(workers), *size,
+    ]  # fmt: skip
+    deadline = time.monotonic() + args.limit
+    result = dict(batch=batch, steps=steps, log_every=every, workers=workers, cpu_count=os.cpu_count())
+    for name, extra in (
+        ("synthetic", ["--data_backend", "synthetic"]),
+        ("jpeg", ["--data_backend", "torch", "--data_dir", args.data_dir]),
+    ):
+        left = deadline - time.monotonic()
+        if left < 10:
+            result[name] = dict(status="not run", reason="time limit")
+            continue
+        argv_run = [*common, "--train_dir", str(work / name), *extra]
+        result[name] = train(argv_run, work / f"{name}.log", left / (2 if name == "synthetic" else 1), batch)
+        with open(args.out, "w", encoding="utf-8") as f:  # after each run: a kill keeps the first
+            json.dump(result, f, indent=1)
+    syn, jpg = result.get("synthetic", {}), result.get("jpeg", {})
+    if "images_per_s" in syn and "images_per_s" in jpg:
+        result["jpeg_over_synthetic"] = jpg["images_per_s"] / syn["images_per_s"]
+        if "cpu_ms_per_image" in jpg and "cpu_ms_per_image" in syn:
+            input_ms = jpg["cpu_ms_per_image"] - syn["cpu_ms_per_image"]
+            result["input_cpu_ms_per_image"] = input_ms
+            result["cores_for_synthetic_rate"] = input_ms / 1e3 * syn["images_per_s"]
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+    ok = all(result.get(n, {}).get("returncode") == 0 for n in ("synthetic", "jpeg"))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("synthetic", "jpeg")}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,190 @@
+"""summary.md of a bench.gpu_run results.json: steps, step speed side by side, optimizer, e2e, checks.
+
+    python -m bench.gpu_report RESULTS_JSON [RESULTS_JSON ...] > summary.md
+
+Several files (parts of the same GPU run made at different chances) are merged: rows, steps and
+warm compiles of later files are added to the first's; the environment is the first's. Step-speed
+columns: (a) fasttrain as its CLI runs it (whole-step CUDA graph), (e) --no-cuda_graph, (b) eager
+PyTorch (channels_last, autocast, torch.optim foreach + foreach EMA), (d) torch.compile of (b)'s
+model and optimizer step, default mode, (d-max) mode max-autotune-no-cudagraphs. A cell is the median
+images/s of the timed windows (min-max) and the peak memory; compile times are reported apart.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+COLUMN_TITLES = {
+    "a": "(a) fasttrain, graph",
+    "e": "(e) fasttrain, --no-cuda_graph",
+    "b": "(b) eager PyTorch",
+    "d": "(d) torch.compile default",
+    "d-max": "(d-max) compile max-autotune-no-cudagraphs",
+}
+
+
+def column_of(row: dict) -> str:
+    spec = row["spec"]
+    if spec["row"] != "d":
+        return spec["row"]
+    return "d" if spec.get("compile_mode") == "default" else "d-max"
+
+
+def setting_key(spec: dict) -> str:
+    return f"{spec['model']}-{spec.get('precision') or 'policy'}-{spec['batch']}"
+
+
+def _rate(row: dict | None) -> float | None:
+    if not row or row.get("status") != "ok":
+        return None
+    return row["images_per_s"]["median"]
+
+
+def _cell(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    if row.get("status") != "ok":
+        return f"{row.get('status')}: {row.get('error', '')[:80]}"
+    ips = row["images_per_s"]
+    mem = row.get("peak_memory_gib")
+    mem_text = f", {mem:.1f} GiB" if mem is not None else ""
+    return f"{ips['median']:,.0f} ({ips['min']:,.0f}-{ips['max']:,.0f}){mem_text}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def speed_table(results: dict) -> list[str]:
+    by_setting: dict[str, dict[str, dict]] = {}
+    for row in results.get("rows", []):
+        by_setting.setdefault(setting_key(row["spec"]), {})[column_of(row)] = row
+    columns = [c for c in COLUMN_TITLES if any(c in cols for cols in by_setting.values())]
+    if not columns:
+        return ["No step-speed row ran."]
+    head = ["setting", *(COLUMN_TITLES[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
+        cols = by_setting.pop(key, None)
+        if cols is None:
+            continue
+        a = _rate(cols.get("a"))
+        ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
+        out.append("| " + " | ".join([key, *(_cell(cols.get(c)) for c in columns), *ratios]) + " |")
+    out += [
+        "",
+        "Compile time (reported apart, never in a rate): cold in the untimed lane; warm = the timed "
+        "row's build + compile from inductor's caches + warm-up.",
+    ]
+    for name, warm in sorted(results.get("compile_warm", {}).items()):
+        cold = warm.get("compile_seconds")
+        out.append(f"- {name}: {warm['status']}" + (f", cold {cold:.0f} s" if cold else ""))
+    for row in results.get("rows", []):
+        if row["spec"]["row"] == "d" and row.get("status") == "ok":
+            out.append(f"- {setting_key(row['spec'])} {column_of(row)}: warm {row['warmup_seconds']:.0f} s")
+    opt = [r for r in results.get("rows", []) if r.get("optimizer") and r["spec"]["row"] == "a"]
+    if opt:
+        each = [
+            f"{setting_key(r['spec'])} {r['optimizer']['ms']:.2f} ms, "
+            f"{r['optimizer']['effective_gb_per_s']:.0f} GB/s"
+            for r in opt
+        ]
+        out += ["", "The optimizer + EMA update alone, in (a): " + "; ".join(each)]
+    return out
+
+
+def kernel_table(results: dict) -> list[str]:
+    bench = results.get("bench_optim") or {}
+    out = []
+    for b in bench.get("benchmarks", []):
+        info = b.get("extra_info", {})
+        if "interleaved" not in info:
+            continue
+        out.append(
+            f"**{info['optimizer']} + EMA, {info['model']}** ({info['num_params'] / 1e6:.1f}M parameters, "
+            f"{info['bytes_per_param']} B/param; copy {info['copy_gb_per_s']:,.0f} GB/s in the same rounds):"
+        )
+        out += [
+            "",
+            "| contender | ms/update | GB/s | of copy | vs torch foreach |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, row in info["interleaved"].items():
+            vs = row["speedup_vs_torch_foreach"]
+            out.append(
+                f"| {name} | {row['ms_per_update']:.3f} | {row['effective_gb_per_s']:,.0f} | "
+                f"{row['fraction_of_copy']:.2f} | {'-' if vs is None else f'{vs:.2f}x'} |"
+            )
+        out += [f"Not run: {name}: {why}" for name, why in info.get("not_run", {}).items()] + [""]
+    return out or ["No optimizer kernel result."]
+
+
+def e2e_lines(results: dict) -> list[str]:
+    e2e = results.get("e2e")
+    if not e2e:
+        return ["Not run."]
+    out = [
+        f"Batch {e2e['batch']}, {e2e['steps']} steps, {e2e['workers']} loader threads "
+        f"on {e2e['cpu_count']} CPUs."
+    ]
+    for name in ("synthetic", "jpeg"):
+        run = e2e.get(name, {})
+        if "images_per_s" in run:
+            cpu = run.get("cpu_ms_per_image")
+            out.append(
+                f"- {name}: {run['images_per_s']:,.0f} images/s"
+                + (f", {cpu:.3f} CPU ms/image, {run['cpu_cores_busy']:.1f} cores busy" if cpu else "")
+            )
+        else:
+            why = run.get("status") or f"exit {run.get('returncode')}"
+            out.append(f"- {name}: {why}, no steady rate")
+    if "jpeg_over_synthetic" in e2e:
+        out.append(f"- JPEG / synthetic: {e2e['jpeg_over_synthetic']:.2f}x")
+    if "cores_for_synthetic_rate" in e2e:
+        out.append(
+            f"- the loader's CPU: {e2e['input_cpu_ms_per_image']:.3f} ms/image; "
+            f"cores for the synthetic rate: {e2e['cores_for_synthetic_rate']:.1f}"
+        )
+    return out
+
+
+def render(results: dict) -> str:
+    env = (results.get("preflight") or {}).get("environment", {})
+    lines = ["# GPU run" + (" (CPU dry run)" if results.get("dry_run") else ""), ""]
+    if env:
+        commit = results.get("commit") or env.get("git_commit")
+        lines.append(
+            f"{env.get('gpu') or 'CPU'}; driver {env.get('driver')}, CUDA {env.get('cuda')}, cuDNN "
+            f"{env.get('cudnn')}, torch {env.get('torch')}, Triton {env.get('triton')}, "
+            f"Python {env.get('python')}, {env.get('cpu_count')} CPUs; {env.get('date')}; commit {commit}."
+        )
+    lines += ["", "## Steps", "", "| step | status | seconds | last line |", "| --- | --- | --- | --- |"]
+    for name, s in results.get("steps", {}).items():
+        last = (s.get("last_line") or s.get("reason") or "").replace("|", "/")
+        lines.append(f"| {name} | {s['status']} | {s.get('seconds', '-')} | {last[:160]} |")
+    lines += ["", "## Step speed (images/s, synthetic data on the device)", "", *speed_table(results)]
+    lines += ["", "## Fused optimizer + EMA", "", *kernel_table(results)]
+    lines += ["", "## Trainer end to end on JPEG TFRecords", "", *e2e_lines(results)]
+    selfcheck = results.get("selfcheck") or {}
+    lines += ["", "## selfcheck", ""]
+    lines += [f"- {r['name']}: {r['status']}: {r['detail']}" for r in selfcheck.get("rows", [])] or [
+        "Not run."
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def merge(parts: list[dict]) -> dict:
+    merged = dict(parts[0])
+    for later in parts[1:]:
+        merged["rows"] = merged.get("rows", []) + later.get("rows", [])
+        merged["steps"] = {**merged.get("steps", {}), **later.get("steps", {})}
+        merged["compile_warm"] = {**merged.get("compile_warm", {}), **later.get("compile_warm", {})}
+        for key in ("bench_optim", "e2e", "selfcheck"):
+            merged[key] = later.get(key) or merged.get(key)
+    return merged
+
+
+if __name__ == "__main__":
+    parts = [json.loads(open(p, encoding="utf-8").read()) for p in sys.argv[1:]]
+    sys.stdout.write(render(merge(parts)))

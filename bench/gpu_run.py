@@ -1,0 +1,444 @@
+"""The GPU run, prepared: selfcheck, the GPU tests, the training step's speed beside eager PyTorch and
+torch.compile, the fused optimizer kernel and the trainer on JPEG shards, in one command on the lent
+GPU machine (one H100 or H200; about 15 minutes of device time a session, 10 minutes a command).
+
+    bash bench/gpu_prepare.sh                  here: fetch the wheels that machine lacks into .whl/
+                                               (git-ignored), check that what travels is under 64 MiB
+    bash bench/gpu_run.sh OUT [flags]          there: install the wheels, then this driver
+    bash bench/gpu_run.sh OUT --dry-run        the same on a CPU at tiny sizes (CI: tests/test_gpu_run.py)
+
+Steps; each is a subprocess under its own time limit writing its log into the work folder, run
+whatever an earlier step did, except the preflight:
+    preflight  CUDA works (a matmul checked against the CPU) and Triton's launcher works (a kernel
+               checked); records the environment. On failure: one line, exit 3, nothing else runs.
+    four lanes at once, none of them timed:
+      checks   python -m fasttrain selfcheck; python -m pytest -m gpu tests (two lanes)
+      compile  each configuration's (d) row compiled once (inductor's on-disk caches then hold it, so
+               the timed (d) row compiles in seconds); the cold compile time is recorded here. New
+               compiles start only while a checks lane runs.
+      shards   the JPEG TFRecord shards of the e2e step (bench.photo_shards) and their row checkpoints
+    then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
+    only while its minimum time is left in --budget, else it is recorded as not run:
+      rows     one configuration: (a) fasttrain as its CLI runs it, (e) with --no-cuda_graph and (b)
+               eager PyTorch in one process; (d) torch.compile, default mode, in another; (d-max)
+               mode max-autotune-no-cudagraphs where --columns asks for it
+      kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets
+      e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)
+Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
+rewritten after every step, so a run cut off at its limit keeps what it measured (the device tool
+brings back 8 files at most, none deeper than two folders).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench import gpu_report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of the step-speed table."""
+
+    model: str
+    precision: str
+    batch: int
+    image_size: int
+    base_channels: int = 64
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}-{self.precision}-{self.batch}"
+
+
+# The issue's rows, most important first: ResNet-50 v1.5 bf16 at 256 and 32, the ResNet seed's
+# ResNet-101 v2 at its own batch 32 in fp32 (78 img/s on a P40) and bf16, Inception v3 bf16 at 128 and
+# the Inception seed's fp32 at 32.
+FULL = [
+    Setting("resnet50", "bf16", 256, 224),
+    Setting("resnet50", "bf16", 32, 224),
+    Setting("resnet101_v2", "fp32", 32, 224),
+    Setting("resnet101_v2", "bf16", 32, 224),
+    Setting("inception_v3", "bf16", 128, 299),
+    Setting("inception_v3", "fp32", 32, 299),
+]
+DRY = [Setting("resnet18", "fp32", 4, 32, 8), Setting("resnet18_v2", "fp32", 4, 32, 8)]
+COMPILE_MODES = {"d": "default", "d-max": "max-autotune-no-cudagraphs"}
+COLUMNS = ("a", "e", "b", "d", "d-max")
+STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
+# Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
+LIMITS = {
+    "preflight": 90, "selfcheck": 120, "gpu_tests": 160, "shards": 150, "compile": 200, "compile-max": 420,
+    "rows": 100, "d": 70, "kernels": 60, "e2e": 130,
+}  # fmt: skip
+MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 60}
+DRY_LIMITS = {k: 600 for k in LIMITS}
+
+
+class Driver:
+    def __init__(self, args):
+        self.args = args
+        self.start = time.monotonic()
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(args.work or tempfile.mkdtemp(prefix="fasttrain-gpu-run-"))
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.limits = DRY_LIMITS if args.dry_run else LIMITS
+        self.lock = threading.Lock()
+        self.results = dict(
+            command=sys.argv, commit=args.commit, dry_run=args.dry_run, budget_s=args.budget,
+            settings=[asdict(s) | {"key": s.key} for s in self.settings()], steps={}, compile_warm={},
+        )  # fmt: skip
+        self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            [*self._hidden_packages(), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        if args.dry_run:
+            self.env.setdefault("FASTTRAIN_BENCH_SMOKE", "1")
+        earlier = self.work / "results.json"
+        if args.resume and earlier.exists():  # a later part on the same (still warm) machine
+            before = json.loads(earlier.read_text())
+            self.results["steps"] = before.get("steps", {})
+            self.results["compile_warm"] = before.get("compile_warm", {})
+            self.results["part"] = before.get("part", 1) + 1
+            self.results["preflight"] = before.get("preflight")
+
+    def finished(self, name: str) -> bool:
+        """With --resume: the step ran to its end in an earlier part (a failure is a result too)."""
+        return self.args.resume and self.results["steps"].get(name, {}).get("status") in ("ok", "failed")
+
+    def measured(self, s: Setting, columns: list[str]) -> bool:
+        """With --resume: every column of `columns` has an ok row for this setting in rows.jsonl."""
+        from bench.gpu_report import column_of  # noqa: PLC0415
+
+        done = {column_of(r) for r in _read_jsonl(self.work / "rows.jsonl") if r["status"] == "ok"
+                and gpu_report.setting_key(r["spec"]) == s.key}  # fmt: skip
+        return self.args.resume and set(columns) <= done
+
+    # --- what runs ---------------------------------------------------------------------------------
+
+    def settings(self) -> list[Setting]:
+        base = DRY if self.args.dry_run else FULL
+        wanted = [k for k in self.args.configs.split(",") if k]
+        return [s for s in base if not wanted or s.key in wanted]
+
+    def _hidden_packages(self) -> list[str]:
+        """--hide a,b: a folder first on the path whose packages of those names fail to import, so the
+        dry run meets what the GPU machine lacks (DALI, tfrecord) as that machine does."""
+        if not self.args.hide:
+            return []
+        folder = self.work / "hidden-packages"
+        for name in self.args.hide.split(","):
+            pkg = folder.joinpath(*name.split("."))
+            pkg.mkdir(parents=True, exist_ok=True)
+            (pkg / "__init__.py").write_text(
+                f'raise ImportError("{name} is hidden by bench.gpu_run --hide")\n'
+            )
+        return [str(folder)]
+
+    def remaining(self) -> float:
+        return self.args.budget - (time.monotonic() - self.start)
+
+    def log(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.start:6.1f} s] {text}"
+        with self.lock:
+            print(line, flush=True)
+            with open(self.work / "driver.log", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+
+    def run(self, name: str, cmd: list[str], limit: float, log_name: str = "") -> dict:
+        """cmd under min(limit, what the budget leaves), output to the work folder; recorded by name."""
+        from bench.run import run_limited  # noqa: PLC0415 (imports torch: only once a step runs)
+
+        limit = max(1.0, min(limit, self.remaining() - 5))
+        log_path = self.work / (log_name or f"{name}.log")
+        self.log(f"{name}: start (limit {limit:.0f} s)")
+        run = run_limited(cmd, limit, log_path, env=self.env)
+        status = "timed out" if run["timed_out"] else ("ok" if run["returncode"] == 0 else "failed")
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
+        record = dict(
+            status=status, seconds=round(run["seconds"], 1), limit_s=round(limit), log=log_path.name
+        )
+        record.update(returncode=run["returncode"], last_line=tail[0][:300] if tail else "")
+        with self.lock:
+            self.results["steps"][name] = record
+        self.log(f"{name}: {status} in {run['seconds']:.0f} s: {record['last_line']}")
+        self.save()
+        return record
+
+    def not_run(self, name: str, why: str) -> None:
+        with self.lock:
+            self.results["steps"][name] = dict(status="not run", reason=why)
+        self.log(f"{name}: not run ({why})")
+
+    def py(self, *args: str) -> list[str]:
+        return [sys.executable, *args]
+
+    # --- steps -------------------------------------------------------------------------------------
+
+    def preflight(self) -> bool:
+        cmd = self.py("-m", "bench.gpu_preflight", "--out", str(self.work / "preflight.json"))
+        if self.args.dry_run:
+            cmd.append("--cpu")
+        record = self.run("preflight", cmd, self.limits["preflight"])
+        path = self.work / "preflight.json"
+        if path.exists():
+            self.results["preflight"] = json.loads(path.read_text())
+        self.save()
+        return record["status"] == "ok"
+
+    def selfcheck(self) -> None:
+        if "selfcheck" in self.args.steps and not self.finished("selfcheck"):
+            out = self.work / "selfcheck.json"
+            cmd = self.py("-m", "fasttrain", "selfcheck", "--out", str(out))
+            if self.args.dry_run:  # the CPU rows run in CI's own selfcheck already
+                cmd += ["--checks", "optimizer-triton,eager-step,graph-replay"]
+            self.run("selfcheck", cmd, self.limits["selfcheck"])
+
+    def gpu_tests(self) -> None:
+        if "gpu_tests" in self.args.steps and not self.finished("gpu_tests"):
+            cmd = self.py("-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "-p", "no:cacheprovider")
+            cmd += ["--durations=10", f"--junitxml={self.work / 'gpu_tests.xml'}"]
+            self.run("gpu_tests", cmd, self.limits["gpu_tests"], "gpu_tests.txt")
+
+    def compile_lane(self, checks_done: threading.Event) -> None:
+        for setting, column in self._compile_items():
+            if checks_done.is_set() and not self.args.dry_run:
+                break  # from here on the GPU is timed: the rest compile cold in their rows
+            name = f"compile {setting.key} {column}"
+            if self.finished(name) or self.measured(setting, [column]):
+                continue
+            result = self.work / f"warm-{setting.key}-{column}.jsonl"
+            cmd = self._row_cmd(setting, column, result, warm=True)
+            limit = self.limits["compile-max" if column == "d-max" else "compile"]
+            record = self.run(name, cmd, limit, f"warm-{setting.key}-{column}.log")
+            rows = _read_jsonl(result)
+            if rows and rows[-1]["status"] == "ok":
+                record["compile_seconds"] = rows[-1].get("warmup_seconds")
+            with self.lock:
+                self.results["compile_warm"][f"{setting.key} {column}"] = record
+
+    def _compile_items(self):
+        wanted = [c for c in ("d", "d-max") if c in self.args.column_list]
+        return [(s, c) for c in wanted for s in self.settings()] if "rows" in self.args.steps else []
+
+    def shards_lane(self) -> None:
+        if "e2e" not in self.args.steps or self.finished("row checkpoints"):
+            return
+        shards = self.work / "shards"
+        images, records, count = (16, 96, 2) if self.args.dry_run else (2048, 32768, 32)
+        cmd = self.py("-m", "bench.photo_shards", str(shards), "--images", str(images))
+        cmd += ["--records", str(records), "--shards", str(count)]
+        if self.run("shards", cmd, self.limits["shards"])["status"] == "ok":
+            workers = "2" if self.args.dry_run else "8"
+            cmd = self.py("-m", "fasttrain.data.jpeg_rows", str(shards), "--workers", workers)
+            self.run("row checkpoints", cmd, self.limits["shards"], "row_checkpoints.log")
+
+    def _row_cmd(self, s: Setting, column: str, result: Path, warm: bool = False) -> list[str]:
+        spec = dict(
+            row="d" if column.startswith("d") else column, model=s.model, batch=s.batch,
+            image_size=s.image_size, base_channels=s.base_channels, precision=s.precision,
+            compile_mode=COMPILE_MODES.get(column, "default"),
+        )  # fmt: skip
+        if self.args.dry_run:
+            opts = dict(warmup=1, repeats=3, steps=1)
+        elif warm:  # compile and run the compiled step a few times: nothing timed
+            opts = dict(warmup=1, repeats=1, steps=1)
+        else:  # at least 3 windows of about 0.3 s after warm-up, the median reported
+            opts = dict(warmup=5, repeats=5, target_seconds=0.3)
+        opts["optimizer"] = column == "aeb"  # the update alone, timed in the fasttrain row (a)
+        cmd = self.py("-m", "bench.throughput", "--spec", json.dumps(spec), "--opts", json.dumps(opts))
+        rows = ",".join(c for c in ("a", "e", "b") if c in self.args.column_list) if column == "aeb" else ""
+        return cmd + (["--rows", rows] if rows else []) + ["--result", str(result)]
+
+    def rows(self, s: Setting) -> None:
+        result = self.work / "rows.jsonl"
+        eager = [c for c in ("a", "e", "b") if c in self.args.column_list]
+        if eager and not self.measured(s, eager):
+            if self.remaining() < MIN_START["rows"]:
+                self.not_run(f"rows {s.key}", "time budget")
+            else:
+                self.run(f"rows {s.key}", self._row_cmd(s, "aeb", result), self.limits["rows"])
+        for column in [c for c in ("d", "d-max") if c in self.args.column_list]:
+            if self.measured(s, [column]):
+                continue
+            warm = self.results["compile_warm"].get(f"{s.key} {column}", {}).get("status") == "ok"
+            need = MIN_START["d" if warm else ("d-max" if column == "d-max" else "d-cold")]
+            name = f"{column} {s.key}"
+            if self.remaining() < need:
+                self.not_run(name, f"time budget ({self.remaining():.0f} s left, {need} s needed)")
+                continue
+            limit = (
+                self.limits["d"] if warm else self.limits["compile-max" if column == "d-max" else "compile"]
+            )
+            self.run(name, self._row_cmd(s, column, result), limit, f"{column}-{s.key}.log")
+
+    def kernels(self) -> None:
+        if self.finished("kernels"):
+            return
+        if self.remaining() < MIN_START["kernels"]:
+            return self.not_run("kernels", "time budget")
+        select = (
+            "interleaved and resnet50" if self.args.dry_run else "interleaved and (resnet50 or inception)"
+        )
+        cmd = self.py("-m", "pytest", "bench/bench_optim.py", "--benchmark-only", "-q", "-s", "-k", select)
+        cmd += ["-p", "no:cacheprovider", f"--benchmark-json={self.work / 'bench_optim.json'}"]
+        self.run("kernels", cmd, self.limits["kernels"], "kernels.log")
+
+    def e2e(self) -> None:
+        shards = self.work / "shards"
+        if self.finished("e2e"):
+            return
+        if self.results["steps"].get("row checkpoints", {}).get("status") != "ok":
+            return self.not_run("e2e", "the JPEG shards were not built (see shards.log)")
+        if self.remaining() < MIN_START["e2e"]:
+            return self.not_run("e2e", "time budget")
+        cmd = self.py("-m", "bench.gpu_e2e", "--data_dir", str(shards), "--work", str(self.work / "e2e"))
+        cmd += ["--out", str(self.work / "e2e.json")] + (["--dry-run"] if self.args.dry_run else [])
+        cmd += ["--limit", str(int(min(self.limits["e2e"], self.remaining() - 10)) - 5)]
+        self.run("e2e", cmd, self.limits["e2e"], "e2e.log")
+
+    def queue(self) -> list:
+        """The timed items, most important first: the ResNet-50 rows, then the optimizer kernel and the
+        trainer on JPEGs (short, and each the only figure of its kind), then the other rows."""
+        s = self.settings()
+        items = [("rows", x) for x in s[:2]] + [("kernels", None), ("e2e", None)]
+        return items + [("rows", x) for x in s[2:]]
+
+    # --- output ------------------------------------------------------------------------------------
+
+    def save(self) -> None:
+        with self.lock:
+            self.results["elapsed_s"] = round(time.monotonic() - self.start, 1)
+            self.results["rows"] = _read_jsonl(self.work / "rows.jsonl")
+            for name in ("bench_optim.json", "e2e.json", "selfcheck.json"):
+                path = self.work / name
+                if path.exists():
+                    try:
+                        self.results[name.split(".")[0]] = json.loads(path.read_text())
+                    except ValueError:  # being written right now: the next save has it
+                        pass
+            text = json.dumps(self.results, indent=1, default=str)
+            _atomic_write(self.out / "results.json", text)
+            _atomic_write(self.work / "results.json", text)  # what --resume continues from
+            _atomic_write(self.out / "summary.md", gpu_report.render(self.results))
+            for name in ("selfcheck.json", "gpu_tests.txt"):
+                if (self.work / name).exists():
+                    shutil.copyfile(self.work / name, self.out / name)
+            _atomic_write(self.out / "logs.tar.gz", _bundle(self.work), binary=True)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a line cut off by a kill
+            pass
+    return rows
+
+
+def _bundle(work: Path) -> bytes:
+    """Every log and result in the work folder (not the shards or the trainers' checkpoints)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            keep = (
+                path.suffix in (".log", ".txt", ".json", ".jsonl", ".xml", ".md")
+                and "shards" not in path.parts
+            )
+            if path.is_file() and keep and path.stat().st_size < 4 * 2**20:
+                tar.add(path, arcname=str(path.relative_to(work)))
+    return buf.getvalue()
+
+
+def _atomic_write(path: Path, data, binary: bool = False) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    if binary:
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="results folder (the device tool's $OUT)")
+    p.add_argument("--work", default="", help="folder for logs and data (default: a new temporary one)")
+    p.add_argument("--budget", type=float, default=450.0, help="seconds for everything (default 450)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)} (default all)")
+    p.add_argument("--columns", default="a,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
+    p.add_argument("--configs", default="", help="setting keys such as resnet50-bf16-256 (default all)")
+    p.add_argument(
+        "--hide", default="", help="packages made to fail to import (the dry run's DALI, tfrecord)"
+    )
+    p.add_argument("--commit", default="", help="the checkout's git commit (the device copy has no .git)")
+    p.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (CI)")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="a later part with the same --work: skip what an earlier part finished (on a warm machine)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    args.column_list = [c for c in args.columns.split(",") if c]
+    for flag, values, allowed in (("steps", args.steps, STEPS), ("columns", args.column_list, COLUMNS)):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            p.error(f"--{flag}: {bad[0]!r} is not one of {', '.join(allowed)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    driver = Driver(args)
+    driver.log(f"work folder {driver.work}; results in {driver.out}; budget {args.budget:.0f} s")
+    if not driver.preflight():
+        why = (
+            driver.results.get("preflight", {}).get("error")
+            or driver.results["steps"]["preflight"]["last_line"]
+        )
+        print(f"gpu_run: preflight failed, nothing else ran: {why}", file=sys.stderr)
+        return 3
+    checks = [threading.Thread(target=driver.selfcheck), threading.Thread(target=driver.gpu_tests)]
+    checks_done = threading.Event()
+    others = [
+        threading.Thread(target=driver.compile_lane, args=(checks_done,)),
+        threading.Thread(target=driver.shards_lane),
+    ]
+    for lane in checks + others:
+        lane.start()
+    for lane in checks:
+        lane.join()
+    checks_done.set()  # the compile lane starts no new compile from here on
+    for lane in others:
+        lane.join()
+    driver.log("untimed lanes done; timed items from here on, one at a time")
+    for kind, setting in driver.queue():
+        if kind == "rows" and "rows" in args.steps:
+            driver.rows(setting)
+        elif kind == "kernels" and "kernels" in args.steps:
+            driver.kernels()
+        elif kind == "e2e" and "e2e" in args.steps:
+            driver.e2e()
+    driver.save()
+    driver.log(f"done in {time.monotonic() - driver.start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
