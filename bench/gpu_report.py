@@ -65,13 +65,22 @@ def speed_table(results: dict) -> list[str]:
         return ["No step-speed row ran."]
     head = ["setting", *(COLUMN_TITLES[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
         cols = by_setting.pop(key, None)
         if cols is None:
             continue
         a = _rate(cols.get("a"))
         ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
-        out.append("| " + " | ".join([key, *(_cell(cols.get(c)) for c in columns), *ratios]) + " |")
+        cells = []
+        for c in columns:
+            # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".
+            step = steps.get(f"rows {key}" if c in "aeb" else f"{c} {key}", {})
+            died = c not in cols and step.get("status") in ("failed", "timed out")
+            cells.append(
+                f"{step['status']}: {step.get('last_line', '')[:80]}" if died else _cell(cols.get(c))
+            )
+        out.append("| " + " | ".join([key, *cells, *ratios]) + " |")
     out += [
         "",
         "Compile time (reported apart, never in a rate): cold in the untimed lane; warm = the timed "
@@ -128,19 +137,18 @@ def e2e_lines(results: dict) -> list[str]:
         f"Batch {e2e['batch']}, {e2e['steps']} steps, {e2e['workers']} loader threads "
         f"on {e2e['cpu_count']} CPUs."
     ]
-    for name in ("synthetic", "jpeg"):
+    for name in ("synthetic", "jpeg", "jpeg-processes"):
         run = e2e.get(name, {})
         if "images_per_s" in run:
             cpu = run.get("cpu_ms_per_image")
+            ratio = f" ({run['over_synthetic']:.2f}x synthetic)" if "over_synthetic" in run else ""
             out.append(
-                f"- {name}: {run['images_per_s']:,.0f} images/s"
+                f"- {name}: {run['images_per_s']:,.0f} images/s{ratio}"
                 + (f", {cpu:.3f} CPU ms/image, {run['cpu_cores_busy']:.1f} cores busy" if cpu else "")
             )
         else:
             why = run.get("status") or f"exit {run.get('returncode')}"
             out.append(f"- {name}: {why}, no steady rate")
-    if "jpeg_over_synthetic" in e2e:
-        out.append(f"- JPEG / synthetic: {e2e['jpeg_over_synthetic']:.2f}x")
     if "cores_for_synthetic_rate" in e2e:
         out.append(
             f"- the loader's CPU: {e2e['input_cpu_ms_per_image']:.3f} ms/image; "

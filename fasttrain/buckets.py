@@ -69,8 +69,10 @@ def plan_buckets(
 ) -> list[tuple[int, int, list[int]]]:
     """Cut segments (in buffer order) into buckets [(start, end, [segment indices]), ...].
 
-    A bucket closes once it holds >= first_bytes (the first bucket) or >= cap_bytes (the others), and
-    at the end of each group of group_ranges (element ranges [start, end)).
+    A bucket closes once its parameters hold >= first_bytes (the first bucket) or >= cap_bytes (the
+    others), and at the end of each group of group_ranges (element ranges [start, end)). Sizes count
+    the parameters' own elements, not the pads between them (flat.py aligns each to 64 bytes), so the
+    cuts are DDP's for the same order.
     """
 
     def group_of(offset: int) -> int:
@@ -81,7 +83,7 @@ def plan_buckets(
 
     buckets: list[tuple[int, int, list[int]]] = []
     members: list[int] = []
-    start = end = 0
+    start = end = size = 0
     group = None
     for i, (_, offset, numel) in enumerate(segments):
         g = group_of(offset)
@@ -89,10 +91,11 @@ def plan_buckets(
             buckets.append((start, end, members))
             members = []
         if not members:
-            start, group = offset, g
+            start, group, size = offset, g, 0
         members.append(i)
         end = offset + numel
-        if (end - start) * elem_size >= (cap_bytes if buckets else first_bytes):
+        size += numel
+        if size * elem_size >= (cap_bytes if buckets else first_bytes):
             buckets.append((start, end, members))
             members = []
     if members:

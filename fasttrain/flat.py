@@ -5,9 +5,18 @@ Layout (one 1-D buffer per kind, all with the same layout):
     [ group 0 | pad | group 1 | pad | ... ]      groups in order, each starting at a multiple of
                                                  ALIGN elements (128 B) so kernels and NCCL see
                                                  aligned slices; the pad stays 0 (or the state fill)
-    group i = p_k ... p_1 p_0                    its parameters in REVERSE registration order, an
+    group i = p_k pad ... p_1 pad p_0 pad        its parameters in REVERSE registration order, an
                                                  estimate of the order gradients become ready in
-                                                 backward; `reorder` installs the observed order
+                                                 backward (`reorder` installs the observed order),
+                                                 each starting at a multiple of SEGMENT_ALIGN
+                                                 elements (64 B)
+
+Why every parameter starts on 64 bytes: cuDNN and cuBLAS pick vectorised engines by the address of
+each operand, and one odd-length tensor (the 1001-class fc.bias) first in a packed buffer left every
+later view only 4-byte aligned. On an H200 (cuDNN 9.19, torch 2.11) fp32 convolutions on such views
+failed with "misaligned address" / CUDNN_STATUS_EXECUTION_FAILED (bench/results/2026-11-27-h200-*);
+aligned, they get the same engines as ordinary tensors. The padding costs at most 15 elements per
+parameter (2.4 kB for ResNet-50's 161).
 
 Each parameter occupies `numel` consecutive elements holding its memory layout as it was (a
 channels_last conv weight stays channels_last): `p.data` becomes a view of `params` with the
@@ -22,7 +31,12 @@ what CUDA graph replay and the NCCL bucket views need.
 
 import torch
 
-ALIGN = 32  # elements; 128 bytes of fp32
+ALIGN = 32  # elements; 128 bytes of fp32: where each group starts
+SEGMENT_ALIGN = 16  # elements; 64 bytes of fp32: where each parameter starts
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
 
 class FlatParameters:
@@ -43,17 +57,17 @@ class FlatParameters:
         self.segments: list[tuple[torch.Tensor, int, int]] = []
         offset = 0
         for ps in groups:
-            offset = -(-offset // ALIGN) * ALIGN
+            offset = _round_up(offset, ALIGN)
             start = offset
             for p in reversed(ps):
                 self.segments.append((p, offset, p.numel()))
-                offset += p.numel()
+                offset = _round_up(offset + p.numel(), SEGMENT_ALIGN)
             self.group_ranges.append((start, offset))
-        total = -(-offset // ALIGN) * ALIGN
+        total = _round_up(offset, ALIGN)
 
         self.params = torch.zeros(total, dtype=torch.float32, device=self.device)
         self.grad = torch.zeros(total, dtype=torch.float32, device=self.device)
-        self._states: list[torch.Tensor] = []
+        self._states: list[tuple[torch.Tensor, float]] = []  # (buffer, what its pads hold)
         for p, offset, _ in self.segments:
             view = self._view(self.params, p, offset)
             view.copy_(p.detach())
@@ -66,7 +80,7 @@ class FlatParameters:
     def new_state(self, fill: float) -> torch.Tensor:
         """A 1-D fp32 buffer of this layout filled with `fill`, kept in step by `reorder`."""
         state = torch.full_like(self.params, fill)
-        self._states.append(state)
+        self._states.append((state, fill))
         return state
 
     def views(self, buffer: torch.Tensor, params: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -127,10 +141,11 @@ class FlatParameters:
             offset = start
             for p in members:
                 new_segments.append((p, offset, p.numel()))
-                offset += p.numel()
+                offset = _round_up(offset + p.numel(), SEGMENT_ALIGN)
         old_offset = {id(p): offset for p, offset, _ in old_segments}
-        for buffer in (self.params, self.grad, *self._states):
+        for buffer, pad in ((self.params, 0.0), (self.grad, 0.0), *self._states):
             old = buffer.clone()
+            buffer.fill_(pad)  # pads hold their fill, never a moved parameter's old values
             for p, offset, numel in new_segments:
                 buffer[offset : offset + numel].copy_(old[old_offset[id(p)] : old_offset[id(p)] + numel])
         self.segments = new_segments

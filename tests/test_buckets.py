@@ -291,7 +291,11 @@ def _bucket_layouts(info: DistInfo, out: str) -> None:
                 F.cross_entropy(model(images), labels).backward()
                 buckets.wait()
                 buckets.rebuild_from_observed_order()
-            layouts[mode] = [(end - start) * 4 for start, end in buckets.bucket_ranges]
+            # Parameter bytes per bucket (the 64-byte pads between parameters are no gradient).
+            layouts[mode] = [
+                4 * sum(n for _, offset, n in opt.flat.segments if start <= offset < end)
+                for start, end in buckets.bucket_ranges
+            ]
             buckets.remove_hooks()
     if info.rank == 0:
         torch.save(layouts, out)

@@ -85,9 +85,13 @@ def train_step(model, precision, device, impl="auto", dist_info=None, ddp_model=
 
 @contextlib.contextmanager
 def deterministic():
-    flags = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
+    """Deterministic cuDNN algorithms and no TF32: a check compares two fp32 computations of the same
+    step, and TF32 (on by default for cuDNN convolutions) rounds inputs to 10 mantissa bits, so two
+    different algorithms differ by ~1e-3 relative, far above the checks' 1e-5."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    flags = cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32
+    cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = False, True, False, False
     try:
         yield
     finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
+        cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = flags
