@@ -4,7 +4,8 @@
 
 Several files (parts of the same GPU run made at different chances) are merged: rows, steps and
 warm compiles of later files are added to the first's; the environment is the first's. Step-speed
-columns: (a) fasttrain as its CLI runs it (whole-step CUDA graph), (e) --no-cuda_graph, (b) eager
+columns: (a) fasttrain as its CLI runs it (whole-step CUDA graph), (f) the same with --compile (the
+model's blocks compiled by inductor inside the graph), (e) --no-cuda_graph, (b) eager
 PyTorch (channels_last, autocast, torch.optim foreach + foreach EMA), (d) torch.compile of (b)'s
 model and optimizer step, default mode, (d-max) mode max-autotune-no-cudagraphs. A cell is the median
 images/s of the timed windows (min-max) and the peak memory; compile times are reported apart.
@@ -17,6 +18,7 @@ import sys
 
 COLUMN_TITLES = {
     "a": "(a) fasttrain, graph",
+    "f": "(f) fasttrain --compile, graph",
     "e": "(e) fasttrain, --no-cuda_graph",
     "b": "(b) eager PyTorch",
     "d": "(d) torch.compile default",
@@ -64,6 +66,7 @@ def speed_table(results: dict) -> list[str]:
     if not columns:
         return ["No step-speed row ran."]
     head = ["setting", *(COLUMN_TITLES[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
+    head += ["f / b", "f / d", "f / d-max"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
@@ -71,11 +74,13 @@ def speed_table(results: dict) -> list[str]:
         if cols is None:
             continue
         a = _rate(cols.get("a"))
+        f = _rate(cols.get("f"))
         ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
+        ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max")]
         cells = []
         for c in columns:
             # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".
-            step = steps.get(f"rows {key}" if c in "aeb" else f"{c} {key}", {})
+            step = steps.get(f"rows {key}" if c in ("a", "e", "b") else f"{c} {key}", {})
             died = c not in cols and step.get("status") in ("failed", "timed out")
             cells.append(
                 f"{step['status']}: {step.get('last_line', '')[:80]}" if died else _cell(cols.get(c))
@@ -90,7 +95,7 @@ def speed_table(results: dict) -> list[str]:
         cold = warm.get("compile_seconds")
         out.append(f"- {name}: {warm['status']}" + (f", cold {cold:.0f} s" if cold else ""))
     for row in results.get("rows", []):
-        if row["spec"]["row"] == "d" and row.get("status") == "ok":
+        if row["spec"]["row"] in ("d", "f") and row.get("status") == "ok":
             out.append(f"- {setting_key(row['spec'])} {column_of(row)}: warm {row['warmup_seconds']:.0f} s")
     opt = [r for r in results.get("rows", []) if r.get("optimizer") and r["spec"]["row"] == "a"]
     if opt:

@@ -20,8 +20,9 @@ whatever an earlier step did, except the preflight:
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
       rows     one configuration: (a) fasttrain as its CLI runs it, (e) with --no-cuda_graph and (b)
-               eager PyTorch in one process; (d) torch.compile, default mode, in another; (d-max)
-               mode max-autotune-no-cudagraphs where --columns asks for it
+               eager PyTorch in one process; then each in a process of its own: (f) fasttrain
+               --compile (inductor regions inside the whole-step graph), (d) torch.compile of (b),
+               default mode, and (d-max) mode max-autotune-no-cudagraphs where --columns asks for it
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)
 Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
@@ -76,8 +77,9 @@ FULL = [
     Setting("inception_v3", "fp32", 32, 299),
 ]
 DRY = [Setting("resnet18", "fp32", 4, 32, 8), Setting("resnet18_v2", "fp32", 4, 32, 8)]
-COMPILE_MODES = {"d": "default", "d-max": "max-autotune-no-cudagraphs"}
-COLUMNS = ("a", "e", "b", "d", "d-max")
+COMPILE_MODES = {"d": "default", "d-max": "max-autotune-no-cudagraphs", "f": "default"}
+COLUMNS = ("a", "f", "e", "b", "d", "d-max")
+COMPILED = ("f", "d", "d-max")  # columns that compile: each in a process of its own, warmed in the lane
 STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
 # Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
 LIMITS = {
@@ -237,7 +239,7 @@ class Driver:
                 self.results["compile_warm"][f"{setting.key} {column}"] = record
 
     def _compile_items(self):
-        wanted = [c for c in ("d", "d-max") if c in self.args.column_list]
+        wanted = [c for c in COMPILED if c in self.args.column_list]
         return [(s, c) for c in wanted for s in self.settings()] if "rows" in self.args.steps else []
 
     def shards_lane(self) -> None:
@@ -277,7 +279,7 @@ class Driver:
                 self.not_run(f"rows {s.key}", "time budget")
             else:
                 self.run(f"rows {s.key}", self._row_cmd(s, "aeb", result), self.limits["rows"])
-        for column in [c for c in ("d", "d-max") if c in self.args.column_list]:
+        for column in [c for c in COMPILED if c in self.args.column_list]:
             if self.measured(s, [column]):
                 continue
             warm = self.results["compile_warm"].get(f"{s.key} {column}", {}).get("status") == "ok"
@@ -387,7 +389,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--work", default="", help="folder for logs and data (default: a new temporary one)")
     p.add_argument("--budget", type=float, default=450.0, help="seconds for everything (default 450)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)} (default all)")
-    p.add_argument("--columns", default="a,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
+    p.add_argument("--columns", default="a,f,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
     p.add_argument("--configs", default="", help="setting keys such as resnet50-bf16-256 (default all)")
     p.add_argument(
         "--hide", default="", help="packages made to fail to import (the dry run's DALI, tfrecord)"

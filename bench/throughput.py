@@ -17,6 +17,8 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
        torch.compile (unless fp16 loss scaling calls it), when compilation works
     e  (a) without the CUDA graph (the trainer's --no-cuda_graph): the step run eagerly, everything
        else as in (a); (a) / (e) is what the graph buys
+    f  (a) with --compile: the model's blocks compiled by inductor (mode compile_mode, "default" or
+       "max-autotune-no-cudagraphs") inside the whole-step graph (fasttrain/compile.py)
 
 Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
 `repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
@@ -49,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import one_line, summarize, synchronize, timed
+from fasttrain.compile import COMPILE_MODES, CompiledModel
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
 from fasttrain.data.normalize import normalize_images
@@ -59,13 +62,14 @@ from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
 from fasttrain.train import batch_stream
 
-ROWS = ("a", "b", "c", "d", "e")
+ROWS = ("a", "b", "c", "d", "e", "f")
 ROW_TITLES = {
     "a": "fasttrain (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
     "c": "plain eager PyTorch: fp32 NCHW, TF32 convolutions as PyTorch ships (the seeds' setting)",
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
+    "f": "fasttrain --compile (inductor regions inside the whole-step graph)",
 }
 # A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
 RECIPE_OF = {
@@ -147,10 +151,11 @@ def _update_bytes(states: int, ema: bool) -> int:
 
 
 def build_fasttrain_row(cfg, device: torch.device) -> Row:
-    """Row (a): fasttrain's own pieces, wired as train.train() wires them for one device."""
+    """Rows (a), (e), (f): fasttrain's own pieces, wired as train.train() wires them for one device."""
     precision = resolve_precision(cfg, device)
     model = _model(cfg, device, precision.channels_last)
     optimizer = build_optimizer(cfg, model)
+    compiled = CompiledModel(model, cfg.compile_mode) if cfg.compile else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
     step_fn = TrainStep(
@@ -163,6 +168,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
         preprocess=cfg.preprocess,
         world_size=1,
         bn_ema=bn_ema,
+        compiled=compiled,
     )
     one = torch.ones((), dtype=torch.float32, device=device)
     zero = torch.zeros((), dtype=torch.float32, device=device)
@@ -175,6 +181,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
             channels_last=precision.channels_last,
             cuda_graph=precision.cuda_graph,
             optimizer=f"{type(optimizer).__name__} (impl {optimizer.impl})",
+            compile=f"{len(compiled.regions)} regions, mode {cfg.compile_mode}" if compiled else "no",
         ),
         num_params=sum(p.numel() for p in model.parameters()),
         optimizer_bytes=_update_bytes(states, ema=True),
@@ -279,6 +286,9 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
         row = build_fasttrain_row(cfg, device)
     elif spec.row == "e":
         row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False), device)
+    elif spec.row == "f":
+        mode = spec.compile_mode if spec.compile_mode in COMPILE_MODES else "default"
+        row = build_fasttrain_row(dataclasses.replace(cfg, compile=True, compile_mode=mode), device)
     elif spec.row == "c":
         row = build_eager_row(cfg, device, Precision("fp32", False, False), foreach=False)
     else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.compile import CompiledModel
 from fasttrain.config import Config
 from fasttrain.data import Loader
 from fasttrain.distributed import DistInfo, GradBuckets, broadcast_module, maybe_sync_bn, wrap_ddp
@@ -89,6 +90,8 @@ def build_run(
     model = model.to(info.device, memory_format=memory_format)
     broadcast_module(model)
     optimizer = build_optimizer(cfg, model)
+    # After the optimizer: the compiled regions see the parameters as views of its flat buffers.
+    compiled = CompiledModel(model, cfg.compile_mode, log) if cfg.compile else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     buckets, ddp_model = None, None
     # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.
@@ -113,6 +116,7 @@ def build_run(
         ddp_model=ddp_model,
         bn_ema=bn_ema,
         stream=capture_stream,
+        compiled=compiled,
     )
     return Run(info=info, model=model, optimizer=optimizer, bn_ema=bn_ema, step=step, loader=loader)
 

@@ -29,6 +29,7 @@ _SPECIAL = {
     "lr_schedule": "piecewise",
     "precision": "bf16",
     "grad_sync": "ddp",
+    "compile_mode": "max-autotune-no-cudagraphs",
     "lr_boundary_epochs": "5,7",
     "histogram_every": "50",  # a multiple of the demo's log_every
     "input_order": "one_stream",

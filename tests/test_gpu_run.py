@@ -56,9 +56,13 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert " skipped" in gpu_tests and "error" not in gpu_tests.splitlines()[-1].lower()
     # One row per column, each measured (3 windows), the compiled one too.
     rows = {r["spec"]["row"]: r for r in results["rows"]}
-    assert sorted(rows) == ["a", "b", "d", "e"]
+    assert sorted(rows) == ["a", "b", "d", "e", "f"]
     assert all(r["status"] == "ok" and len(r["seconds"]) == 3 for r in rows.values()), rows
     assert rows["d"]["spec"]["compile_mode"] == "default" and "compile" in rows["d"]["setting"]
+    assert (
+        rows["f"]["setting"]["compile"] == "8 regions, mode default"
+        and rows["a"]["setting"]["compile"] == "no"
+    )
     assert rows["a"]["optimizer"]["ms"] > 0
     assert results["compile_warm"]["resnet18-fp32-4 d"]["compile_seconds"] > 0
     kernels = [b["extra_info"] for b in results["bench_optim"]["benchmarks"]]
@@ -80,7 +84,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "rows resnet18-fp32-4: start" not in again.stdout and "e2e: start" not in again.stdout
     resumed = json.loads((out / "results.json").read_text())
-    assert resumed["part"] == 2 and len(resumed["rows"]) == 4 and resumed["steps"]["e2e"]["status"] == "ok"
+    assert resumed["part"] == 2 and len(resumed["rows"]) == 5 and resumed["steps"]["e2e"]["status"] == "ok"
 
 
 def test_without_cuda_it_stops_at_the_preflight_in_one_line(tmp_path):

@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fasttrain.buckets import GradBuckets
+from fasttrain.compile import CompiledModel
 from fasttrain.config import make_config
 from fasttrain.data.normalize import normalize_images
 from fasttrain.distributed import DistInfo
@@ -32,7 +33,9 @@ def _batches(n, batch=4, size=32, classes=5, seed=0, device=CPU):
     ]
 
 
-def _step_fn(model, precision, device, lr=0.05, wd=1e-4, ema=None, impl="torch", dist_info=None):
+def _step_fn(
+    model, precision, device, lr=0.05, wd=1e-4, ema=None, impl="torch", dist_info=None, compile_mode=None
+):
     cfg = make_config(initial_learning_rate=lr, learning_rate_decay_factor=1.0)
     opt = FusedMomentum(model.parameters(), lr=lr, momentum=0.9, weight_decay=wd, ema_decay=ema, impl=impl)
     schedule = LRSchedule(cfg, steps_per_epoch=100, global_batch=4, device=device)
@@ -52,6 +55,7 @@ def _step_fn(model, precision, device, lr=0.05, wd=1e-4, ema=None, impl="torch",
         preprocess="resnet",
         buckets=buckets,
         bn_ema=bn_ema,
+        compiled=CompiledModel(model, compile_mode, log=lambda line: None) if compile_mode else None,
     )
     return step, opt
 
@@ -191,16 +195,20 @@ def _keep_cudnn_flags():
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags
 
 
-def _run(name, size, graph, steps=20, precision="fp32", dist_info=None):
+def _run(name, size, graph, steps=20, precision="fp32", dist_info=None, pinned=False, compile_mode=None):
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     kwargs = {"base_channels": 16} if name.startswith("resnet") else {}
     model = create_model(name, 5, **kwargs).to(CUDA, memory_format=torch.channels_last)
     policy = Precision(precision, channels_last=True, cuda_graph=graph)
-    step, _ = _step_fn(model, policy, CUDA, ema=0.99, impl="triton", dist_info=dist_info)
-    for batch in _batches(steps, batch=4, size=size, seed=1, device=CUDA):
-        step([batch])
+    step, _ = _step_fn(
+        model, policy, CUDA, ema=0.99, impl="triton", dist_info=dist_info, compile_mode=compile_mode
+    )
+    for images, labels in _batches(steps, batch=4, size=size, seed=1, device=CUDA):
+        if pinned:  # as the thread loader hands them over
+            images, labels = images.cpu().pin_memory(), labels.cpu().pin_memory()
+        step([(images, labels)])
     torch.cuda.synchronize()
     return model, step
 
@@ -217,12 +225,38 @@ def test_graph_replay_equals_eager(name, size):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_compiled_regions_replay_in_the_graph_as_they_run_eagerly(precision):
+    # --compile inside the whole-step graph: inductor's kernels, compiled before the warm-up steps,
+    # replayed; the same kernels run eagerly give the same training.
+    eager, _ = _run("resnet18", 64, graph=False, steps=8, precision=precision, compile_mode="default")
+    graphed, step = _run("resnet18", 64, graph=True, steps=8, precision=precision, compile_mode="default")
+    assert step.graph is not None and step.compiled.active
+    for (key, a), b in zip(eager.state_dict().items(), graphed.state_dict().values()):
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=key)
+
+
+@pytest.mark.gpu
+def test_pinned_host_batches_go_through_the_staging_copy_and_train_the_same():
+    # Host batches are copied on the copy stream into staging buffers, then into the graph's inputs:
+    # the same training as batches already on the device, which skip the staging.
+    on_device, step_d = _run("resnet18", 32, graph=True, steps=8)
+    from_host, step_h = _run("resnet18", 32, graph=True, steps=8, pinned=True)
+    assert step_h.graph is not None and len(step_h._staging) == 1 and not step_d._staging
+    for (key, a), b in zip(on_device.state_dict().items(), from_host.state_dict().values()):
+        assert torch.equal(a, b), key
+
+
+@pytest.mark.gpu
 def test_replayed_step_never_syncs_the_host():
     model, step = _run("resnet18", 32, graph=True, steps=5)
     batch = _batches(1, size=32, seed=9, device=CUDA)[0]
+    pinned = tuple(t.cpu().pin_memory() for t in batch)  # the loader's: through the staging copy
     torch.cuda.set_sync_debug_mode("error")
     try:
         step([batch])
+        step([pinned])
     finally:
         torch.cuda.set_sync_debug_mode(0)
 

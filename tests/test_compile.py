@@ -1,0 +1,203 @@
+"""--compile on the CPU (inductor's C++ backend): the compiled step against the eager step, the regions,
+the fallback to eager in one line, and gradients reaching the buckets while backward runs (gloo)."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from launch_helpers import spawn
+
+from fasttrain.buckets import GradBuckets
+from fasttrain.compile import CompiledModel, compile_regions
+from fasttrain.config import make_config
+from fasttrain.models import create_model
+from fasttrain.models.inception_v3 import Inception3
+from fasttrain.optim import FusedMomentum
+from fasttrain.precision import Precision
+from fasttrain.schedule import LRSchedule
+from fasttrain.step import TrainStep, classification_loss
+
+CPU = torch.device("cpu")
+FP32 = Precision("fp32", channels_last=False, cuda_graph=False)
+
+
+def _batches(n, batch=2, size=32, classes=5, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randint(0, 256, (batch, size, size, 3), dtype=torch.uint8, generator=gen),
+            torch.randint(0, classes, (batch,), generator=gen),
+        )
+        for _ in range(n)
+    ]
+
+
+def _model(name):
+    torch.manual_seed(0)
+    if name == "inception_v3":  # reduced: a tenth of the channels (299 px: the aux head needs it)
+        return Inception3(5, depth_multiplier=0.1)
+    return create_model(name, 5, base_channels=8)
+
+
+def _step(model, compiled=None, buckets=None, world=1):
+    cfg = make_config(initial_learning_rate=0.05, learning_rate_decay_factor=1.0)
+    opt = FusedMomentum(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, impl="torch")
+    if compiled is not None:
+        compiled = CompiledModel(model, "default", log=compiled.append)
+    if buckets is not None:
+        buckets = GradBuckets(opt.flat, buckets, bucket_cap_mb=0.05, first_bucket_mb=0.01, enabled=True)
+    return TrainStep(
+        model, optimizer=opt, precision=FP32, device=CPU, world_size=world, buckets=buckets,
+        schedule=LRSchedule(cfg, steps_per_epoch=100, global_batch=2, device=CPU),
+        loss_fn=lambda out, y: classification_loss(out, y, label_smoothing=0.1, aux_weight=0.4),
+        preprocess="inception", compiled=compiled,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+# 64 px and 4 images for the ResNets: at 32 px and 2 images their last BatchNorm normalises 2 values
+# per channel, so ill-conditioned that last-bit differences grew to 7e-3 of a gradient in one step.
+@pytest.mark.parametrize(
+    "name, size, images", [("resnet18", 64, 4), ("resnet18_v2", 64, 4), ("inception_v3", 299, 8)]
+)
+def test_compiled_step_equals_the_eager_step(name, size, images):
+    eager_model = _model(name)
+    compiled_model = copy.deepcopy(eager_model)
+    eager, log = _step(eager_model), []
+    compiled = _step(compiled_model, compiled=log)
+    assert compiled.compiled.active and len(compiled.compiled.regions) == len(compile_regions(eager_model))
+    for k, batch in enumerate(_batches(3, batch=images, size=size)):
+        # Dropout (Inception) draws from torch's generator: both steps draw the same masks.
+        torch.manual_seed(100 + k)
+        eager([batch])
+        torch.manual_seed(100 + k)
+        compiled([batch])
+        # One step deep, as tests/test_step.py compares the eager step with torch.optim. inductor
+        # computes BatchNorm's batch statistics in its own (blocked) reduction order and fuses the
+        # elementwise ops, so activations differ from eager in the last bits; backward through BN
+        # divides by the batch std, which for a tiny net at a few values per channel amplifies that:
+        # measured, every momentum buffer (the step's gradient) within 1e-6 (resnet18) and 1.4e-5
+        # (resnet18_v2) of its largest value, INCEPTION, the loss within 1e-6. Hence a bound relative to
+        # each tensor's scale, ALLOW; a missing or doubled update, a wrong statistic or a stale weight
+        # moves a tensor by >= 1e-3 of its scale.
+        pairs = list(zip(eager_model.state_dict().items(), compiled_model.state_dict().values()))
+        pairs += [
+            (
+                ("momentum", eager.optimizer._buffers["momentum_buffer"]),
+                compiled.optimizer._buffers["momentum_buffer"],
+            )
+        ]
+        for (key, a), b in pairs:
+            if a.is_floating_point():
+                worst = (a - b).abs().max().item()
+                assert worst <= 2e-4 * a.abs().max().item() + 1e-7, f"step {k}, {key}: {worst:.2e}"
+            else:
+                assert torch.equal(a, b), key  # num_batches_tracked: the warm-up's forward is undone
+        assert compiled.last_loss.item() == pytest.approx(eager.last_loss.item(), rel=1e-5)
+        with torch.no_grad():  # start the next step from the same state
+            for a, b in zip(eager_model.state_dict().values(), compiled_model.state_dict().values()):
+                b.copy_(a)
+            compiled.optimizer._buffers["momentum_buffer"].copy_(eager.optimizer._buffers["momentum_buffer"])
+    assert len(log) == 1 and log[0].startswith(
+        f"fasttrain: compiled {len(compiled.compiled.regions)} regions"
+    )
+
+
+def test_regions_are_the_blocks():
+    with torch.device("meta"):
+        names = {
+            name: [n for n, _ in compile_regions(create_model(name, 1001))]
+            for name in ("resnet50", "resnet50_v2", "inception_v3")
+        }
+    assert names["resnet50"][:2] == ["layer1.0", "layer1.1"] and len(names["resnet50"]) == 16
+    assert len(names["resnet50_v2"]) == 16
+    assert names["inception_v3"][:5] == [
+        "Conv2d_1a_3x3",
+        "Conv2d_2a_3x3",
+        "Conv2d_2b_3x3",
+        "Conv2d_3b_1x1",
+        "Conv2d_4a_3x3",
+    ]
+    assert "AuxLogits" in names["inception_v3"] and "Mixed_7c" in names["inception_v3"]
+    assert len(names["inception_v3"]) == 5 + 11 + 1
+
+
+def test_the_meta_device_stays_eager_and_says_so():
+    log = []
+    with torch.device("meta"):
+        model = create_model("resnet18", 5, base_channels=8)
+    compiled = CompiledModel(model, "default", log=log.append)
+    assert not compiled.active
+    assert log == [
+        "fasttrain: --compile: running the model eagerly: the meta device runs nothing (the step is "
+        "traced there uncompiled)"
+    ]
+
+
+@pytest.mark.slow
+def test_a_model_inductor_cannot_compile_runs_eagerly_with_one_line(monkeypatch):
+    # No C++ compiler: inductor's CPU backend fails while compiling the first region.
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
+    monkeypatch.setattr(inductor_config, "force_disable_caches", True)
+    torch._dynamo.reset()
+    model, log = _model("resnet18"), []
+    reference = copy.deepcopy(model)
+    step, eager = _step(model, compiled=log), _step(reference)
+    try:
+        for batch in _batches(2):
+            step([batch])
+            eager([batch])
+    finally:
+        torch._dynamo.reset()
+    assert not step.compiled.active
+    assert len(log) == 1, log
+    assert log[0].startswith(
+        "fasttrain: --compile: inductor could not compile the model, running it eagerly: "
+    )
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)  # eager, bit for bit
+
+
+def _overlap(info, out):
+    # Does a bucket's all-reduce start before backward reaches layer1? The blocks are compiled, the
+    # code between them is eager: a hook on the gradient of layer1's output fires when layer2's
+    # backward is done and layer1's (and the stem's) is still to run. Checked when this was written:
+    # with GradBuckets launching nothing before wait() (the end of backward), this test fails.
+    events = []
+    launch = dist.all_reduce
+
+    def recording_all_reduce(tensor, *args, **kwargs):
+        events.append("all_reduce")
+        return launch(tensor, *args, **kwargs)
+
+    dist.all_reduce = recording_all_reduce
+    try:
+        torch.manual_seed(0)
+        model = create_model("resnet18", 5, base_channels=8)
+
+        def mark(_module, _inputs, output) -> None:
+            if output.requires_grad:
+                output.register_hook(lambda grad: events.append("layer1"))
+
+        model.layer1.register_forward_hook(mark)
+        step = _step(model, compiled=[], buckets=info, world=info.world_size)
+        for batch in _batches(3, seed=info.rank):
+            events.clear()
+            step([batch])
+        torch.save(dict(events=events, buckets=len(step.buckets.bucket_ranges)), f"{out}.{info.rank}")
+    finally:
+        dist.all_reduce = launch
+
+
+@pytest.mark.slow
+def test_compiled_regions_hand_gradients_to_the_buckets_during_backward(tmp_path):
+    spawn(_overlap, 2, str(tmp_path / "events"))
+    for rank in range(2):
+        result = torch.load(tmp_path / f"events.{rank}")
+        events = result["events"]
+        assert result["buckets"] >= 3 and events.count("all_reduce") == result["buckets"], result
+        before = events[: events.index("layer1")].count("all_reduce")
+        assert before >= 2, f"rank {rank}: {events}"  # layer4's and layer3's buckets at least
