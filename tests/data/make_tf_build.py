@@ -279,6 +279,11 @@ def write_damaged(out: Path, coder: Coder) -> None:
     base = _jpeg(_photo("astronaut", 0, 0, 512, 512, (64, 64)), quality=90)
     prog = _jpeg(_photo("astronaut", 0, 0, 512, 512, (64, 64)), quality=90, progressive=True)
     middle = len(base) // 2
+    # Sampling factors TurboJPEG's API cannot name (Y 2x2, Cb 2x1, Cr 1x1) over data coded for 4:4:4:
+    # libjpeg decodes it (wrong pixels, warnings); simplejpeg refuses it at the header.
+    unusual = bytearray(_jpeg(_photo("astronaut", 0, 0, 512, 512, (64, 64)), quality=90, subsampling=0))
+    sof = unusual.index(b"\xff\xc0") + 10  # the first component's id, then its sampling byte
+    unusual[sof + 1], unusual[sof + 4], unusual[sof + 7] = 0x22, 0x21, 0x11
     spoiled = bytearray(base)
     spoiled[middle : middle + 40] = bytes(b ^ 0x5A for b in spoiled[middle : middle + 40])
     cases = {
@@ -297,6 +302,7 @@ def write_damaged(out: Path, coder: Coder) -> None:
         "trailing_data.jpg": base + b"data after EOI",
         "spoiled_entropy.jpg": bytes(spoiled),  # wrong pixels, but nothing libjpeg calls an error
         "reserved_marker.jpg": base[:middle] + b"\xff\x02" + base[middle + 2 :],  # fatal in libjpeg
+        "unusual_sampling.jpg": bytes(unusual),
         "png_content.jpg": _png_rgba(_photo("astronaut", 0, 0, 512, 512, (32, 32))),  # TF 2 decodes PNG too
     }
     verdicts = {}
