@@ -378,7 +378,7 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
     seconds = time.perf_counter() - start
     per_image = 1e3 * cpu / max(images + skipped, 1)
     out(
-        f"wrote {images} images in {len(jobs)} shards to {args.output_directory} in {seconds:.1f} s "
+        f"wrote {images} images in {len(jobs)} shards to {args.output_directory} in {seconds:.2f} s "
         f"({images / max(seconds, 1e-9):.0f} images/s, {per_image:.2f} CPU ms per image)"
         + (f"; left out {skipped} bad images (named above)" if skipped else "")
     )

@@ -199,7 +199,11 @@ def _feature(kind, values):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
 
-def tf_build(root: Path, out: Path, coder: Coder, reencoded: dict) -> None:
+def tf_build(
+    root: Path, out: Path, coder: Coder, reencoded: dict, shards=None, num_threads=NUM_THREADS
+) -> None:
+    """The script's run over root/{validation,train} (shards: {split: count}; bench/bench_build.py
+    times it on a larger tree)."""
     synsets = [line.strip() for line in (root / "synsets.txt").read_text().splitlines(True)]
     human = {}
     for line in (root / "metadata.txt").read_text(encoding="utf-8").splitlines(True):
@@ -210,10 +214,9 @@ def tf_build(root: Path, out: Path, coder: Coder, reencoded: dict) -> None:
         name, *values = line.split(",")
         boxes.setdefault(name, []).append([float(v) for v in values])  # xmin, ymin, xmax, ymax
 
-    for split, directory, num_shards in (
-        ("validation", root / "validation", VALIDATION_SHARDS),
-        ("train", root / "train", TRAIN_SHARDS),
-    ):
+    shards = shards or {"validation": VALIDATION_SHARDS, "train": TRAIN_SHARDS}
+    for split, num_shards in shards.items():
+        directory = root / split
         paths, labels, names = [], [], []
         for label, synset in enumerate(synsets, start=1):
             found = sorted(tf.io.gfile.glob(f"{directory}/{synset}/*.JPEG"))  # sorted: the one change
@@ -225,9 +228,9 @@ def tf_build(root: Path, out: Path, coder: Coder, reencoded: dict) -> None:
         random.shuffle(order)
         paths, labels, names = ([v[i] for i in order] for v in (paths, labels, names))
 
-        bounds = np.linspace(0, len(paths), NUM_THREADS + 1).astype(int)
-        per_thread = num_shards // NUM_THREADS
-        for thread in range(NUM_THREADS):
+        bounds = np.linspace(0, len(paths), num_threads + 1).astype(int)
+        per_thread = num_shards // num_threads
+        for thread in range(num_threads):
             cuts = np.linspace(bounds[thread], bounds[thread + 1], per_thread + 1).astype(int)
             for s in range(per_thread):
                 shard = out / f"{split}-{thread * per_thread + s:05d}-of-{num_shards:05d}"
