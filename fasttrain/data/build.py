@@ -32,10 +32,13 @@ Built for ImageNet's 1.28 million images:
   in the same job, while the shard is in the page cache.
 - progress every 10 s: images, images/s, ETA.
 
-Speed (measured, bench/bench_build.py): about 1,900 images per second per core on photos of about
-500x375 (45 kB), 2 processes on a 2-core Xeon VM, files in the page cache; about 0.4 CPU ms an image:
-the check that a JPEG decodes (libjpeg-turbo at 1/8 scale) is most of it. --row_checkpoints adds
-about 0.6 CPU ms an image.
+Speed (measured, bench/bench_build.py; bench/results/2026-11-27-cpu-build/): 0.84 CPU ms per image
+in the jobs, about 1,200 images per second per core, on real photos of 465x415 px and 61 kB on
+average (2 workers on a shared 2-core AMD EPYC VM, files in the page cache); TensorFlow's script's
+steps took 1.34 ms on the same photos. Most of it is the check that a JPEG decodes (0.11 ms + 0.008
+ms per kB): at ImageNet's 108 kB an image, about 1.2 ms (830 images per core-second; extrapolated,
+not measured on ImageNet). --row_checkpoints adds about 0.95 ms an image, --write_index nothing
+measurable; the command's start costs about 2 CPU seconds.
 """
 
 from __future__ import annotations
