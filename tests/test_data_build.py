@@ -301,3 +301,38 @@ def test_numbers_in_boxes_are_the_scripts_float32(built):
         if r["image/filename"].bytes_list.value[0].decode() == line[0]
     )
     assert record["image/object/bbox/xmin"].float_list.value[0] == np.float32(float(line[1]))
+
+
+def test_without_a_box_file_every_box_list_is_empty(tmp_path, capsys):
+    args = [a for a in build_args(FIXTURE / "input", tmp_path) if not a.startswith("--bounding_box_file")]
+    assert main([*args, "--bounding_box_file=nowhere.csv"]) == 1
+    assert "--bounding_box_file '' for records without boxes" in capsys.readouterr().err
+    assert main([*args, "--bounding_box_file="]) == 0
+    box_keys = {f"image/object/bbox/{k}" for k in ("xmin", "ymin", "xmax", "ymax", "label")}
+    # TensorFlow's empty box lists: a record of the fixture's without boxes (set, and empty)
+    no_boxes = next(
+        r for s in SHARDS for r in features(TF_OUTPUT / s) if r["image/object/bbox/xmin"] == b"\x12\x00"
+    )
+    for name in SHARDS:
+        for ours, theirs in zip(features(tmp_path / name), features(TF_OUTPUT / name), strict=True):
+            assert {k: v for k, v in ours.items() if k not in box_keys} == {
+                k: v for k, v in theirs.items() if k not in box_keys
+            }
+            assert all(ours[k] == no_boxes[k] for k in box_keys)
+
+
+def test_an_unreadable_file_is_named(tree, tmp_path, capsys):
+    (tree / "train/n01440764/n01440764_8.JPEG").symlink_to(tree / "missing.JPEG")
+    assert main(build_args(tree, tmp_path / "out", "--on_bad=skip")) == 0
+    out = capsys.readouterr().out
+    assert f"skipped {tree / 'train/n01440764/n01440764_8.JPEG'}: cannot be read (No such file" in out
+
+
+def test_one_build_at_a_time_per_output_directory(tmp_path, capsys):
+    import fcntl
+
+    with open(tmp_path / ".fasttrain-build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assert main(build_args(FIXTURE / "input", tmp_path)) == 1
+    assert f"another build is writing to {tmp_path}" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*-of-*"))

@@ -59,7 +59,8 @@ Image.MAX_IMAGE_PIXELS = None  # the size limit that applies is decode_jpeg's, c
 
 
 class BadImage(Exception):
-    """A file the script could not store (the message says why, without the path)."""
+    """A file the script could not store. The message says why, without the path, as a predicate of
+    the file: "is truncated (...)", "does not decode (...)"."""
 
 
 def converted_by_script(relative_path: str) -> str | None:
@@ -79,7 +80,7 @@ def stored_image(path: str, relative_path: str) -> tuple[bytes, int, int]:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as e:
-        raise BadImage(f"cannot read it ({e.strerror})") from None
+        raise BadImage(f"cannot be read ({e.strerror})") from None
     conversion = converted_by_script(relative_path)
     if conversion is not None:
         pixels = _png_pixels(data) if conversion == "png" else _jpeg_pixels_any_channels(data)

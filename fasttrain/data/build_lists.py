@@ -116,7 +116,8 @@ def _lines(path: str, what: str, flag: str) -> list[str]:
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise DataError(f"{what} {path} does not exist; give it with --{flag}") from None
+        none = " (or --bounding_box_file '' for records without boxes)" if flag == "bounding_box_file" else ""
+        raise DataError(f"the {what} {path} does not exist; give it with --{flag}{none}") from None
     except OSError as e:
         raise DataError(f"cannot read the {what} {path} ({e.strerror}); check --{flag}") from None
     except UnicodeDecodeError as e:
