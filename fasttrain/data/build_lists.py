@@ -17,8 +17,9 @@ The script, read from its code:
   shard t * (num_shards / num_threads) + s holds the images between cuts s and s + 1. So num_threads
   is part of the layout, and a shard can be empty (fewer images than shards).
 
-One change: the script takes each folder's files in the order the file system lists them (tf.gfile.Glob),
-which differs from one machine and file system to the next, so its shards cannot be made again. Here
+One change: the script takes each folder's files in the order the file system lists them (tf.gfile.Glob;
+TensorFlow 2.21's tf.io.gfile.glob returned os.listdir's order here, unsorted), which differs from one
+machine and file system to the next, so its shards cannot be made again. Here
 each folder's names are sorted (by code point, which is UTF-8 byte order) before the same seeded
 shuffle: the same inputs give the same shards everywhere. Python 3's random.shuffle is the one used
 (Python 2's, which the script met in 2016, draws differently).
