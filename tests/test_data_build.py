@@ -197,11 +197,12 @@ def test_shards_of_another_file_list_are_refused(tree, tmp_path, capsys):
     assert err.count("\n") == 1 and "already holds 4 train shards" in err and str(out) in err
 
 
-def test_a_corrupt_image_stops_the_build_with_one_line_and_no_partial_shard(tree, tmp_path, capsys):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_corrupt_image_stops_the_build_with_one_line_and_no_partial_shard(tree, tmp_path, capsys, workers):
     bad = tree / "train/n01440764/n01440764_7.JPEG"
     bad.write_bytes(bad.read_bytes()[:1000])  # truncated: TensorFlow's decode fails on it
     out = tmp_path / "out"
-    assert main(build_args(tree, out)) == 1
+    assert main(build_args(tree, out, f"--workers={workers}")) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"bad image {bad}: it is truncated" in err and "--on_bad skip" in err
     holder = next(
@@ -210,6 +211,18 @@ def test_a_corrupt_image_stops_the_build_with_one_line_and_no_partial_shard(tree
     assert not (out / holder).exists() and not list(out.glob(".*.tmp"))
     for shard in out.glob("*-of-*"):  # whatever was finished is complete and right
         assert features(shard) == features(TF_OUTPUT / shard.name)
+
+
+def test_a_failure_removes_the_other_workers_half_written_shards(tree, tmp_path, capsys):
+    # A FIFO under a validation name blocks its worker inside a shard (validation shards go first), with
+    # the shard's temporary file open, until the other worker's failure on a train image ends the pool.
+    os.mkfifo(tree / "validation/n01440764/ILSVRC2012_val_00000009.JPEG")
+    bad = tree / "train/n01440764/n01440764_7.JPEG"
+    bad.write_bytes(b"")
+    out = tmp_path / "out"
+    assert main(build_args(tree, out, "--workers=2")) == 1
+    assert f"bad image {bad}: it is empty" in capsys.readouterr().err
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
 
 
 def test_on_bad_skip_leaves_the_image_out_and_names_it(tree, tmp_path, capsys):
@@ -249,7 +262,8 @@ def test_index_files_and_row_checkpoints_in_the_same_pass(tmp_path, capsys):
     (tmp_path / "train-00001-of-00004.rows").unlink()
     capsys.readouterr()
     assert main(build_args(FIXTURE / "input", tmp_path, "--row_checkpoints")) == 0
-    assert "1 shards to write (0 images), 8 already written" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0 shards to write (0 images), 1 finished ones to give row checkpoints, 8 already written" in out
     assert RowIndex.open(tmp_path / "train-00001-of-00004") is not None
 
 

@@ -13,9 +13,10 @@ The flags and defaults are the script's; `--num_threads` is part of the layout t
 writes num_shards / num_threads shards of its share of the list) and is here too, while the work is
 spread over `--workers` processes (default: every core), a shard per job. What goes where:
 fasttrain/data/build_lists.py (sorted listing, then the script's seeded shuffle and split); what each
-image becomes: fasttrain/data/build_image.py. Two things differ from the script on purpose: the
-directory listing is sorted (the script's order depends on the file system), and a split directory
-left out is not built (the script's default, /tmp/, only finds nothing).
+image becomes: fasttrain/data/build_image.py; a shard's job: fasttrain/data/build_shard.py. Two
+things differ from the script on purpose: the directory listing is sorted (the script's order depends
+on the file system), and a split directory left out is not built (the script's default, /tmp/, only
+finds nothing).
 
 Built for ImageNet's 1.28 million images:
 - resumable: each shard is written as `.<name>.<pid>.tmp` and renamed when complete, so a shard that
@@ -49,18 +50,20 @@ import json
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from fasttrain.data import DataError
-from fasttrain.data.build_image import BadImage, stored_image
 from fasttrain.data.build_lists import Annotations, EmptySplit, SplitPlan, plan_split, read_annotations
-
-# The helpers of other modules, in one place (files there may move).
-from fasttrain.data.example import Example
-from fasttrain.data.imagenet import find_shards
-from fasttrain.data.row_index import RowIndex, build_row_index
-from fasttrain.data.tfrecord import frame_record, load_index, write_index_file
+from fasttrain.data.build_shard import (
+    ShardFailed,
+    ShardJob,
+    find_shards,
+    has_row_checkpoints,
+    init_worker,
+    load_index,
+    run_job,
+)
 
 PROGRESS_SECONDS = 10.0
 
@@ -95,122 +98,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--row_checkpoints", action="store_true", help="write the JPEG row checkpoints (<shard>.rows) too"
     )
     p.add_argument("--on_bad", choices=("stop", "skip"), default="stop", help="on a bad image or empty split")
-
-
-@dataclass
-class ShardJob:
-    """One shard to write, or one finished shard whose row checkpoints are missing (write=False)."""
-
-    path: Path
-    directory: Path  # the split's image folder
-    write: bool
-    images: int  # how many images the plan puts in it
-    write_index: bool
-    row_checkpoints: bool
-    skip_bad: bool
-    # (synset/name, label, synset, text, boxes), filled in by _with_entries as the job is handed out, so
-    # that ImageNet's 1.28 million entries never sit in memory (or in the pool's queue) all at once
-    entries: list[tuple[str, int, str, str, list]] | None = None
-    plan: SplitPlan | None = None  # the main process's reference; not sent to a worker
-    first: int = 0  # the shard's images are plan.files[first:first + images]
-
-
-@dataclass
-class ShardResult:
-    name: str
-    images: int
-    skipped: list[str]  # one line per image left out
-    cpu_seconds: float
-
-
-class _Failed(Exception):
-    """A worker's one-line reason to stop the build (a plain message: it crosses process boundaries)."""
-
-
-_counter = None  # images done, shared by the worker processes (set by _init_worker)
-
-
-def _init_worker(counter) -> None:
-    global _counter
-    _counter = counter
-
-
-def example_bytes(
-    jpeg: bytes, height: int, width: int, label: int, synset: str, text: str, name: str, boxes
-) -> bytes:
-    """The script's Example (`_convert_to_example`), boxes as (xmin, ymin, xmax, ymax) tuples.
-
-    Serialized deterministically (map keys sorted): the same record gives the same bytes in every
-    process, where TensorFlow's order varies from one process to the next."""
-    example = Example()
-    feature = example.features.feature
-    for key, value in (("image/height", height), ("image/width", width), ("image/channels", 3)):
-        feature[key].int64_list.value.append(value)
-    feature["image/class/label"].int64_list.value.append(label)
-    for key, value in (
-        ("image/colorspace", b"RGB"),
-        ("image/class/synset", synset.encode()),
-        ("image/class/text", text.encode("utf-8")),
-        ("image/format", b"JPEG"),
-        ("image/filename", os.fsencode(name)),
-        ("image/encoded", jpeg),
-    ):
-        feature[key].bytes_list.value.append(value)
-    for i, key in enumerate(("xmin", "ymin", "xmax", "ymax")):  # every list set, empty ones too
-        feature[f"image/object/bbox/{key}"].float_list.value.extend(b[i] for b in boxes)
-    feature["image/object/bbox/label"].int64_list.value.extend([label] * len(boxes))
-    return example.SerializeToString(deterministic=True)
-
-
-def run_job(job: ShardJob) -> ShardResult:
-    """Write one shard (as a temporary file, renamed when complete) and its sidecars."""
-    start = time.process_time()
-    skipped, images = [], 0
-    if job.write:
-        tmp = job.path.with_name(f".{job.path.name}.{os.getpid()}.tmp")
-        index, offset = [], 0
-        try:
-            with open(tmp, "wb") as f:
-                for relative, label, synset, text, boxes in job.entries:
-                    file = job.directory / relative
-                    try:
-                        jpeg, height, width = stored_image(str(file), relative)
-                    except BadImage as e:
-                        if not job.skip_bad:
-                            raise _Failed(
-                                f"bad image {file}: it {e}; replace it with a sound copy and run the same "
-                                "command again (finished shards are kept), or leave bad images out with "
-                                "--on_bad skip"
-                            ) from None
-                        skipped.append(f"{file}: {e}")
-                        continue
-                    finally:
-                        if _counter is not None:
-                            with _counter.get_lock():
-                                _counter.value += 1
-                    framed = frame_record(
-                        example_bytes(
-                            jpeg, height, width, label, synset, text, relative.split("/", 1)[1], boxes
-                        )
-                    )
-                    f.write(framed)
-                    index.append((offset, len(framed)))
-                    offset += len(framed)
-                    images += 1
-            os.replace(tmp, job.path)  # the shard appears complete or not at all
-        except OSError as e:  # the output side: reading an image is BadImage's
-            tmp.unlink(missing_ok=True)
-            raise _Failed(
-                f"cannot write {job.path} ({e.strerror}); free space or give another --output_directory"
-            ) from None
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        if job.write_index:
-            write_index_file(job.path.with_name(job.path.name + ".idx"), index)
-    if job.row_checkpoints:
-        build_row_index(job.path)  # reads the .idx, or builds and writes it
-    return ShardResult(job.path.name, images, skipped, time.process_time() - start)
 
 
 def _lock(output: Path):
@@ -253,7 +140,7 @@ def _jobs_for(plan: SplitPlan, annotations: Annotations, output: Path, args) -> 
             kept += 1
             if args.write_index and not args.row_checkpoints:
                 load_index(path)  # validates or rebuilds <shard>.idx (a header scan)
-            if args.row_checkpoints and RowIndex.open(path) is None:
+            if args.row_checkpoints and not has_row_checkpoints(path):
                 jobs.append(ShardJob(path, plan.directory, False, 0, False, True, False))  # rows only
             continue
         skip_bad = args.on_bad == "skip"
@@ -345,14 +232,19 @@ def build(args, out=print) -> int:
 
 
 def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
+    if not jobs:
+        out(f"nothing to do: all {kept} shards are written already")
+        return 0
     total = sum(j.images for j in jobs)
-    workers = max(1, min(args.workers or len(os.sched_getaffinity(0)), len(jobs) or 1))
-    out(f"{len(jobs)} shards to write ({total} images), {kept} already written, {workers} processes")
+    writes = sum(1 for j in jobs if j.write)
+    workers = max(1, min(args.workers or len(os.sched_getaffinity(0)), len(jobs)))
+    rows_only = f", {len(jobs) - writes} finished ones to give row checkpoints" if len(jobs) > writes else ""
+    out(f"{writes} shards to write ({total} images){rows_only}, {kept} already written, {workers} processes")
     counter = multiprocessing.Value("q", 0)
     start = last = time.perf_counter()
     images, skipped, cpu = 0, 0, 0.0
-    pool = multiprocessing.Pool(workers, _init_worker, (counter,)) if workers > 1 else None
-    _init_worker(counter)
+    pool = multiprocessing.Pool(workers, init_worker, (counter,)) if workers > 1 else None
+    init_worker(counter)
     feed = _with_entries(jobs, annotations)
     results = pool.imap_unordered(run_job, feed) if pool else map(run_job, feed)
     try:
@@ -369,23 +261,33 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
             skipped += len(result.skipped)
             if time.perf_counter() - last >= PROGRESS_SECONDS and done < len(jobs):
                 last = _progress(out, counter.value, total, start)
-    except _Failed as e:
+    except ShardFailed as e:
         raise DataError(str(e)) from None
+    except KeyboardInterrupt:
+        out("interrupted: the finished shards are kept; run the same command again to go on")
+        return 130
     finally:
         if pool:
             pool.terminate()  # after a failure: the other shards stop half-written ...
             pool.join()
-        for job in jobs:  # ... and their temporary files go (a killed worker cannot remove its own)
-            for tmp in job.path.parent.glob(f".{job.path.name}.*.tmp"):
-                tmp.unlink(missing_ok=True)
+        _remove_temporaries(jobs)  # ... and their temporary files go (a killed worker leaves its own)
     seconds = time.perf_counter() - start
     per_image = 1e3 * cpu / max(images + skipped, 1)
     out(
-        f"wrote {images} images in {len(jobs)} shards to {args.output_directory} in {seconds:.2f} s "
+        f"wrote {images} images in {writes} shards to {args.output_directory} in {seconds:.2f} s "
         f"({images / max(seconds, 1e-9):.0f} images/s, {per_image:.2f} CPU ms per image)"
         + (f"; left out {skipped} bad images (named above)" if skipped else "")
     )
     return 0
+
+
+def _remove_temporaries(jobs: list[ShardJob]) -> None:
+    """Delete the `.<shard>.<pid>.tmp` files of the jobs' shards (one listing of the directory)."""
+    names = {job.path.name for job in jobs}
+    for directory in {job.path.parent for job in jobs}:
+        for entry in os.scandir(directory):
+            if entry.name.endswith(".tmp") and entry.name[1:].rsplit(".", 2)[0] in names:
+                Path(entry.path).unlink(missing_ok=True)
 
 
 def _progress(out, done: int, total: int, start: float) -> float:
