@@ -63,6 +63,7 @@ from fasttrain.data.build_shard import (
     init_worker,
     load_index,
     run_job,
+    set_counter,
 )
 
 PROGRESS_SECONDS = 10.0
@@ -244,7 +245,7 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
     start = last = time.perf_counter()
     images, skipped, cpu = 0, 0, 0.0
     pool = multiprocessing.Pool(workers, init_worker, (counter,)) if workers > 1 else None
-    init_worker(counter)
+    set_counter(counter)
     feed = _with_entries(jobs, annotations)
     results = pool.imap_unordered(run_job, feed) if pool else map(run_job, feed)
     try:

@@ -13,6 +13,7 @@ the page cache. This module holds fasttrain's other data modules' helpers the bu
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "init_worker",
     "load_index",
     "run_job",
+    "set_counter",
 ]
 
 
@@ -78,9 +80,16 @@ class ShardFailed(Exception):
 _counter = None  # images done, shared by the worker processes (set by init_worker)
 
 
-def init_worker(counter) -> None:
+def set_counter(counter) -> None:
     global _counter
     _counter = counter
+
+
+def init_worker(counter) -> None:
+    set_counter(counter)
+    # Ctrl-C reaches every process of the terminal's group: the main process alone handles it (ending
+    # the pool and removing its temporary files); a worker would print a traceback each.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def example_bytes(
