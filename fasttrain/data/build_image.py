@@ -122,10 +122,13 @@ def _jpeg_pixels_any_channels(data: bytes) -> np.ndarray:
     jpeg_mem.cc's formula, RGB as decode_jpeg(channels=3). A grey JPEG, where TensorFlow's encode
     (format='rgb', 1 channel) fails, is stored as RGB with three equal channels."""
     check_jpeg(data)
-    _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    if colorspace not in ("CMYK", "YCCK"):
-        return _decode_rgb(data)
-    cmyk = simplejpeg.decode_jpeg(data, colorspace="CMYK", fastdct=True, fastupsample=False, strict=False)
+    try:
+        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace not in ("CMYK", "YCCK"):
+            return _decode_rgb(data)
+        cmyk = simplejpeg.decode_jpeg(data, colorspace="CMYK", fastdct=True, fastupsample=False, strict=False)
+    except ValueError as e:  # sampling factors TurboJPEG's API cannot describe: TF's pixels are out of reach
+        raise BadImage(f"is not re-encoded: TurboJPEG does not decode it ({e})") from None
     c, k = cmyk[..., :3].astype(np.int32), cmyk[..., 3:].astype(np.int32)
     rgb = k * c // 255 if _saw_adobe_marker(data) else (255 - k) * (255 - c) // 255
     return rgb.astype(np.uint8)
@@ -135,7 +138,7 @@ def _decode_rgb(data: bytes) -> np.ndarray:
     try:
         return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=False, strict=False)
     except ValueError as e:
-        raise BadImage(f"does not decode ({e})") from None
+        raise BadImage(f"is not re-encoded: TurboJPEG does not decode it ({e})") from None
 
 
 def check_jpeg(data: bytes) -> tuple[int, int]:
@@ -169,7 +172,7 @@ def check_jpeg(data: bytes) -> tuple[int, int]:
         _check_size(image.height, image.width, len(image.getbands()))
         image.draft(image.mode, (1, 1))
         image.load()
-    except (OSError, ValueError, SyntaxError):
+    except Exception:  # whatever Pillow raises on a file libjpeg refuses (OSError mostly, struct.error...)
         raise BadImage(f"does not decode ({error})") from None
     return image.height, image.width
 
