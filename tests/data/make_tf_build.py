@@ -4,7 +4,8 @@ Run once, in a scratch environment (TensorFlow is never a dependency of the test
     /opt/tfvenv/bin/python tests/data/make_tf_build.py   # tensorflow-cpu 2.21, Pillow 13, scikit-image 0.26
 
 Deterministic: every photo is cut from scikit-image's bundled photographs at fixed places, every random
-choice comes from a seeded numpy Generator, the encoders are of fixed versions.
+choice comes from a seeded numpy Generator, the encoders are of fixed versions. (TensorFlow's shards
+differ byte-wise from one run to the next, in the order of each record's features only.)
 
 input/train/<synset>/*.JPEG and input/validation/<synset>/*.JPEG, with synsets.txt (the labels file),
 metadata.txt (synset<TAB>text, one line UTF-8) and boxes.csv (what process_bounding_boxes.py prints).
