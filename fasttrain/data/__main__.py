@@ -1,4 +1,4 @@
-"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic}.
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, build}.
 
     verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
                [--cache-dir D] [--no-index]
@@ -11,6 +11,8 @@
         boxes ([ymin, xmin, ymax, xmax] each), synset, text, jpeg_bytes
     make-synthetic --out DIR [--train-shards N] [--val-shards M] [--per-shard K] [--classes C] [--seed S]
         a small data set in the converter's exact layout (see fasttrain.data.synthetic)
+    build --train_directory D --validation_directory D --output_directory D --labels_file F ...
+        ImageNet JPEG folders to the shards build_imagenet_data.py writes (see fasttrain.data.build)
 
 Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments (a DIR that is not a
 directory too, as for the trainer's --data_dir). Messages name settings as the trainer's flags
@@ -27,6 +29,8 @@ import time
 from pathlib import Path
 
 from fasttrain.data import DataError
+from fasttrain.data.build import add_arguments as add_build_arguments
+from fasttrain.data.build import build
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
@@ -84,6 +88,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-shard", type=_count(0), default=750)
     p.add_argument("--classes", type=_count(1), default=10)
     p.add_argument("--seed", type=int, default=0)
+
+    add_build_arguments(
+        commands.add_parser("build", help="JPEG folders to TFRecord shards, as TF's converter")
+    )
     return parser
 
 
@@ -181,7 +189,7 @@ def main(argv=None) -> int:
         what = "is not a directory" if Path(args.data_dir).exists() else "does not exist"
         print(f"error: {args.data_dir} {what}; give the directory of the TFRecord shards", file=sys.stderr)
         return 2
-    command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic}[args.command]
+    command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic, "build": build}[args.command]
     try:
         return command(args)
     except DataError as e:

@@ -303,7 +303,10 @@ def label_range_error(file, offset: int, stored: int, label_offset: int, num_cla
     )
 
 
-CONVERTER = "TensorFlow models' build_imagenet_data.py (research/inception/inception/data/)"
+CONVERTER = (
+    "python -m fasttrain.data build (it writes what TensorFlow models' build_imagenet_data.py writes; "
+    "README: Preparing ImageNet TFRecords)"
+)
 
 
 def raw_images_hint(data_dir) -> str:
