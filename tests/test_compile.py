@@ -55,13 +55,28 @@ def _step(model, compiled=None, buckets=None, world=1):
     )  # fmt: skip
 
 
+# How close is close enough, per model, one step deep (as tests/test_step.py compares the eager step
+# with torch.optim). inductor computes BatchNorm's batch statistics in its own blocked reduction order
+# and fuses the elementwise ops, so its activations differ from eager's in the last bits (2e-7 relative,
+# measured on a region alone), and backward amplifies that by the network's conditioning:
+# - ResNets, 64 px, 4 images (at 32 px and 2 images their last BN normalises 2 values per channel and
+#   one step grew the difference to 7e-3 of a gradient): measured, every momentum buffer (the step's
+#   gradient) within 1e-6 (resnet18) and 1.4e-5 (resnet18_v2) of its tensor's largest value. Bound:
+#   2e-4 of each tensor's scale.
+# - Inception v3 at a tenth of its channels, 299 px, 8 images: fp32 itself is the limit. Measured when
+#   this was written: eager fp32 gradients are 1.7% (L2) from the same net in float64, compiled fp32
+#   1.6% from eager fp32, and compiled vs eager both in float64 agree to 2e-12, so the compiled code is
+#   the same arithmetic. Bound: 5% L2 on the whole gradient, 1e-3 L2 on weights and BN statistics.
+# A missing or doubled update, a wrong statistic or a stale weight moves values by far more.
+_PER_TENSOR, _WHOLE = "max-abs per tensor", "L2 over the step's state"
+
+
 @pytest.mark.slow
-# 64 px and 4 images for the ResNets: at 32 px and 2 images their last BatchNorm normalises 2 values
-# per channel, so ill-conditioned that last-bit differences grew to 7e-3 of a gradient in one step.
 @pytest.mark.parametrize(
-    "name, size, images", [("resnet18", 64, 4), ("resnet18_v2", 64, 4), ("inception_v3", 299, 8)]
+    "name, size, images, bound",
+    [("resnet18", 64, 4, _PER_TENSOR), ("resnet18_v2", 64, 4, _PER_TENSOR), ("inception_v3", 299, 8, _WHOLE)],
 )
-def test_compiled_step_equals_the_eager_step(name, size, images):
+def test_compiled_step_equals_the_eager_step(name, size, images, bound):
     eager_model = _model(name)
     compiled_model = copy.deepcopy(eager_model)
     eager, log = _step(eager_model), []
@@ -73,32 +88,32 @@ def test_compiled_step_equals_the_eager_step(name, size, images):
         eager([batch])
         torch.manual_seed(100 + k)
         compiled([batch])
-        # One step deep, as tests/test_step.py compares the eager step with torch.optim. inductor
-        # computes BatchNorm's batch statistics in its own (blocked) reduction order and fuses the
-        # elementwise ops, so activations differ from eager in the last bits; backward through BN
-        # divides by the batch std, which for a tiny net at a few values per channel amplifies that:
-        # measured, every momentum buffer (the step's gradient) within 1e-6 (resnet18) and 1.4e-5
-        # (resnet18_v2) of its largest value, INCEPTION, the loss within 1e-6. Hence a bound relative to
-        # each tensor's scale, ALLOW; a missing or doubled update, a wrong statistic or a stale weight
-        # moves a tensor by >= 1e-3 of its scale.
-        pairs = list(zip(eager_model.state_dict().items(), compiled_model.state_dict().values()))
-        pairs += [
-            (
-                ("momentum", eager.optimizer._buffers["momentum_buffer"]),
-                compiled.optimizer._buffers["momentum_buffer"],
-            )
+        ours, theirs = (
+            compiled.optimizer._buffers["momentum_buffer"],
+            eager.optimizer._buffers["momentum_buffer"],
+        )
+        states = [
+            (k_, a, b)
+            for (k_, a), b in zip(eager_model.state_dict().items(), compiled_model.state_dict().values())
         ]
-        for (key, a), b in pairs:
-            if a.is_floating_point():
+        for key, a, b in states:
+            if not a.is_floating_point():
+                assert torch.equal(a, b), key  # num_batches_tracked: the warm-up's forward is undone
+        floats = [(key, a, b) for key, a, b in states if a.is_floating_point()]
+        if bound == _PER_TENSOR:
+            for key, a, b in [*floats, ("momentum", theirs, ours)]:
                 worst = (a - b).abs().max().item()
                 assert worst <= 2e-4 * a.abs().max().item() + 1e-7, f"step {k}, {key}: {worst:.2e}"
-            else:
-                assert torch.equal(a, b), key  # num_batches_tracked: the warm-up's forward is undone
+        else:
+            assert (ours - theirs).norm() <= 5e-2 * theirs.norm(), f"step {k}: gradient"
+            a = torch.cat([a.flatten() for _, a, _ in floats])
+            b = torch.cat([b.flatten() for _, _, b in floats])
+            assert (a - b).norm() <= 1e-3 * a.norm(), f"step {k}: weights and BN statistics"
         assert compiled.last_loss.item() == pytest.approx(eager.last_loss.item(), rel=1e-5)
         with torch.no_grad():  # start the next step from the same state
             for a, b in zip(eager_model.state_dict().values(), compiled_model.state_dict().values()):
                 b.copy_(a)
-            compiled.optimizer._buffers["momentum_buffer"].copy_(eager.optimizer._buffers["momentum_buffer"])
+            ours.copy_(theirs)
     assert len(log) == 1 and log[0].startswith(
         f"fasttrain: compiled {len(compiled.compiled.regions)} regions"
     )

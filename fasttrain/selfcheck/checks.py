@@ -1,6 +1,7 @@
 """Every check of `python -m fasttrain selfcheck`, in the order of the table (one row each)."""
 
 from fasttrain.selfcheck.step_checks import (
+    check_compiled_graph,
     check_eager_step,
     check_fp16_overflow,
     check_graph_replay,
@@ -21,6 +22,7 @@ CHECKS = {
     "optimizer-triton": check_optimizer_triton,
     "eager-step": check_eager_step,
     "graph-replay": check_graph_replay,
+    "compiled-graph": check_compiled_graph,
     "fp16-overflow": check_fp16_overflow,
     "no-host-sync": check_no_host_sync,
     "buckets-vs-ddp": check_buckets_vs_ddp,

@@ -50,9 +50,13 @@ def batches(n: int, device, batch=4, size=32, classes=5, seed=0):
     ]
 
 
-def train_step(model, precision, device, impl="auto", dist_info=None, ddp_model=None, cap_mb=0.25):
-    """The trainer's TrainStep with momentum SGD (lr 0.05, wd 1e-4), label smoothing 0.1."""
+def train_step(
+    model, precision, device, impl="auto", dist_info=None, ddp_model=None, cap_mb=0.25, compile_mode=None
+):
+    """The trainer's TrainStep with momentum SGD (lr 0.05, wd 1e-4), label smoothing 0.1; with
+    compile_mode, the model's regions compiled (fasttrain/compile.py)."""
     from fasttrain.buckets import GradBuckets
+    from fasttrain.compile import CompiledModel
     from fasttrain.config import make_config
     from fasttrain.optim import FusedMomentum
     from fasttrain.schedule import LRSchedule
@@ -79,6 +83,7 @@ def train_step(model, precision, device, impl="auto", dist_info=None, ddp_model=
         world_size=world,
         buckets=buckets,
         ddp_model=ddp_model,
+        compiled=CompiledModel(model, compile_mode, log=lambda line: None) if compile_mode else None,
     )
     return step
 
