@@ -114,4 +114,4 @@ def test_bad_flag_is_one_usage_line():
         [sys.executable, "-m", "bench.gpu_run", "--out", "/tmp/x", "--columns", "a,z"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
-    assert run.returncode == 2 and "--columns: 'z' is not one of a, e, b, d, d-max" in run.stderr
+    assert run.returncode == 2 and "--columns: 'z' is not one of a, f, e, b, d, d-max" in run.stderr
