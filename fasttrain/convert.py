@@ -33,6 +33,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt_io
 from fasttrain.checkpoint import CheckpointError
+from fasttrain.errors import exit_code, print_error
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -135,8 +136,6 @@ def to_tf(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.__main__ import exit_code, print_error
-
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         (from_tf if args.command == "from-tf" else to_tf)(args)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fasttrain.errors import exit_code, print_error
 from fasttrain.precision import Precision
 from fasttrain.step import BufferEMA, model_input
 
@@ -337,7 +338,6 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.__main__ import exit_code, print_error
     from fasttrain.distributed import cleanup
 
     args = _parse(sys.argv[1:] if argv is None else argv)
