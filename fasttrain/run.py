@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.buckets import GradBuckets
 from fasttrain.config import Config
 from fasttrain.data import Loader
-from fasttrain.distributed import DistInfo, GradBuckets, broadcast_module, maybe_sync_bn, wrap_ddp
+from fasttrain.dist_info import DistInfo
+from fasttrain.distributed import broadcast_module, maybe_sync_bn, wrap_ddp
 from fasttrain.models import create_model, param_groups
 from fasttrain.optim import FlatOptimizer, FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import Precision
