@@ -23,8 +23,7 @@ import sys
 import textwrap
 import typing
 
-from fasttrain.config import ALIASES, Config, ConfigError, make_config, number_list
-from fasttrain.recipes import RECIPES
+from fasttrain.config import ALIASES, RECIPES, Config, ConfigError, make_config, number_list
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
