@@ -98,8 +98,7 @@ def _saved_config(state: dict, model: str):
 
 
 def to_tf(args: argparse.Namespace) -> Path:
-    from fasttrain.resume import load_weights
-    from fasttrain.run import build_model, build_optimizer
+    from fasttrain.run import build_model, build_optimizer, load_weights
     from fasttrain.step import BufferEMA
     from fasttrain.tf_checkpoint import write_checkpoint
     from fasttrain.tf_import import export_tensors

@@ -217,7 +217,8 @@ class _Evaluator:
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
-        from fasttrain.resume import changed_settings, load_weights, shaping_changes
+        from fasttrain.resume import changed_settings, shaping_changes
+        from fasttrain.run import load_weights
 
         if _is_tf_checkpoint(path):
             return _load_tf(self, path)

@@ -290,7 +290,7 @@ def test_a_recipe_takes_the_checkpoints_class_count_and_width(tmp_path):
 
 def test_pretrained_from_a_tf_checkpoint_and_fine_tune(tmp_path):
     from fasttrain.config import make_config
-    from fasttrain.resume import restore_pretrained
+    from fasttrain.pretrained import restore_pretrained
 
     prefix, (source, _, _) = export(tmp_path)
     flags = dict(model="resnet18", base_channels=8, pretrained_model_checkpoint_path=str(prefix.parent))
