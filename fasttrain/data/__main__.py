@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records

@@ -70,10 +70,11 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.dali_ops import distort_color, eval_box, vgg_images
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.loader import EpochPosition
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.example import parse_example
 from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.jpeg_scan import COLUMN_GROUP, row_checkpoints

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import (
     SPLITS,
     decode_record,
