@@ -14,7 +14,8 @@ setup(
         "fasttrain.data",
         "fasttrain.models",
         "fasttrain.selfcheck",
-        "fasttrain.tf_names",
+        "fasttrain.tf",
+        "fasttrain.tf.names",
         "fasttrain.kernels",
     ],
     # `kernels` is a generic top-level name other packages use: install it as fasttrain.kernels.

@@ -84,7 +84,7 @@ ENTRY_POINTS = (
     ("python -m fasttrain.data", "check or list TFRecord shards, write a synthetic set (verify, ls, ...)"),
     ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
     ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
-    ("python -m fasttrain.convert", "convert the seeds' TensorFlow checkpoints and fasttrain's"),
+    ("python -m fasttrain.tf.convert", "convert the seeds' TensorFlow checkpoints and fasttrain's"),
 )
 
 

@@ -1,7 +1,7 @@
 """Start a run from another run's weights: --pretrained_model_checkpoint_path, with --fine_tune.
 
 The checkpoint is a fasttrain file (its "model" state) or a TF checkpoint of the seed's model (its raw
-weights, what the Inception seed restores; fasttrain.tf_import.model_state). With fine_tune the
+weights, what the Inception seed restores; fasttrain.tf.state.model_state). With fine_tune the
 classifier is left out and re-initialised.
 """
 
@@ -14,7 +14,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
 from fasttrain.models import classifier_names, reset_classifier
-from fasttrain.tf_checkpoint import is_tf_checkpoint
+from fasttrain.tf.checkpoint import is_tf_checkpoint
 
 
 def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
@@ -47,12 +47,12 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
 
 def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]) -> dict:
     """The pretrained checkpoint's model state: a fasttrain file's, or a TF checkpoint's raw weights
-    (what the Inception seed restores), the `skip` prefixes left out (fasttrain.tf_import)."""
+    (what the Inception seed restores), the `skip` prefixes left out (fasttrain.tf.state)."""
     path = cfg.pretrained_model_checkpoint_path
     if not is_tf_checkpoint(path):
         return ckpt.load_checkpoint(Path(path))["model"]
-    from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import model_state, name_map
+    from fasttrain.tf.checkpoint import open_checkpoint
+    from fasttrain.tf.state import model_state, name_map
 
     try:
         return model_state(open_checkpoint(path), cfg.model_name, model, skip=skip)

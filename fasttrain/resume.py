@@ -26,7 +26,7 @@ from fasttrain.config import Config
 from fasttrain.distributed import rank0_error
 from fasttrain.lock import read_run_id
 from fasttrain.run_config import upgrade_saved_config
-from fasttrain.tf_checkpoint import is_tf_checkpoint
+from fasttrain.tf.checkpoint import is_tf_checkpoint
 
 if TYPE_CHECKING:
     from fasttrain.run import Run
@@ -75,12 +75,12 @@ def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
 def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
-    prefix) continues that run (fasttrain.tf_import.load_run), until run_dir holds checkpoints of its own."""
+    prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
         if not ckpt.list_checkpoints(run_dir):
-            from fasttrain.tf_checkpoint import open_checkpoint
-            from fasttrain.tf_import import load_run
+            from fasttrain.tf.checkpoint import open_checkpoint
+            from fasttrain.tf.state import load_run
 
             return load_run(open_checkpoint(source), cfg, run, log)
         # This run continued the TF run and has saved since: a restart goes on from its own checkpoints.

@@ -1,8 +1,8 @@
 """Convert checkpoints between TensorFlow (the seeds' runs) and fasttrain.
 
-    python -m fasttrain.convert from-tf PREFIX_OR_DIR --model NAME [--num_classes N] [--weights raw|ema]
-                                        --out FILE.pt
-    python -m fasttrain.convert to-tf CKPT_OR_RUN_DIR --out PREFIX [--model NAME]
+    python -m fasttrain.tf.convert from-tf PREFIX_OR_DIR --model NAME [--num_classes N] [--weights raw|ema]
+                                           --out FILE.pt
+    python -m fasttrain.tf.convert to-tf CKPT_OR_RUN_DIR --out PREFIX [--model NAME]
 
 from-tf reads a V1 or V2 checkpoint (a prefix, or a TF train directory whose `checkpoint` file names
 the newest) and writes a fasttrain checkpoint {"model": state_dict, "step": global_step, "config":
@@ -13,7 +13,7 @@ load it. num_classes defaults to the checkpoint's classifier width.
 to-tf reads a fasttrain checkpoint (a ckpt-<step>.pt, or a run directory's newest) and writes the V2
 checkpoint PREFIX.index + PREFIX.data-00000-of-00001 and the directory's `checkpoint` file, with the
 seed's variable names, shapes and dtypes: weights, BN statistics, the optimizer's slots, EMA shadows
-(of the weights and of the BN statistics) and global_step (fasttrain.tf_import's table); for
+(of the weights and of the BN statistics) and global_step (fasttrain.tf.state's table); for
 inception_v3 also each moving statistic's zero-debias state (float32 local_step from the layer's
 count, biased = moving * (1 - decay^local_step)), so that the seed's Saver restores every variable of
 its graph (checked with TF: tests/data/check_tf_restore_inception.py). A checkpoint without optimizer
@@ -37,7 +37,9 @@ from fasttrain.errors import exit_code, print_error
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m fasttrain.convert", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fasttrain.tf.convert", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     from_tf = sub.add_parser("from-tf", help="a TensorFlow checkpoint -> a fasttrain .pt")
     from_tf.add_argument("source", help="TF checkpoint prefix (model.ckpt-N) or its train directory")
@@ -56,8 +58,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def from_tf(args: argparse.Namespace) -> Path:
     from fasttrain.models import create_model
-    from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import model_state, network_widths, read_global_step
+    from fasttrain.tf.checkpoint import open_checkpoint
+    from fasttrain.tf.state import model_state, network_widths, read_global_step
 
     reader = open_checkpoint(args.source)
     width, base_channels = network_widths(reader, args.model)
@@ -100,8 +102,8 @@ def _saved_config(state: dict, model: str):
 def to_tf(args: argparse.Namespace) -> Path:
     from fasttrain.run import build_model, build_optimizer, load_weights
     from fasttrain.step import BufferEMA
-    from fasttrain.tf_checkpoint import write_checkpoint
-    from fasttrain.tf_import import export_tensors
+    from fasttrain.tf.checkpoint import write_checkpoint
+    from fasttrain.tf.state import export_tensors
 
     source = Path(args.source)
     if source.is_dir():
