@@ -90,7 +90,7 @@ class Config:
     """Cache for the demo data set and for index files of read-only data directories."""
     row_checkpoints: bool = True
     """Torch backend: decode training crops through the shards' JPEG row checkpoints where
-    `python -m fasttrain.data.jpeg_rows DATA_DIR` built them (the same pixels, less decode CPU)."""
+    `python -m fasttrain.data row-checkpoints DATA_DIR` built them (the same pixels, less decode CPU)."""
     num_workers: int = 4
     """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
     threads."""

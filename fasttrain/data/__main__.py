@@ -1,4 +1,4 @@
-"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic}.
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, row-checkpoints}.
 
     verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
                [--cache-dir D] [--no-index]
@@ -11,6 +11,10 @@
         boxes ([ymin, xmin, ymax, xmax] each), synset, text, jpeg_bytes
     make-synthetic --out DIR [--train-shards N] [--val-shards M] [--per-shard K] [--classes C] [--seed S]
         a small data set in the converter's exact layout (see fasttrain.data.synthetic)
+    row-checkpoints DIR [--workers N] [--cache-dir D] [--force]
+        build the JPEG row checkpoints (<shard>.rows sidecars) the torch loader decodes crops through
+        (fasttrain.data.jpeg.row_index; `python -m fasttrain.data.jpeg_rows DIR`, the older spelling,
+        runs the same build)
 
 Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments (a DIR that is not a
 directory too, as for the trainer's --data_dir). Messages name settings as the trainer's flags
@@ -28,6 +32,7 @@ from pathlib import Path
 
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
+from fasttrain.data.jpeg import row_index
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
 from fasttrain.data.verify import verify_dataset
@@ -84,6 +89,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--per-shard", type=_count(0), default=750)
     p.add_argument("--classes", type=_count(1), default=10)
     p.add_argument("--seed", type=int, default=0)
+
+    p = commands.add_parser(
+        "row-checkpoints",
+        help="build the JPEG row checkpoints the torch loader decodes crops through",
+        description=row_index.COMMAND_HELP,
+    )
+    row_index.add_arguments(p)
     return parser
 
 
@@ -172,16 +184,26 @@ def _make_synthetic(args) -> int:
     return 0
 
 
+def _row_checkpoints(args) -> int:
+    row_index.build_sidecars(args.data_dir, workers=args.workers, cache_dir=args.cache_dir, force=args.force)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
         parser.error("make-synthetic needs --train-shards or --val-shards above 0")
-    if args.command in ("verify", "ls") and not Path(args.data_dir).is_dir():
+    if args.command in ("verify", "ls", "row-checkpoints") and not Path(args.data_dir).is_dir():
         what = "is not a directory" if Path(args.data_dir).exists() else "does not exist"
         print(f"error: {args.data_dir} {what}; give the directory of the TFRecord shards", file=sys.stderr)
         return 2
-    command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic}[args.command]
+    command = {
+        "verify": _verify,
+        "ls": _ls,
+        "make-synthetic": _make_synthetic,
+        "row-checkpoints": _row_checkpoints,
+    }[args.command]
     try:
         return command(args)
     except DataError as e:

@@ -31,7 +31,7 @@ from fasttrain.data.imagenet import (
     raw_images_hint,
     shard_set_problems,
 )
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg.decode import decode_jpeg
 from fasttrain.data.tfrecord import (
     index_candidates,
     index_is_older,

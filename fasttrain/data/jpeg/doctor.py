@@ -1,6 +1,6 @@
 """Skip the entropy decoding outside a crop window: per-image checkpoints and a doctored JPEG stream.
 
-libjpeg-turbo decodes a crop window (fasttrain.data.jpeg.decode_and_crop_jpeg) without IDCT outside
+libjpeg-turbo decodes a crop window (fasttrain.data.jpeg.decode.decode_and_crop_jpeg) without IDCT outside
 it and stops below it, but it must Huffman-decode every MCU above it and beside it in its rows: on
 the bench's photos Huffman decoding is 64% of a full decode, and a resnet window's top is on average
 19.5% down the image. This module removes most of that work, exactly (the same pixels), for baseline
@@ -13,9 +13,9 @@ photos of the bench's 600). Anything else (progressive, arithmetic, 12-bit, mult
 intervals, CMYK, corrupt or truncated data, default Huffman tables) gets None, and the caller decodes
 as before.
 
-Checkpoints (`row_checkpoints`, built once per image, fasttrain.data.jpeg_scan): where the MCUs
+Checkpoints (`row_checkpoints`, built once per image, fasttrain.data.jpeg.scan): where the MCUs
 r * mcus + c * COLUMN_GROUP start in the entropy-coded data, to the bit, and the DC predictors there
-(mcu_h = 8 * max vertical sampling pixel rows per MCU row). fasttrain.data.row_index stores them.
+(mcu_h = 8 * max vertical sampling pixel rows per MCU row). fasttrain.data.jpeg.row_index stores them.
 
 Doctored stream (`doctor(jpeg, checkpoints, top, left, h, w)`) for a window whose top lies in MCU
 row r0. The first original row kept is f = r0, or f = r0 - 1 when the window starts on row r0's first
@@ -63,9 +63,9 @@ import threading
 import numba
 import numpy as np
 
-from fasttrain.data import jpeg as _jpeg
-from fasttrain.data.jpeg_restart import columns_restart, doctor_restart
-from fasttrain.data.jpeg_scan import (
+from fasttrain.data.jpeg import decode as _jpeg
+from fasttrain.data.jpeg.restart import columns_restart, doctor_restart
+from fasttrain.data.jpeg.scan import (
     COLUMN_GROUP,
     HEADER_FIELDS,
     MAX_SEGMENTS,
@@ -73,7 +73,7 @@ from fasttrain.data.jpeg_scan import (
     parse_header,
     row_checkpoints,
 )
-from fasttrain.data.jpeg_synth import bitpos, put, run, scratch, splice, write_header
+from fasttrain.data.jpeg.synth import bitpos, put, run, scratch, splice, write_header
 
 __all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
 
@@ -291,7 +291,7 @@ def decode_and_crop(jpeg: bytes, checkpoints, window, file="", offset: int = 0) 
 
 
 def decode_window_rows(jpeg: bytes, checkpoints, window, file="", offset: int = 0):
-    """fasttrain.data.jpeg.decode_window_rows(jpeg, window) ((rows, x), the same pixels), through a
+    """fasttrain.data.jpeg.decode.decode_window_rows(jpeg, window) ((rows, x), the same pixels), through a
     doctored stream when the checkpoints allow one."""
     top, left, h, w = window
     doctored = None if checkpoints is None or _jpeg._turbo is None else doctor(jpeg, checkpoints, *window)
@@ -317,9 +317,3 @@ def decode_full_window_rows(jpeg: bytes, checkpoints, window, width: int, file="
     top, left, h, w = window
     lo, hi = max(left - 1, 0), min(left + w + 1, width)
     return decode_window_rows(jpeg, checkpoints, (top, lo, h, hi - lo), file, offset)
-
-
-if __name__ == "__main__":  # python -m fasttrain.data.jpeg_rows DATA_DIR: build the shards' sidecars
-    from fasttrain.data.row_index import main
-
-    raise SystemExit(main())
