@@ -12,9 +12,11 @@ setup(
     packages=[
         "fasttrain",
         "fasttrain.data",
+        "fasttrain.data.jpeg",
         "fasttrain.models",
         "fasttrain.selfcheck",
-        "fasttrain.tf_names",
+        "fasttrain.tf",
+        "fasttrain.tf.names",
         "fasttrain.kernels",
     ],
     # `kernels` is a generic top-level name other packages use: install it as fasttrain.kernels.
@@ -25,7 +27,7 @@ setup(
         "pillow>=10",  # writes the demo's synthetic JPEGs
         "simplejpeg>=1.7",  # libjpeg-turbo with its fast IDCT: TensorFlow's decode_jpeg pixels
         # libturbojpeg 3 (bundled by this wheel, called through ctypes): the cropped decode of TF's
-        # decode_and_crop_jpeg (fasttrain/data/jpeg.py). Pinned: fasttrain relies on the bundled
+        # decode_and_crop_jpeg (fasttrain/data/jpeg/decode.py). Pinned: fasttrain relies on the bundled
         # library's TurboJPEG 3 ABI, not on the wheel's Python API. x86-64 Linux is where the GPU nodes
         # are; elsewhere the window is cut from the full decode.
         'turbojpeg==0.0.2; platform_system == "Linux" and platform_machine == "x86_64"',

@@ -216,18 +216,19 @@ def measure_setting(setting: str, args, data_dir: str, tf_python: str | None, lo
 
 
 def ensure_row_checkpoints(data_dir: str) -> dict:
-    """Build the shards' JPEG row checkpoints (python -m fasttrain.data.jpeg_rows) unless they are there:
-    the fasttrain-torch and fasttrain-threads rows read them (fasttrain-threads-nocp does not). Returns
-    what the build cost (CPU seconds of the command's process tree, wall seconds) and the sidecars' size."""
+    """Build the shards' JPEG row checkpoints (python -m fasttrain.data row-checkpoints) unless they are
+    there: the fasttrain-torch and fasttrain-threads rows read them (fasttrain-threads-nocp does not).
+    Returns what the build cost (CPU seconds of the command's process tree, wall seconds) and the
+    sidecars' size."""
     from fasttrain.data.imagenet import find_shards
-    from fasttrain.data.row_index import RowIndex, main, sidecar_candidates
+    from fasttrain.data.jpeg.row_index import RowIndex, build_sidecars, sidecar_candidates
 
     shards = find_shards(data_dir, "train")
     built = all(RowIndex.open(s) is not None for s in shards)
     info: dict = dict(already_built=built)
     if not built:
         cpu0, wall0 = _cpu_with_children(), time.perf_counter()
-        main([data_dir, "--workers", "2"])
+        build_sidecars(data_dir, workers=2)
         info.update(build_cpu_seconds=_cpu_with_children() - cpu0, build_seconds=time.perf_counter() - wall0)
     sizes = [c.stat().st_size for s in shards for c in sidecar_candidates(s) if c.is_file()]
     info.update(sidecar_bytes=sum(sizes))
@@ -292,7 +293,7 @@ def _row_checkpoint_lines(info: dict | None, data: dict) -> list[str]:
         if records:
             cost += f" ({info['build_cpu_seconds'] / records * 1e3:.2f} CPU ms per record)"
     return [
-        f"JPEG row checkpoints (python -m fasttrain.data.jpeg_rows; read by fasttrain-torch and "
+        f"JPEG row checkpoints (python -m fasttrain.data row-checkpoints; read by fasttrain-torch and "
         f"fasttrain-threads, not by fasttrain-threads-nocp): {cost}; "
         f"{info['sidecar_bytes'] / 1e6:.1f} MB{per}.",
         "",

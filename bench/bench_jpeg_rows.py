@@ -1,4 +1,4 @@
-"""CPU cost of the train crop decode with and without row checkpoints (fasttrain.data.jpeg_rows), one thread.
+"""CPU cost of the train crop decode with and without row checkpoints (fasttrain/data/jpeg/), one thread.
 
     python -m bench.bench_jpeg_rows [--data DIR] [--images 600] [--rounds 5]
 
@@ -24,8 +24,10 @@ import time
 
 import numpy as np
 
-from fasttrain.data import jpeg, jpeg_rows, transforms, vgg
+from fasttrain.data import transforms, vgg
 from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.jpeg import decode as jpeg
+from fasttrain.data.jpeg import doctor as jpeg_rows
 from fasttrain.data.tfrecord import iter_records
 
 DEFAULT_DATA = "/tmp/fasttrain-photos-2048-32768-8"

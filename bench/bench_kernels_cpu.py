@@ -38,11 +38,11 @@ DEFAULT_SHARD = "/tmp/fasttrain-photos-2048-32768-8/train-00000-of-00008"
 def _worker(shard: str, count: int) -> dict:
     import numpy as np
 
-    from fasttrain.data import jpeg as J
     from fasttrain.data import resize as R
     from fasttrain.data import transforms as T
     from fasttrain.data import vgg
     from fasttrain.data.imagenet import decode_record
+    from fasttrain.data.jpeg import decode as J
     from fasttrain.data.tfrecord import iter_records
 
     T.warm_up()

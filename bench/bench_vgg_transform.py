@@ -25,7 +25,8 @@ import time
 import numpy as np
 import pytest
 
-from fasttrain.data import jpeg, vgg
+from fasttrain.data import vgg
+from fasttrain.data.jpeg import decode as jpeg
 
 SMOKE = os.environ.get("FASTTRAIN_BENCH_SMOKE") == "1"
 IMAGES = int(os.environ.get("FASTTRAIN_BENCH_IMAGES", "16" if SMOKE else "400"))

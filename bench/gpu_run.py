@@ -252,7 +252,7 @@ class Driver:
         cmd += ["--records", str(records), "--shards", str(count)]
         if self.run("shards", cmd, self.limits["shards"])["status"] == "ok":
             workers = "2" if self.args.dry_run else "8"
-            cmd = self.py("-m", "fasttrain.data.jpeg_rows", str(shards), "--workers", workers)
+            cmd = self.py("-m", "fasttrain.data", "row-checkpoints", str(shards), "--workers", workers)
             self.run("row checkpoints", cmd, self.limits["shards"], "row_checkpoints.log")
 
     def _row_cmd(self, s: Setting, column: str, result: Path, warm: bool = False) -> list[str]:

@@ -15,25 +15,7 @@ import os
 import sys
 import warnings
 
-
-def print_error(err: BaseException) -> None:
-    """One line on stderr, the settings the error names written as flags (fasttrain.errors)."""
-    from fasttrain.errors import flag_text
-
-    # One write, newline included: print() writes the text and the newline separately, and under
-    # torchrun two ranks' lines on one pipe then ran together ("...firstfasttrain: error: ...").
-    sys.stderr.write(f"fasttrain: error: {flag_text(err)}\n")
-    sys.stderr.flush()
-
-
-def exit_code(err: BaseException) -> int | None:
-    """2 for a bad flag or setting, 1 for the other errors a user can fix (data, checkpoints, a run that
-    cannot continue), None for anything else (a bug: let its traceback through)."""
-    from fasttrain.errors import FasttrainError, SettingError
-
-    if isinstance(err, SettingError):  # config.ConfigError, the flag layer's, is one too
-        return 2
-    return 1 if isinstance(err, FasttrainError) else None
+from fasttrain.errors import exit_code, print_error
 
 
 def main(argv: list[str] | None = None) -> int:

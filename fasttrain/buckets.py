@@ -45,13 +45,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from fasttrain.distributed import DistInfo
+from fasttrain.dist_info import DistInfo
 
 _MIB = 1 << 20
 

@@ -1,8 +1,9 @@
 """The run configuration: every setting a typed `Config` field with a docstring, validated once.
 
-The field defaults are the base; a recipe (fasttrain/recipes.py) is a `Config`, the base plus the
-seed's changes, and `make_config` applies overrides to one. Every field is a command-line flag
-(fasttrain/flags.py), and the resolved config is saved as `config.json` in the run directory.
+The field defaults are the base; a recipe (`RECIPES`, made from fasttrain/recipes.py's table) is a
+`Config`, the base plus the seed's changes, and `make_config` applies overrides to one. Every field is
+a command-line flag (fasttrain/flags.py), and the resolved config is saved as `config.json` in the run
+directory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from fasttrain.errors import SettingError
+from fasttrain.recipes import RECIPE_SETTINGS
 
 
 class ConfigError(SettingError):
@@ -88,7 +90,7 @@ class Config:
     """Cache for the demo data set and for index files of read-only data directories."""
     row_checkpoints: bool = True
     """Torch backend: decode training crops through the shards' JPEG row checkpoints where
-    `python -m fasttrain.data.jpeg_rows DATA_DIR` built them (the same pixels, less decode CPU)."""
+    `python -m fasttrain.data row-checkpoints DATA_DIR` built them (the same pixels, less decode CPU)."""
     num_workers: int = 4
     """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
     threads."""
@@ -397,10 +399,12 @@ ALIASES = {
 }
 
 
+# Each named recipe as a Config (validated here, at import: a recipe that does not validate is a bug).
+RECIPES: dict[str, Config] = {name: Config(**settings) for name, settings in RECIPE_SETTINGS.items()}
+
+
 def make_config(**overrides) -> Config:
     """The named recipe's Config (overrides['recipe'], default demo) with overrides applied."""
-    from fasttrain.recipes import RECIPES  # recipes.py builds its Configs from this module
-
     recipe = overrides.get("recipe", "demo")
     if recipe not in RECIPES:
         raise ConfigError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPES)}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -26,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fasttrain.buckets import GradBuckets, GradSyncError
+from fasttrain.dist_info import DistInfo
 from fasttrain.errors import SettingError
 
 __all__ = [
@@ -45,28 +45,6 @@ __all__ = [
 ]
 
 _TORCHRUN_HINT = "launch with torchrun (python -m torch.distributed.run), which sets it"
-
-
-@dataclass(frozen=True)
-class DistInfo:
-    """Where this process sits in the job."""
-
-    rank: int
-    """Global rank, 0..world_size-1."""
-    world_size: int
-    """Number of processes in the job (all nodes)."""
-    local_rank: int
-    """Rank on this node; the CUDA device index it drives."""
-    device: torch.device
-    """The device this process trains on."""
-    backend: str
-    """'nccl', 'gloo', or 'none' for a single process without a process group."""
-    is_main: bool
-    """rank == 0: the process that logs, evaluates into files and writes checkpoints."""
-
-    @property
-    def distributed(self) -> bool:
-        return self.backend != "none"
 
 
 def _env_int(name: str) -> int | None:

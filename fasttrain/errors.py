@@ -2,13 +2,15 @@
 
 Library code (models, data, distributed, checkpoints) raises these with plain messages that name the
 settings involved by their `Config` field names ("sync_bn needs CUDA devices"), and lists those names
-in `settings`. The command line (fasttrain/__main__.py) prints one line on stderr with each of them
-shown as the flag a user types (`flag_text`: "--sync_bn needs CUDA devices").
+in `settings`. The commands (python -m fasttrain, fasttrain.evaluate, fasttrain.tf.convert) print one
+line on stderr with each of them shown as the flag a user types (`print_error`, `flag_text`: "--sync_bn
+needs CUDA devices") and exit with `exit_code`.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 
 
 class FasttrainError(Exception):
@@ -37,3 +39,19 @@ def flag_text(err: BaseException) -> str:
     for name in getattr(err, "settings", ()):
         text = re.sub(rf"(?<![\w/.-]){re.escape(name)}(?![\w/])", f"--{name}", text)
     return text
+
+
+def print_error(err: BaseException) -> None:
+    """One line on stderr, the settings the error names written as flags."""
+    # One write, newline included: print() writes the text and the newline separately, and under
+    # torchrun two ranks' lines on one pipe then ran together ("...firstfasttrain: error: ...").
+    sys.stderr.write(f"fasttrain: error: {flag_text(err)}\n")
+    sys.stderr.flush()
+
+
+def exit_code(err: BaseException) -> int | None:
+    """2 for a bad flag or setting, 1 for the other errors a user can fix (data, checkpoints, a run that
+    cannot continue), None for anything else (a bug: let its traceback through)."""
+    if isinstance(err, SettingError):  # config.ConfigError, the flag layer's, is one too
+        return 2
+    return 1 if isinstance(err, FasttrainError) else None

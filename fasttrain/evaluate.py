@@ -11,7 +11,7 @@ appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to Tensor
 (the seed's eval_dir: a second run beside the trainer's, same tags). --watch re-evaluates each new
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
 (its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
-`fasttrain.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
+`fasttrain.tf.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. A --checkpoint of another run (not in
 RUN_DIR and not beside a run.json with RUN_DIR's run_id, fasttrain/lock.py) is evaluated and printed
 but written nowhere, unless --metrics_out FILE says where to append its result (then no TensorBoard).
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fasttrain.errors import exit_code, print_error
 from fasttrain.precision import Precision
 from fasttrain.step import BufferEMA, model_input
 
@@ -164,8 +165,8 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     path = run_dir / "config.json"
     if not path.is_file() and args.recipe:  # a TensorFlow run: the recipe says what a config.json would
         from fasttrain.config import make_config
-        from fasttrain.tf_checkpoint import open_checkpoint
-        from fasttrain.tf_import import config_for
+        from fasttrain.tf.checkpoint import open_checkpoint
+        from fasttrain.tf.state import config_for
 
         given = {k: v for k, v in vars(args).items() if k in ("data_dir", "device") and v}
         # num_classes and the ResNet width from the checkpoint: the recipe's may differ from the run's
@@ -216,12 +217,13 @@ class _Evaluator:
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
-        from fasttrain.resume import changed_settings, load_weights, shaping_changes
+        from fasttrain.resume import changed_settings, shaping_changes
+        from fasttrain.run import load_weights
 
         if _is_tf_checkpoint(path):
             return _load_tf(self, path)
         state = load_checkpoint(path, map_location="cpu")
-        if "optimizer" not in state:  # written by python -m fasttrain.convert from-tf: weights only
+        if "optimizer" not in state:  # written by python -m fasttrain.tf.convert from-tf: weights only
             return _load_tf(self, path, state)
         try:
             load_weights(state, self.model, self.optimizer, self.bn_ema)
@@ -254,18 +256,18 @@ class _Evaluator:
 
 
 def _is_tf_checkpoint(path: Path) -> bool:
-    from fasttrain.tf_checkpoint import is_tf_checkpoint
+    from fasttrain.tf.checkpoint import is_tf_checkpoint
 
     return is_tf_checkpoint(path)
 
 
 def _load_tf(evaluator: _Evaluator, path: Path, converted: dict | None = None) -> int:
     """A TensorFlow checkpoint (raw weights and its ExponentialMovingAverage shadows, as the seed's eval
-    program restores them), or the `converted` state of a `fasttrain.convert from-tf` file (weights
-    only: its EMA is the weights), loaded into the evaluator (fasttrain.tf_import); returns the step."""
+    program restores them), or the `converted` state of a `fasttrain.tf.convert from-tf` file (weights
+    only: its EMA is the weights), loaded into the evaluator (fasttrain.tf.state); returns the step."""
     from fasttrain.checkpoint import CheckpointError
-    from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import load_eval_weights, load_tf_for_eval
+    from fasttrain.tf.checkpoint import open_checkpoint
+    from fasttrain.tf.state import load_eval_weights, load_tf_for_eval
 
     parts = (evaluator.model, evaluator.optimizer, evaluator.bn_ema)
     if converted is None:
@@ -310,7 +312,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
         )
     evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
     if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
-        from fasttrain.tf_checkpoint import checkpoint_prefix
+        from fasttrain.tf.checkpoint import checkpoint_prefix
 
         args.checkpoint = str(checkpoint_prefix(run_dir))  # a TF train directory: its newest, once
     if args.checkpoint:
@@ -337,7 +339,6 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fasttrain.__main__ import exit_code, print_error
     from fasttrain.distributed import cleanup
 
     args = _parse(sys.argv[1:] if argv is None else argv)

@@ -23,8 +23,7 @@ import sys
 import textwrap
 import typing
 
-from fasttrain.config import ALIASES, Config, ConfigError, make_config, number_list
-from fasttrain.recipes import RECIPES
+from fasttrain.config import ALIASES, RECIPES, Config, ConfigError, make_config, number_list
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
@@ -82,10 +81,16 @@ NOTED_FLAGS = {
 # Shown by --help after the flags: the other commands a user reaches for.
 ENTRY_POINTS = (
     ("python -m fasttrain selfcheck", "check this machine's GPU paths against their references"),
-    ("python -m fasttrain.data", "check or list TFRecord shards, write a synthetic set (verify, ls, ...)"),
+    (
+        "python -m fasttrain.data",
+        "check or list TFRecord shards, write a synthetic set, build JPEG row checkpoints",
+    ),
     ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
     ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
-    ("python -m fasttrain.convert", "convert the seeds' TensorFlow checkpoints and fasttrain's"),
+    (
+        "python -m fasttrain.tf.convert",
+        "convert the seeds' TensorFlow checkpoints and fasttrain's (or: python -m fasttrain.convert)",
+    ),
 )
 
 

@@ -1,4 +1,4 @@
-"""The named recipes: each a Config, the base (Config's field defaults) plus the seed's changes.
+"""The named recipes: each the seed's changes to the base (Config's field defaults), as field values.
 
 demo               a small ResNet on a synthetic set, trains on 2 CPU cores in well under 3 minutes
 inception_v3       TensorFlow's Inception v3 multi-GPU trainer (RMSProp, EMA 0.9999, label smoothing,
@@ -9,16 +9,16 @@ resnet50/101       the ResNet seed, the TF 1.4 ImageNet example: pre-activation 
 resnet50/101_v1.5  TF official ResNet from 2018 on (v1.5, distorted-bbox crop, LR 0.1 x batch/256,
                    90 epochs): what MLPerf and NVIDIA's examples train
 
-`make_config(recipe=..., **flags)` (fasttrain/config.py) is one of these with the flags applied.
+fasttrain/config.py makes each a Config (config.RECIPES, validated when config is imported), and
+`make_config(recipe=..., **flags)` is one of those with the flags applied. This table imports nothing
+from fasttrain: config.py, which defines the fields, reads it.
 """
 
 from __future__ import annotations
 
-from fasttrain.config import Config
-
 # A small ResNet-18 (16 channels wide) at 64 px on a synthetic 10-class set: the whole run,
 # data build included, took 13.5 s on 2 idle CPU cores and reached top-1 1.0 (chance 0.1).
-DEMO = Config(
+DEMO = dict(
     recipe="demo",
     model="resnet18",
     base_channels=16,
@@ -43,7 +43,7 @@ DEMO = Config(
 )
 
 # The TF Inception v3 multi-GPU trainer (inception_train.py + inception_model.py).
-INCEPTION_V3 = Config(
+INCEPTION_V3 = dict(
     recipe="inception_v3",
     model="inception_v3",
     image_size=299,
@@ -73,10 +73,10 @@ INCEPTION_V3 = Config(
 )
 
 
-def _resnet_seed(size: int) -> Config:
+def _resnet_seed(size: int) -> dict:
     # The ResNet seed, the TF 1.4 ImageNet example (ucloud/uai-sdk examples/tensorflow/train/imagenet/
     # code/, Dec 2017), as its code runs (its flags' defaults in imagenet_main.py):
-    return Config(
+    return dict(
         recipe=f"resnet{size}",
         model=f"resnet{size}_v2",  # _tower_fn: resnet_model.imagenet_resnet_v2(resnet_size, 1000 + 1)
         image_size=224,  # imagenet.py _DEFAULT_IMAGE_SIZE
@@ -118,11 +118,11 @@ def _resnet_seed(size: int) -> Config:
     )
 
 
-def _resnet_v15(size: int) -> Config:
+def _resnet_v15(size: int) -> dict:
     # TF official ResNet from 2018 on (v1.5 with the imagenet_preprocessing distorted-bbox crop), also
     # MLPerf's and NVIDIA's reference: momentum 0.9, 32 per device, LR 0.1 x batch/256, x0.1 at epochs
     # 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5, 90 epochs, 1000 classes.
-    return Config(
+    return dict(
         recipe=f"resnet{size}_v1.5",
         model=f"resnet{size}",
         image_size=224,
@@ -147,7 +147,14 @@ def _resnet_v15(size: int) -> Config:
     )
 
 
-RECIPES: dict[str, Config] = {
-    cfg.recipe: cfg
-    for cfg in (DEMO, INCEPTION_V3, _resnet_seed(50), _resnet_seed(101), _resnet_v15(50), _resnet_v15(101))
+RECIPE_SETTINGS: dict[str, dict] = {
+    settings["recipe"]: settings
+    for settings in (
+        DEMO,
+        INCEPTION_V3,
+        _resnet_seed(50),
+        _resnet_seed(101),
+        _resnet_v15(50),
+        _resnet_v15(101),
+    )
 }

@@ -25,9 +25,8 @@ from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
 from fasttrain.distributed import rank0_error
 from fasttrain.lock import read_run_id
-from fasttrain.models import classifier_names, reset_classifier
 from fasttrain.run_config import upgrade_saved_config
-from fasttrain.tf_checkpoint import is_tf_checkpoint
+from fasttrain.tf.checkpoint import is_tf_checkpoint
 
 if TYPE_CHECKING:
     from fasttrain.run import Run
@@ -52,15 +51,6 @@ def shaping_changes(changes: list[str]) -> list[str]:
     return [c for c in changes if c.split()[0] in _STATE_SHAPING]
 
 
-def load_weights(state: dict, model, optimizer, bn_ema) -> None:
-    """A checkpoint's model, optimizer and BN EMA (when both have one) into this run's objects;
-    KeyError, RuntimeError or ValueError when they do not fit."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    if bn_ema is not None and state.get("bn_ema"):
-        bn_ema.load_state_dict(state["bn_ema"])
-
-
 def save_config(cfg: Config, run_dir: Path) -> None:
     """Write run_dir/config.json whole or not at all."""
     ckpt.write_atomic(run_dir / "config.json", lambda f: f.write((cfg.to_json() + "\n").encode()))
@@ -82,62 +72,15 @@ def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
     return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
 
 
-def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
-    """Start from another run's weights; with --fine_tune, all but the re-initialised classifier."""
-    skip = tuple(classifier_names(model)) if cfg.fine_tune else ()
-    state = _pretrained_state(model, cfg, skip)
-    own = model.state_dict()
-    wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
-    missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
-    mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
-    if missing or mismatched or set(wanted) - set(own):
-        problem = (
-            f"shapes differ for {', '.join(mismatched[:3])}"
-            if mismatched
-            else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
-        )
-        hint = "" if cfg.fine_tune else " (pass fine_tune to re-initialise the classifier)"
-        raise ckpt.CheckpointError(
-            f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}",
-            settings=("fine_tune",),
-        )
-    model.load_state_dict(wanted, strict=False)
-    if cfg.fine_tune:
-        reset_classifier(model)
-    log(
-        f"restored weights from {cfg.pretrained_model_checkpoint_path}"
-        f"{' (classifier re-initialised)' if cfg.fine_tune else ''}"
-    )
-
-
-def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]) -> dict:
-    """The pretrained checkpoint's model state: a fasttrain file's, or a TF checkpoint's raw weights
-    (what the Inception seed restores), the `skip` prefixes left out (fasttrain.tf_import)."""
-    path = cfg.pretrained_model_checkpoint_path
-    if not is_tf_checkpoint(path):
-        return ckpt.load_checkpoint(Path(path))["model"]
-    from fasttrain.tf_checkpoint import open_checkpoint
-    from fasttrain.tf_import import model_state, name_map
-
-    try:
-        return model_state(open_checkpoint(path), cfg.model_name, model, skip=skip)
-    except ckpt.CheckpointError as exc:
-        heads = tuple(classifier_names(model))
-        head_names = [v.name for k, v in name_map(cfg.model_name, model).items() if k.startswith(heads)]
-        about_head = any(f"variable {name} has shape" in str(exc) for name in head_names)
-        hint = " (pass fine_tune to re-initialise the classifier)" if about_head and not cfg.fine_tune else ""
-        raise ckpt.CheckpointError(f"{exc}{hint}", settings=("fine_tune", *exc.settings)) from None
-
-
 def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
-    prefix) continues that run (fasttrain.tf_import.load_run), until run_dir holds checkpoints of its own."""
+    prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
         if not ckpt.list_checkpoints(run_dir):
-            from fasttrain.tf_checkpoint import open_checkpoint
-            from fasttrain.tf_import import load_run
+            from fasttrain.tf.checkpoint import open_checkpoint
+            from fasttrain.tf.state import load_run
 
             return load_run(open_checkpoint(source), cfg, run, log)
         # This run continued the TF run and has saved since: a restart goes on from its own checkpoints.
@@ -220,11 +163,3 @@ def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config) -> None:
             error = str(exc)
     if error := rank0_error(error, info):
         raise ckpt.CheckpointError(error if info.is_main else "stopping with rank 0, which could not save")
-
-
-def ema_state(model: torch.nn.Module, optimizer) -> dict:
-    """The weight EMA by parameter name, as a state_dict-like mapping (empty when EMA is off)."""
-    if not optimizer.ema_decay:
-        return {}
-    names, params = zip(*model.named_parameters())
-    return dict(zip(names, optimizer.ema_parameters(list(params))))

@@ -6,6 +6,8 @@
     run.rank_state()             # this rank's data position and RNG states
 
 fasttrain.resume saves and restores a Run (save_run, restore_run); fasttrain.train drives it.
+`load_weights` and `ema_state` are the model-state half of a checkpoint, shared with fasttrain.evaluate
+and the TF converter.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.buckets import GradBuckets
 from fasttrain.compile import CompiledModel
 from fasttrain.config import Config
 from fasttrain.data import Loader
-from fasttrain.distributed import DistInfo, GradBuckets, broadcast_module, maybe_sync_bn, wrap_ddp
+from fasttrain.dist_info import DistInfo
+from fasttrain.distributed import broadcast_module, maybe_sync_bn, wrap_ddp
 from fasttrain.models import create_model, param_groups
 from fasttrain.optim import FlatOptimizer, FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import Precision
-from fasttrain.resume import ema_state, load_weights, restore_pretrained
+from fasttrain.pretrained import restore_pretrained
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep, classification_loss
@@ -161,3 +165,20 @@ def build_optimizer(cfg: Config, model: torch.nn.Module):
         ema_decay=ema,
         impl=cfg.optimizer_impl,
     )
+
+
+def load_weights(state: dict, model, optimizer, bn_ema) -> None:
+    """A checkpoint's model, optimizer and BN EMA (when both have one) into this run's objects;
+    KeyError, RuntimeError or ValueError when they do not fit."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if bn_ema is not None and state.get("bn_ema"):
+        bn_ema.load_state_dict(state["bn_ema"])
+
+
+def ema_state(model: torch.nn.Module, optimizer) -> dict:
+    """The weight EMA by parameter name, as a state_dict-like mapping (empty when EMA is off)."""
+    if not optimizer.ema_decay:
+        return {}
+    names, params = zip(*model.named_parameters())
+    return dict(zip(names, optimizer.ema_parameters(list(params))))

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fasttrain.config import Config, ConfigError, make_config
+from fasttrain.config import RECIPES, Config, ConfigError, make_config
 from fasttrain.flags import flags_table, parse_args
-from fasttrain.recipes import RECIPES
 from fasttrain.resume import changed_settings, shaping_changes
 from fasttrain.run_config import upgrade_saved_config
 

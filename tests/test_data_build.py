@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import simplejpeg
 
-from fasttrain.data import DataError
 from fasttrain.data.__main__ import main
 from fasttrain.data.build_image import BadImage, check_jpeg, stored_image
+from fasttrain.data.errors import DataError
 from fasttrain.data.example import parse_example
 from fasttrain.data.imagenet import list_shards
-from fasttrain.data.row_index import RowIndex
+from fasttrain.data.jpeg.row_index import RowIndex
 from fasttrain.data.tfrecord import check_index, iter_records, read_index_file
 
 FIXTURE = Path(__file__).parent / "data" / "tf-build"

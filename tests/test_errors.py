@@ -2,11 +2,10 @@
 
 import pytest
 
-from fasttrain.__main__ import exit_code
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.config import ConfigError
 from fasttrain.data import DataError, LabelRangeError
-from fasttrain.errors import SettingError, flag_text
+from fasttrain.errors import SettingError, exit_code, flag_text
 
 
 def test_flag_text_writes_the_named_settings_as_flags_and_nothing_else():

@@ -2,7 +2,7 @@
 
 References: float64 transcriptions of slim/ops.py batch_norm (tf.nn.moments' biased variance, TF's
 zero-debiased assign_moving_average) and the layer table of slim/inception_model.py. The whole
-network against TensorFlow's own logits is tests/test_tf_names_inception.py.
+network against TensorFlow's own logits is tests/test_tf_names_inception_v3.py.
 """
 
 import numpy as np

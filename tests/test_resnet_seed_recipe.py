@@ -18,10 +18,9 @@ import sys
 import pytest
 
 import fasttrain.train
-from fasttrain.config import Config, ConfigError
+from fasttrain.config import RECIPES, Config, ConfigError
 from fasttrain.flags import parse_args
 from fasttrain.models import MODEL_NAMES
-from fasttrain.recipes import RECIPES
 from fasttrain.resume import changed_settings, shaping_changes
 from fasttrain.run_config import resolve_node_batch, upgrade_saved_config
 from fasttrain.schedule import LRSchedule

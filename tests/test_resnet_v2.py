@@ -17,9 +17,9 @@ from torch import nn
 
 from fasttrain.models import classifier_names, create_model, reset_classifier
 from fasttrain.models.resnet_v2 import ResNetV2, tf_same_max_pool
-from fasttrain.tf_checkpoint import open_checkpoint
-from fasttrain.tf_import import model_state
-from fasttrain.tf_names import variable_map
+from fasttrain.tf.checkpoint import open_checkpoint
+from fasttrain.tf.names import variable_map
+from fasttrain.tf.state import model_state
 
 DATA = "tests/data/tf-resnet-v2/"
 MEANS = (123.68, 116.78, 103.94)  # vgg_preprocessing's channel means on the 0-255 scale
@@ -36,7 +36,7 @@ def network_input(channels_last: bool) -> torch.Tensor:
 
 def tf_model(tag: str, name: str, base: int) -> tuple[nn.Module, np.lib.npyio.NpzFile]:
     """Our model holding the values of the V2 checkpoint TF wrote (DATA + tag + "/model.ckpt-0"),
-    imported as a user's is: fasttrain.tf_checkpoint reads it, fasttrain.tf_import maps the names and
+    imported as a user's is: fasttrain.tf.checkpoint reads it, fasttrain.tf.state maps the names and
     layouts; and the fixture's .npz, which holds TF's logits (and the same values, for the check below)."""
     fixture = np.load(DATA + tag + ".npz")
     model = create_model(name, 1001, base_channels=base)
@@ -164,7 +164,7 @@ def test_fine_tune_resets_only_the_classifier():
 
 @pytest.mark.parametrize("tag, name, base", REDUCED, ids=[r[0] for r in REDUCED])
 def test_tf_checkpoint_holds_the_maps_names_and_the_fixture_values(tag, name, base):
-    # TF's own V2 checkpoint (read by fasttrain.tf_checkpoint) holds exactly our map's names, and the
+    # TF's own V2 checkpoint (read by fasttrain.tf.checkpoint) holds exactly our map's names, and the
     # values the generator also saved in the .npz beside TF's logits.
     ckpt = open_checkpoint(DATA + tag)  # the directory: its `checkpoint` file names ckpt-0
     model, fixture = tf_model(tag, name, base)

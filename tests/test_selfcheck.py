@@ -17,7 +17,14 @@ from fasttrain.optim import FusedRMSPropTF
 from fasttrain.selfcheck import checks as selfcheck_checks
 
 ROOT = Path(__file__).resolve().parents[1]
-GPU_ROWS = ("graph-replay", "compiled-graph", "fp16-overflow", "no-host-sync", "dali-mixed", "throughput-graph")
+GPU_ROWS = (
+    "graph-replay",
+    "compiled-graph",
+    "fp16-overflow",
+    "no-host-sync",
+    "dali-mixed",
+    "throughput-graph",
+)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU mode")

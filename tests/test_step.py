@@ -12,7 +12,7 @@ from fasttrain.buckets import GradBuckets
 from fasttrain.compile import CompiledModel
 from fasttrain.config import make_config
 from fasttrain.data.normalize import normalize_images
-from fasttrain.distributed import DistInfo
+from fasttrain.dist_info import DistInfo
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum
 from fasttrain.precision import Precision

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 
 from fasttrain.buckets import GradBuckets
 from fasttrain.config import make_config
-from fasttrain.distributed import DistInfo
+from fasttrain.dist_info import DistInfo
 from fasttrain.precision import DynamicLossScaler, Precision
 from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule

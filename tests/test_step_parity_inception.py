@@ -4,7 +4,7 @@ TensorFlow (tests/data/make_tf_step_inception.py, TF 2.21 running the seed's gra
 tf.compat.v1) restored the reduced model (depth 1/32, 11 classes) from its checkpoint at global_step 7
 and ran the seed's train op three times on one fixed batch, dropout off; it recorded the losses and
 every variable after each step. Here the same checkpoint is continued as --checkpoint_dir does
-(tf_import.load_run, whose zero-debias count keeps step 1's BN update TF's) into the seed's
+(fasttrain.tf.state.load_run, whose zero-debias count keeps step 1's BN update TF's) into the seed's
 recipe (make_config(recipe="inception_v3"): RMSProp, L2 on conv and fc weights, label smoothing 0.1,
 aux weight 0.4, EMA 0.9999 with warm-up, SlimBatchNorm), and TrainStep (eager, fp32, CPU) runs the
 same three steps. The fixture's LR staircase has decay_steps 4 so the steps cross a boundary.
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from test_tf_names_inception import BATCH, CKPT, CLASSES, DATA, DEPTH, EMA, images
+from test_tf_names_inception_v3 import BATCH, CKPT, CLASSES, DATA, DEPTH, EMA, images
 
 from fasttrain.config import make_config
 from fasttrain.models.inception_v3 import Inception3
@@ -25,10 +25,10 @@ from fasttrain.precision import Precision
 from fasttrain.run import build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
-from fasttrain.tf_checkpoint import open_checkpoint
-from fasttrain.tf_import import load_run
-from fasttrain.tf_names import variable_map
-from fasttrain.tf_names.inception_v3 import zero_debias_names
+from fasttrain.tf.checkpoint import open_checkpoint
+from fasttrain.tf.names import variable_map
+from fasttrain.tf.names.inception_v3 import zero_debias_names
+from fasttrain.tf.state import load_run
 
 pytestmark = pytest.mark.slow  # 6 steps of a 299 px network: ~50 s on 2 busy cores
 START_STEP, DECAY_STEPS = 7, 4  # as make_tf_inception.py
@@ -48,7 +48,7 @@ class _Loader:  # load_run sets the data position: unused here
 
 def build_from_tf(channels_last: bool = False):
     """The recipe's model, optimizer, BN EMA and TrainStep continuing TF's own checkpoint
-    reduced/model.ckpt-7 as --checkpoint_dir does (tf_checkpoint's reader, tf_import.load_run: weights,
+    reduced/model.ckpt-7 as --checkpoint_dir does (tf.checkpoint's reader, tf.state.load_run: weights,
     BN statistics and their zero-debias count, RMSProp slots, EMA shadows, step)."""
     cfg = make_config(recipe="inception_v3", num_epochs_per_decay=1.0, optimizer_impl="torch")
     cfg = dataclasses.replace(cfg, batch_size=BATCH)
@@ -106,7 +106,7 @@ def ours_in_tf_names(model, optimizer, bn_ema, step):
 
 
 def _to_tf(t: torch.Tensor, layout: str) -> np.ndarray:
-    from fasttrain.tf_names import to_tf
+    from fasttrain.tf.names import to_tf
 
     return to_tf(t.detach().numpy(), layout).copy()  # not a view of a tensor the next step changes
 

@@ -3,7 +3,7 @@ took them (tests/data/tf-resnet-v2/step_resnet18_v2_w4.npz, written by tests/dat
 from the seed's `_tower_fn` and model_fn ported to tf.compat.v1).
 
 Step 1 starts from the reduced ResNet-18 v2 (base width 4, 1001 classes) of resnet18_v2_w4/model.ckpt-0
-(read from the .npz beside it, which holds the same values; with fasttrain/tf_checkpoint.py merged, read
+(read from the .npz beside it, which holds the same values; with fasttrain/tf/checkpoint.py merged, read
 the checkpoint) with zero momentum and the step counter one below the first LR boundary; steps 2 and 3
 start from TF's whole state after the step before (weights, BN moving statistics, momentum slots), so
 each comparison is one step deep (the tolerances' comment says why). The same fixed batch every step.
@@ -24,7 +24,7 @@ from fasttrain.precision import Precision
 from fasttrain.run import build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import TrainStep
-from fasttrain.tf_names import to_tf, to_torch, variable_map
+from fasttrain.tf.names import to_tf, to_torch, variable_map
 
 DATA = "tests/data/tf-resnet-v2/"
 MEANS = (123.68, 116.78, 103.94)

@@ -1,4 +1,4 @@
-"""fasttrain.tf_checkpoint against checkpoints TensorFlow 2.21 wrote (tests/data/make_tf_checkpoints.py):
+"""fasttrain.tf.checkpoint against checkpoints TensorFlow 2.21 wrote (tests/data/make_tf_checkpoints.py):
 the V2 bundle and the V1 table (a partitioned variable assembled) read to the values TF saved, every
 dtype and shape bit for bit; damaged copies (a flipped byte, a cut file, a missing shard), files that
 are not TF's and a V2 partitioned variable each end in one CheckpointError naming the file or the
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fasttrain.checkpoint import CheckpointError
-from fasttrain.tf_checkpoint import (
+from fasttrain.tf.checkpoint import (
     checkpoint_prefix,
     is_tf_checkpoint,
     open_checkpoint,

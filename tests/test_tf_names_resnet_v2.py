@@ -1,4 +1,4 @@
-"""fasttrain/tf_names/resnet_v2.py: our ResNetV2 state_dict named as the ResNet seed's TF variables.
+"""fasttrain/tf/names/resnet_v2.py: our ResNetV2 state_dict named as the ResNet seed's TF variables.
 
 Reference: tests/data/tf-resnet-v2/variables.json, every global variable (name, shape, trainable) of the
 seed's graph as TensorFlow 2.21 built it from resnet_model.py ported to tf.compat.v1 (1001 classes, base
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fasttrain.models import create_model
-from fasttrain.tf_names import to_tf, variable_map
+from fasttrain.tf.names import to_tf, variable_map
 
 with open("tests/data/tf-resnet-v2/variables.json") as _f:
     TF_VARIABLES = json.load(_f)

@@ -212,7 +212,8 @@ def test_the_hot_path_kernels_release_the_gil():
 
     import numba
 
-    from fasttrain.data import color, jpeg, resize, transforms
+    from fasttrain.data import color, resize, transforms
+    from fasttrain.data.jpeg import decode as jpeg
 
     kernels = [
         getattr(module, name)
@@ -230,11 +231,11 @@ def test_the_hot_path_kernels_release_the_gil():
 
 @pytest.mark.parametrize("preprocess", ["resnet", "inception", "vgg"])
 def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monkeypatch, preprocess):
-    """With the shards' JPEG row checkpoints built (python -m fasttrain.data.jpeg_rows), both loaders'
+    """With the shards' JPEG row checkpoints built (python -m fasttrain.data row-checkpoints), both loaders'
     train batches equal those decoded without them (the reference: the same loader on the same shards
     with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
-    from fasttrain.data import jpeg_rows
-    from fasttrain.data.row_index import ROW_INDEX_HINT, main
+    from fasttrain.data.jpeg import doctor as jpeg_rows
+    from fasttrain.data.jpeg.row_index import ROW_INDEX_HINT, main
 
     doctored, doctor = [], jpeg_rows.doctor
 

@@ -19,7 +19,7 @@ from fasttrain.data.color import (
     distort_color,
     sample_color,
 )
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg.decode import decode_jpeg
 from fasttrain.data.normalize import normalize_images
 from fasttrain.data.resize import resize
 from fasttrain.data.seeding import SampleGenerator
@@ -326,8 +326,8 @@ def test_full_window_decode_equals_the_whole_images_decode(name):
     """The Inception train path decodes only its crop; its pixels must be the whole decode's (which
     tests/test_transforms_tf.py holds equal to TensorFlow's decode_jpeg), edges and every JPEG kind, with
     and without the JPEG's row checkpoints."""
-    from fasttrain.data.jpeg_rows import decode_full_window_rows
-    from fasttrain.data.jpeg_scan import row_checkpoints
+    from fasttrain.data.jpeg.doctor import decode_full_window_rows
+    from fasttrain.data.jpeg.scan import row_checkpoints
 
     jpeg = (TF_IMAGES / name).read_bytes()
     full = decode_jpeg(jpeg)

@@ -1,4 +1,4 @@
-"""fasttrain's images (data/jpeg.py's decode, data/transforms.py's eval and train transforms, their
+"""fasttrain's images (data/jpeg/decode.py's decode, data/transforms.py's eval and train transforms, their
 resize and colour steps, the DALI eval pipeline) against TensorFlow's own, for the same JPEGs and the
 same random choices.
 
@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image, JpegImagePlugin
 
-from fasttrain.data import DataError, jpeg
+from fasttrain.data import DataError
 from fasttrain.data.color import ColorParams
-from fasttrain.data.jpeg import CROP_DECODE, decode_and_crop_jpeg, decode_jpeg
+from fasttrain.data.jpeg import decode as jpeg
+from fasttrain.data.jpeg.decode import CROP_DECODE, decode_and_crop_jpeg, decode_jpeg
 from fasttrain.data.transforms import (
     TrainParams,
     apply_eval,

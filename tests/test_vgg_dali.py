@@ -25,7 +25,7 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
 from fasttrain.config import make_config  # noqa: E402
 from fasttrain.data import vgg  # noqa: E402
 from fasttrain.data.dali_pipeline import DaliLoader  # noqa: E402
-from fasttrain.data.jpeg import decode_jpeg  # noqa: E402
+from fasttrain.data.jpeg.decode import decode_jpeg  # noqa: E402
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS  # noqa: E402
 from fasttrain.data.synthetic import converter_example  # noqa: E402
 from fasttrain.data.tfrecord import write_index_file, write_records  # noqa: E402

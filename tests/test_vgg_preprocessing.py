@@ -17,8 +17,9 @@ import pytest
 import torch
 from PIL import Image, JpegImagePlugin
 
-from fasttrain.data import jpeg, transforms, vgg
-from fasttrain.data.jpeg import CROP_DECODE, decode_jpeg
+from fasttrain.data import transforms, vgg
+from fasttrain.data.jpeg import decode as jpeg
+from fasttrain.data.jpeg.decode import CROP_DECODE, decode_jpeg
 from fasttrain.data.normalize import normalize_images
 
 FIXTURE = Path(__file__).parent / "data" / "tf-vgg"

@@ -1,66 +1,35 @@
 """Input pipelines: one dispatch point (`build_loader`) over the DALI, torch and synthetic backends.
 
-Every loader follows the `Loader` protocol below, so the trainer never asks which backend it has.
-Training loaders drop each rank's last partial batch; evaluation loaders see every record of the split
-exactly once across ranks and keep partial batches.
+Every loader follows the `Loader` protocol (fasttrain/data/loader.py), so the trainer never asks which
+backend it has. Training loaders drop each rank's last partial batch; evaluation loaders see every
+record of the split exactly once across ranks and keep partial batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import torch
 
 from fasttrain.config import Config
-from fasttrain.errors import FasttrainError, SettingError
+from fasttrain.data.errors import DataError, LabelRangeError
+from fasttrain.data.loader import EpochPosition, Loader
+from fasttrain.errors import SettingError
 
 if TYPE_CHECKING:
     from fasttrain.precision import Precision
 
-
-class DataError(FasttrainError, RuntimeError):
-    """Bad input data (missing directory, no shards, corrupt record): printed in one line."""
-
-
-class LabelRangeError(DataError, SettingError):
-    """A stored label outside [0, num_classes) after label_offset: the settings do not fit the data.
-
-    A DataError, so every place that turns data errors into one line handles it, and a SettingError,
-    so the CLI exits 2 for it; never skipped by skip_corrupt (a wrong num_classes or label_offset would
-    otherwise drop whole classes from training and evaluation without a word).
-    """
-
-
-class Loader(Protocol):
-    """What the trainer and the evaluator use of a loader, whichever the backend."""
-
-    normalized: bool
-    """True: images are already float, normalised, NHWC (DALI); False: uint8 NHWC."""
-    num_records: int
-    """Records in the split, all ranks together."""
-    epoch: int
-    """The epoch __iter__ yields (set_epoch moves it)."""
-    skipped: int
-    """Corrupt records skipped so far with skip_corrupt (0 for backends that cannot skip)."""
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches."""
-        ...
-
-    def __len__(self) -> int:
-        """Batches per epoch on this rank."""
-        ...
-
-    def set_epoch(self, epoch: int) -> None:
-        """Reshuffle for `epoch` (shard order, shuffle buffer, augmentation seeds)."""
-        ...
-
-    def state_dict(self) -> dict:
-        """{'epoch': e, 'batch': b}: where a resume continues, exactly."""
-        ...
-
-    def load_state_dict(self, state: dict) -> None: ...
+# The names the package's users import from it (the backends import them from their own modules).
+__all__ = [
+    "DataError",
+    "EpochPosition",
+    "LabelRangeError",
+    "Loader",
+    "SyntheticLoader",
+    "build_loader",
+    "dali_available",
+    "resolve_backend",
+]
 
 
 def dali_available() -> bool:
@@ -117,36 +86,6 @@ def build_loader(
     # A training batch stays valid while batch_stream holds the step's grad_accum_steps micro-batches.
     hold = cfg.grad_accum_steps if training else 1
     return ThreadLoader(cfg, split, training, rank, world_size, hold=hold)
-
-
-class EpochPosition:
-    """The epoch and batch position every loader keeps: what state_dict saves and a resume restores.
-
-    A loader calls `_begin_epoch()` at the start of __iter__ (the batch to start from) and advances
-    `_position` as it yields batches.
-    """
-
-    epoch = 0
-    skipped = 0  # the torch backend counts skip_corrupt's skipped records; the others never skip
-    _position = 0  # batches of this epoch handed out so far
-    _resume = 0  # where the next __iter__ starts (set by load_state_dict)
-
-    def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
-            self._resume = self._position = 0  # a loaded position belongs to the loaded epoch only
-        self.epoch = epoch
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
-        self._position = self._resume
-
-    def _begin_epoch(self) -> int:
-        start, self._resume = self._resume, 0
-        self._position = start
-        return start
 
 
 class SyntheticLoader(EpochPosition):

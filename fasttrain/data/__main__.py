@@ -1,4 +1,4 @@
-"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, build}.
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, row-checkpoints, build}.
 
     verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
                [--cache-dir D] [--no-index]
@@ -11,6 +11,10 @@
         boxes ([ymin, xmin, ymax, xmax] each), synset, text, jpeg_bytes
     make-synthetic --out DIR [--train-shards N] [--val-shards M] [--per-shard K] [--classes C] [--seed S]
         a small data set in the converter's exact layout (see fasttrain.data.synthetic)
+    row-checkpoints DIR [--workers N] [--cache-dir D] [--force]
+        build the JPEG row checkpoints (<shard>.rows sidecars) the torch loader decodes crops through
+        (fasttrain.data.jpeg.row_index; `python -m fasttrain.data.jpeg_rows DIR`, the older spelling,
+        runs the same build)
     build --train_directory D --validation_directory D --output_directory D --labels_file F ...
         ImageNet JPEG folders to the shards build_imagenet_data.py writes (see fasttrain.data.build)
 
@@ -28,10 +32,11 @@ import sys
 import time
 from pathlib import Path
 
-from fasttrain.data import DataError
 from fasttrain.data.build import add_arguments as add_build_arguments
 from fasttrain.data.build import build
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
+from fasttrain.data.jpeg import row_index
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
 from fasttrain.data.verify import verify_dataset
@@ -89,6 +94,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--classes", type=_count(1), default=10)
     p.add_argument("--seed", type=int, default=0)
 
+    p = commands.add_parser(
+        "row-checkpoints",
+        help="build the JPEG row checkpoints the torch loader decodes crops through",
+        description=row_index.COMMAND_HELP,
+    )
+    row_index.add_arguments(p)
     add_build_arguments(
         commands.add_parser("build", help="JPEG folders to TFRecord shards, as TF's converter")
     )
@@ -180,16 +191,27 @@ def _make_synthetic(args) -> int:
     return 0
 
 
+def _row_checkpoints(args) -> int:
+    row_index.build_sidecars(args.data_dir, workers=args.workers, cache_dir=args.cache_dir, force=args.force)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
         parser.error("make-synthetic needs --train-shards or --val-shards above 0")
-    if args.command in ("verify", "ls") and not Path(args.data_dir).is_dir():
+    if args.command in ("verify", "ls", "row-checkpoints") and not Path(args.data_dir).is_dir():
         what = "is not a directory" if Path(args.data_dir).exists() else "does not exist"
         print(f"error: {args.data_dir} {what}; give the directory of the TFRecord shards", file=sys.stderr)
         return 2
-    command = {"verify": _verify, "ls": _ls, "make-synthetic": _make_synthetic, "build": build}[args.command]
+    command = {
+        "verify": _verify,
+        "ls": _ls,
+        "make-synthetic": _make_synthetic,
+        "row-checkpoints": _row_checkpoints,
+        "build": build,
+    }[args.command]
     try:
         return command(args)
     except DataError as e:

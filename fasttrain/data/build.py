@@ -29,7 +29,7 @@ Built for ImageNet's 1.28 million images:
   with no images in synset folders (the flat validation folder as ImageNet ships it) stops the run
   the same way, or is skipped.
 - `--write_index` writes DALI's `<shard>.idx` beside each shard; `--row_checkpoints` the JPEG row
-  checkpoints the torch loader uses (`<shard>.rows`, fasttrain/data/row_index.py; with their .idx),
+  checkpoints the torch loader uses (`<shard>.rows`, fasttrain/data/jpeg/row_index.py; with their .idx),
   in the same job, while the shard is in the page cache.
 - progress every 10 s: images, images/s, ETA.
 
@@ -53,7 +53,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from fasttrain.data import DataError
 from fasttrain.data.build_lists import Annotations, EmptySplit, SplitPlan, plan_split, read_annotations
 from fasttrain.data.build_shard import (
     ShardFailed,
@@ -65,6 +64,7 @@ from fasttrain.data.build_shard import (
     run_job,
     set_counter,
 )
+from fasttrain.data.errors import DataError
 
 PROGRESS_SECONDS = 10.0
 

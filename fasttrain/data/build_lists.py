@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 
 SHUFFLE_SEED = 12345
 _BOX = struct.Struct("<4d")  # xmin, ymin, xmax, ymax: the floats the script parsed, kept exactly

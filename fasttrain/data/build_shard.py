@@ -6,7 +6,7 @@ finished. Each record is the script's Example (`_convert_to_example` in build_im
 serialized with its map entries sorted by key: the same bytes in every process (TensorFlow's order
 varies from one process to the next, so its shards differ byte-wise between runs, not feature-wise).
 With write_index the DALI `<shard>.idx` is written from the offsets in hand; with row_checkpoints the
-torch loader's `<shard>.rows` (fasttrain/data/row_index.py) is built right after, from the shard in
+torch loader's `<shard>.rows` (fasttrain/data/jpeg/row_index.py) is built right after, from the shard in
 the page cache. This module holds fasttrain's other data modules' helpers the build uses, in one place.
 """
 
@@ -24,7 +24,7 @@ from fasttrain.data.build_lists import SplitPlan
 # The helpers of other modules, in one place (files there may move).
 from fasttrain.data.example import Example
 from fasttrain.data.imagenet import find_shards
-from fasttrain.data.row_index import RowIndex, build_row_index
+from fasttrain.data.jpeg.row_index import RowIndex, build_row_index
 from fasttrain.data.tfrecord import frame_record, load_index, write_index_file
 
 # find_shards and load_index are build.py's, through here.

@@ -53,7 +53,7 @@ skip them). The random crops, flips and colours after a resume differ: DALI's ra
 restored, so the pipeline is re-seeded from (seed, epoch, rank, batch).
 
 Errors: DALI reports an undecodable image without naming it; the loader then decodes the failed
-batch's records on the host (fasttrain.data.jpeg) to name the shard and record, and points to
+batch's records on the host (fasttrain.data.jpeg.decode) to name the shard and record, and points to
 `python -m fasttrain.data verify DIR --decode`.
 """
 
@@ -70,10 +70,11 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, EpochPosition
 from fasttrain.data.dali_ops import distort_color, eval_box, vgg_images
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import decode_record, label_range_error
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg.decode import decode_jpeg
+from fasttrain.data.loader import EpochPosition
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record

@@ -30,8 +30,8 @@ import numba
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fasttrain.data import DataError, LabelRangeError
 from fasttrain.data import example as wire
+from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.example import parse_example
 
 SPLITS = ("train", "validation")

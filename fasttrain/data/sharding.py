@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.imagenet import decode_record, list_shards
 from fasttrain.data.tfrecord import load_index, read_record
 

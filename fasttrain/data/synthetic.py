@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.tfrecord import write_index_file, write_records

@@ -42,7 +42,7 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the 8 length bytes
 _FOOTER = struct.Struct("<I")  # masked CRC of the data

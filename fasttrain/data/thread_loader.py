@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, LabelRangeError
+from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.torch_pipeline import SampleReader, ShardLoader, all_corrupt
 from fasttrain.stop_signals import stop_signals_blocked
 

@@ -31,10 +31,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
-from fasttrain.data import DataError, EpochPosition, LabelRangeError
+from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
-from fasttrain.data.row_index import ROW_INDEX_HINT, RowIndexes
+from fasttrain.data.jpeg.row_index import ROW_INDEX_HINT, RowIndexes
+from fasttrain.data.loader import EpochPosition
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer

@@ -25,7 +25,7 @@ Eval (`eval_transform`):
 
 vgg (the ResNet seed's vgg_preprocessing: scale jitter, random crop, flip) is fasttrain.data.vgg.
 
-Decoding and resizing are TensorFlow's (fasttrain.data.jpeg, fasttrain.data.resize), so the uint8
+Decoding and resizing are TensorFlow's (fasttrain.data.jpeg.decode, fasttrain.data.resize), so the uint8
 outputs are TensorFlow's float results rounded to the nearest level (tests/test_transforms_tf.py). The
 ResNet seed flips the crop before resizing; TF1's resize is not mirror-symmetric (source = x * scale),
 so the order is kept. Inception flips after the resize: the resize writes its columns mirrored, and
@@ -41,8 +41,8 @@ import numpy as np
 
 from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
-from fasttrain.data.jpeg import decode_jpeg, jpeg_size
-from fasttrain.data.jpeg_rows import decode_full_window_rows, decode_window_rows
+from fasttrain.data.jpeg.decode import decode_jpeg, jpeg_size
+from fasttrain.data.jpeg.doctor import decode_full_window_rows, decode_window_rows
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
 
@@ -282,7 +282,7 @@ def train_transform(
 ) -> np.ndarray:
     """(image_size, image_size, 3) uint8: decode, then the seed's random crop, resize, flip, colour.
 
-    checkpoints: the JPEG's row checkpoints (fasttrain.data.jpeg_rows), which make the decode of the
+    checkpoints: the JPEG's row checkpoints (fasttrain.data.jpeg.doctor), which make the decode of the
     crop cheaper and leave its pixels as they are; None decodes without them."""
     if preprocess == "vgg":  # the ResNet seed's scale jitter + random crop (fasttrain.data.vgg)
         return vgg.train_transform(jpeg, rng, image_size, file, offset, out, scratch, checkpoints)

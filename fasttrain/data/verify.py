@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import (
     SPLITS,
     decode_record,
@@ -31,7 +31,7 @@ from fasttrain.data.imagenet import (
     raw_images_hint,
     shard_set_problems,
 )
-from fasttrain.data.jpeg import decode_jpeg
+from fasttrain.data.jpeg.decode import decode_jpeg
 from fasttrain.data.tfrecord import (
     index_candidates,
     index_is_older,

@@ -28,7 +28,7 @@ decodes the whole image and resizes all of it (up to 512 px on the short side, i
 224 x 224. Only the output window is computed here, and only the source rows and columns its 2 x 2 taps
 read are decoded: TF1's bilinear reads rows floor(y * sy) .. ceil(y * sy) for y in [top, top + S), with
 sy = float32(H) / float32(H'). The decode is libjpeg-turbo's cropped decode
-(fasttrain.data.jpeg.decode_window_rows, into the thread's reused buffer, read in place), widened by
+(fasttrain.data.jpeg.decode.decode_window_rows, into the thread's reused buffer, read in place), widened by
 `_CHROMA_MARGIN` columns on each side: libjpeg upsamples chroma at a cropped region's first and last
 column as at an image edge, so those columns may differ from the full decode's (4:2:0 / 4:2:2). One
 column is the fewest that keeps them out of the window: the region starts on an MCU boundary, so its
@@ -56,8 +56,8 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from fasttrain.data.jpeg import jpeg_size
-from fasttrain.data.jpeg_rows import decode_window_rows
+from fasttrain.data.jpeg.decode import jpeg_size
+from fasttrain.data.jpeg.doctor import decode_window_rows
 from fasttrain.data.resize import _lerp_row, resize  # TF's horizontal lerp of one source row
 
 _F32 = np.float32

@@ -2,8 +2,8 @@
 
 Layer for layer the network of TF models' inception/inception/slim/inception_model.py at 299x299
 (checked layer by layer in tests/test_inception_seed.py, and against TensorFlow's own logits in
-tests/test_tf_names_inception.py). Module and parameter names follow torchvision (Conv2d_1a_3x3,
-Mixed_5b.branch1x1.conv, AuxLogits.fc, fc); fasttrain.tf_names.inception_v3 maps them to slim's.
+tests/test_tf_names_inception_v3.py). Module and parameter names follow torchvision (Conv2d_1a_3x3,
+Mixed_5b.branch1x1.conv, AuxLogits.fc, fc); fasttrain.tf.names.inception_v3 maps them to slim's.
 Every convolution is conv (no bias) -> BN -> ReLU.
 
     input 3x299x299 -> conv 3x3/2 (32) -> conv 3x3 (32) -> conv 3x3 pad 1 (64) -> max-pool 3x3/2

@@ -88,7 +88,8 @@ def check_buckets_vs_ddp(ctx: Context) -> str:
             raise Skip("this torch has no NCCL")
         # The trainer's own start-up check: blocking wait makes NCCL collectives uncapturable (a fail:
         # training with the default CUDA graph would refuse to start here).
-        from fasttrain.distributed import DistInfo, check_graph_capture_env
+        from fasttrain.dist_info import DistInfo
+        from fasttrain.distributed import check_graph_capture_env
 
         check_graph_capture_env(DistInfo(0, 2, 0, ctx.device, "nccl", True), cuda_graph=True)
         backend, world = "cuda", 2

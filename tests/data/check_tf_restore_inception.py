@@ -1,4 +1,4 @@
-"""Checks by hand that the Inception seed's own TF graph restores what `fasttrain.convert to-tf` writes.
+"""Checks by hand that the Inception seed's own TF graph restores what `fasttrain.tf.convert to-tf` writes.
 
     /opt/tfvenv/bin/python tests/data/check_tf_restore_inception.py PREFIX [PREFIX_TO_COMPARE]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fasttrain.tf_names import TFVariable
+from fasttrain.tf.names.variable import TFVariable
 
 SCOPE = "resnet_model"
 _BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}

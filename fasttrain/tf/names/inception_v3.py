@@ -25,8 +25,8 @@ What else a seed checkpoint holds, named from these (tests/data/tf-inception/ful
   and slim called it inside the BatchNorm scope, so the scope repeats):
       <scope>/BatchNorm/<scope>/BatchNorm/moving_mean/{biased,local_step}     (moving_variance alike)
   local_step is the layer's update count: fasttrain's bn.num_batches_tracked (both local_steps of a
-  layer are equal); biased = moving * (1 - decay^local_step) (zero_debias_names below; fasttrain.
-  tf_import reads the count and checks biased on import, and writes both on export).
+  layer are equal); biased = moving * (1 - decay^local_step) (zero_debias_names below;
+  fasttrain.tf.state reads the count and checks biased on import, and writes both on export).
 Not mapped: what the seed's training graph adds beside the model (its loss averages `tower_0/.../avg`,
 made by ExponentialMovingAverage(0.9, name='avg') in inception_train.py's _tower_loss) is left behind
 on import with a note and not written on export.
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from fasttrain.tf_names import TFVariable
+from fasttrain.tf.names.variable import TFVariable
 
 _STEM = {
     "Conv2d_1a_3x3": "conv0",

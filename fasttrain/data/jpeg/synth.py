@@ -1,11 +1,11 @@
-"""Synthetic entropy-coded MCUs and bit-exact splicing, for fasttrain.data.jpeg_rows's doctored streams.
+"""Synthetic entropy-coded MCUs and bit-exact splicing, for fasttrain.data.jpeg.doctor's doctored streams.
 
 A synthetic run (`run`) is m MCUs whose blocks are each a DC diff and EOB, with (a) DC diffs that sum
 to a given change of each component's predictor and (b) optionally a length that leaves a given
 number of bits (mod 8) pending, adjusted with up to 7 extra AC coefficients; `splice` appends the
 original's bits [begin, end) by copying whole bytes (stuffing and all). The bit writer (`put`) stuffs
 a 0x00 after every 0xFF byte it writes; `write_header` copies the kept header segments with SOF's
-size and DRI's interval set. jpeg_rows's docstring gives the equations.
+size and DRI's interval set. fasttrain.data.jpeg.doctor's docstring gives the equations.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ unsupported dtype) is a CheckpointError in one line naming the file, and the byt
 applies. Source of the layouts: tensorflow/core/lib/io/{format,block,table}.cc, core/util/tensor_bundle/
 tensor_bundle.{h,cc,proto}, core/util/saved_tensor_slice{.proto,_util.cc}, core/lib/strings/ordered_code.cc.
 
-The container of both versions is an SSTable (fasttrain/tf_table.py states its layout).
+The container of both versions is an SSTable (fasttrain/tf/table.py states its layout).
 
 V2 (TF >= 0.12, Saver's default): PREFIX.index is a table. Key "" -> BundleHeaderProto {num_shards=1,
 endianness=2 (0 little), version=3 {producer=1, min_consumer=2}}; every other key, a variable's full
@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError
 
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.data.tfrecord import masked_crc32c
-from fasttrain.tf_table import FOOTER_BYTES, TABLE_MAGIC, build_table, read_table
+from fasttrain.tf.table import FOOTER_BYTES, TABLE_MAGIC, build_table, read_table
 
 # tensorflow/core/framework/types.proto DataType -> numpy dtype (bfloat16, 14, is read as float32).
 DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8, 9: np.int64,
@@ -83,7 +83,7 @@ SavedTensorSlices: 1 meta SavedTensorSliceMeta, 2 data SavedSlice
 def _build_messages() -> dict:
     F = descriptor_pb2.FieldDescriptorProto
     # proto2, so that Extent.length can be told absent (a full extent) from 0.
-    file = descriptor_pb2.FileDescriptorProto(name="fasttrain/tf_checkpoint.proto", package="ftckpt")
+    file = descriptor_pb2.FileDescriptorProto(name="fasttrain/tf/checkpoint.proto", package="ftckpt")
     file.syntax = "proto2"
     names = []
     for definition in re.split(r"\n(?=\w)", _MESSAGES.strip()):

@@ -1,4 +1,4 @@
-"""fasttrain.tf_import and the TF official v1.5 names (fasttrain/tf_names/resnet_v15.py): a trained
+"""fasttrain.tf.state and the TF official v1.5 names (fasttrain/tf/names/resnet_v15.py): a trained
 state (weights, BN statistics, RMSProp or Momentum slots, weight and BN EMA, step) exported to a V2
 checkpoint and continued from it comes back exactly, in TF's layouts (checked element by element, not
 through the code under test); TF official ResNet-50's published variable names and shapes; each
@@ -21,9 +21,9 @@ from fasttrain.data.synthetic import make_synthetic
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.step import BufferEMA
-from fasttrain.tf_checkpoint import open_checkpoint, write_checkpoint
-from fasttrain.tf_import import export_tensors, load_run, model_state
-from fasttrain.tf_names import to_tf, variable_map
+from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
+from fasttrain.tf.names import to_tf, variable_map
+from fasttrain.tf.state import export_tensors, load_run, model_state
 
 
 def trained(kind="rmsprop", seed=0, num_classes=5):
@@ -224,7 +224,7 @@ def test_a_continued_tf_run_takes_the_steps_fasttrains_resume_takes(tmp_path):
     """Train 14 steps; separately 12, export to TF, continue to 14 from the TF checkpoint: steps 13
     and 14 (the start of epoch 2, where a fasttrain resume reads the same batches) are the same losses
     and end in the same weights, slots and EMA, bit for bit."""
-    from fasttrain.convert import main as convert
+    from fasttrain.tf.convert import main as convert
 
     data = tmp_path / "data"
     make_synthetic(data, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 12 steps/epoch
@@ -276,7 +276,7 @@ def test_a_continued_tf_run_takes_the_steps_fasttrains_resume_takes(tmp_path):
 
 def test_a_recipe_takes_the_checkpoints_class_count_and_width(tmp_path):
     from fasttrain.config import make_config
-    from fasttrain.tf_import import config_for
+    from fasttrain.tf.state import config_for
 
     prefix, _ = export(tmp_path)
     cfg = config_for(make_config(recipe="demo"), open_checkpoint(prefix))  # demo: 10 classes, 16 wide
@@ -290,7 +290,7 @@ def test_a_recipe_takes_the_checkpoints_class_count_and_width(tmp_path):
 
 def test_pretrained_from_a_tf_checkpoint_and_fine_tune(tmp_path):
     from fasttrain.config import make_config
-    from fasttrain.resume import restore_pretrained
+    from fasttrain.pretrained import restore_pretrained
 
     prefix, (source, _, _) = export(tmp_path)
     flags = dict(model="resnet18", base_channels=8, pretrained_model_checkpoint_path=str(prefix.parent))

@@ -1,23 +1,23 @@
-"""Per-shard sidecar files of JPEG checkpoints (fasttrain.data.jpeg_scan), memory-mapped by the loader.
+"""Per-shard sidecar files of JPEG checkpoints (fasttrain.data.jpeg.scan), memory-mapped by the loader.
 
 A shard's sidecar lives where its tfrecord2idx index does (fasttrain.data.tfrecord.index_candidates:
 beside the shard, else in the cache directory for a read-only data directory), named
 `<shard>.rows` instead of `<shard>.idx`. Format, little-endian:
 
-    header (56 bytes)  magic b"FTROWS\\0\\0", u32 version (1), u32 COLUMN_GROUP (jpeg_scan's, checked),
+    header (56 bytes)  magic b"FTROWS\\0\\0", u32 version (1), u32 COLUMN_GROUP (scan.py's, checked),
                        u64 shard size, i64 shard mtime (ns), u64 records R, u64 checkpoint lines N,
                        u32 CRC32C of everything after the header, u32 0
     i64[R]             each record's offset in the shard (ascending, as in the .idx file)
     i64[R + 1]         first checkpoint line of record i; its lines are [start[i], start[i + 1])
-                       (none: a progressive JPEG, a corrupt record, anything jpeg_scan leaves out)
-    i16[N, 5]          the checkpoint lines (10 bytes each: fasttrain.data.jpeg_scan's format; about
+                       (none: a progressive JPEG, a corrupt record, anything the scan leaves out)
+    i16[N, 5]          the checkpoint lines (10 bytes each: fasttrain.data.jpeg.scan's format; about
                        2.7 kB per photo of the bench's set, 4% of its JPEG)
 
 A sidecar is used only if the shard's size and mtime equal the header's, the file has exactly the
 length the header implies and its CRC matches (0.5 ms for an ImageNet shard's; a damaged checkpoint
-would give wrong pixels); else it is stale, truncated or damaged and `RowIndex.open` returns None (the loader
-then decodes as before). `python -m fasttrain.data.jpeg_rows DATA_DIR [--workers N]` builds the
-sidecars of every train-* / validation-* shard.
+would give wrong pixels); else it is stale, truncated or damaged and `RowIndex.open` returns None (the
+loader then decodes as before). `python -m fasttrain.data row-checkpoints DATA_DIR [--workers N]`
+(`build_sidecars`) builds the sidecars of every train-* / validation-* shard.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 from fasttrain.data.example import parse_example
 from fasttrain.data.imagenet import SPLITS, find_shards
-from fasttrain.data.jpeg_scan import COLUMN_GROUP, row_checkpoints
+from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
 from fasttrain.data.tfrecord import crc32c, index_candidates, load_index, read_record
 
 MAGIC, VERSION = b"FTROWS\0\0", 1
@@ -118,7 +118,7 @@ class RowIndex:
 
 ROW_INDEX_HINT = (
     "fasttrain: the shards have no JPEG row checkpoints; the images are the same without them, but the "
-    "torch loader then takes up to a fifth more CPU per image: python -m fasttrain.data.jpeg_rows "
+    "torch loader then takes up to a fifth more CPU per image: python -m fasttrain.data row-checkpoints "
     "DATA_DIR builds them once (about 0.6 CPU ms and 3 kB per image)"
 )
 
@@ -231,56 +231,70 @@ def _build_job(args) -> tuple[str, int, float]:
     return str(shard), len(load_index(shard, cache_dir)[1]), time.process_time() - start
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m fasttrain.data.jpeg_rows",
-        description="Build the JPEG checkpoint sidecars (<shard>.rows) of every train-* and "
-        "validation-* shard in DATA_DIR, so the loader skips the entropy decoding outside crop windows. "
-        "A sidecar holds for its shard's size and mtime: rebuild after the shards are rewritten or "
-        "copied without keeping mtimes.",
-    )
+COMMAND_HELP = (
+    "Build the JPEG checkpoint sidecars (<shard>.rows) of every train-* and validation-* shard in "
+    "DATA_DIR, so the loader skips the entropy decoding outside crop windows. A sidecar holds for its "
+    "shard's size and mtime: rebuild after the shards are rewritten or copied without keeping mtimes."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The build's arguments, for `python -m fasttrain.data row-checkpoints` and the old spelling alike."""
     parser.add_argument("data_dir", metavar="DATA_DIR")
     parser.add_argument("--workers", type=int, default=1, help="processes (default 1)")
     parser.add_argument("--cache-dir", default=None, help="where sidecars go when DATA_DIR is read-only")
     parser.add_argument("--force", action="store_true", help="rebuild sidecars that are up to date")
+
+
+def build_sidecars(data_dir, *, workers: int = 1, cache_dir=None, force: bool = False) -> None:
+    """Build the sidecar of every train-* / validation-* shard in data_dir that has no current one (all
+    of them with force), printing progress every 5 s; DataError when there are no shards."""
+    shards = [s for split in SPLITS for s in find_shards(data_dir, split)]
+    if not shards:
+        raise DataError(f"no train-* or validation-* shards in {data_dir}; give the converter's output")
+    todo = [s for s in shards if force or RowIndex.open(s, cache_dir) is None]
+    counts = {str(s): len(load_index(s, cache_dir)[1]) for s in todo}
+    print(
+        f"rows: {len(shards) - len(todo)} of {len(shards)} shards up to date, {len(todo)} to build "
+        f"({sum(counts.values())} images)",
+        flush=True,
+    )
+    jobs = [(s, cache_dir) for s in todo]
+    workers = max(1, min(workers, len(jobs)))
+    start, done, images, cpu, shown = time.perf_counter(), 0, 0, 0.0, 0.0
+    pool = multiprocessing.Pool(workers) if workers > 1 else None
+    try:
+        for shard, records, seconds in (
+            pool.imap_unordered(_build_job, jobs) if pool else map(_build_job, jobs)
+        ):
+            done, images, cpu = done + 1, images + records, cpu + seconds
+            elapsed = time.perf_counter() - start
+            if elapsed - shown < 5 and done < len(jobs):
+                continue  # a line every 5 s (an ImageNet shard takes about a second)
+            shown = elapsed
+            rate = images / max(elapsed, 1e-9)
+            left = (sum(counts.values()) - images) / max(rate, 1e-9)
+            print(
+                f"rows: {done}/{len(jobs)} shards ({Path(shard).name}), {images} images, "
+                f"{rate:.0f} images/s, {1e3 * cpu / max(images, 1):.2f} CPU ms/image, "
+                f"ETA {left / 60:.1f} min",
+                flush=True,
+            )
+    finally:
+        if pool:
+            pool.terminate()
+
+
+def main(argv=None) -> int:
+    """The build as `python -m fasttrain.data.jpeg_rows DATA_DIR ...` (the spelling before
+    `python -m fasttrain.data row-checkpoints`) has always run it: one line and exit status 2 for a
+    DATA_DIR without shards, as before (the data tools' subcommand says 1 for that, 2 for a DATA_DIR
+    that is not a directory, as their other subcommands do)."""
+    parser = argparse.ArgumentParser(prog="python -m fasttrain.data.jpeg_rows", description=COMMAND_HELP)
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        shards = [s for split in SPLITS for s in find_shards(args.data_dir, split)]
-        if not shards:
-            raise DataError(
-                f"no train-* or validation-* shards in {args.data_dir}; give the converter's output"
-            )
-        todo = [s for s in shards if args.force or RowIndex.open(s, args.cache_dir) is None]
-        counts = {str(s): len(load_index(s, args.cache_dir)[1]) for s in todo}
-        print(
-            f"rows: {len(shards) - len(todo)} of {len(shards)} shards up to date, {len(todo)} to build "
-            f"({sum(counts.values())} images)",
-            flush=True,
-        )
-        jobs = [(s, args.cache_dir) for s in todo]
-        workers = max(1, min(args.workers, len(jobs)))
-        start, done, images, cpu, shown = time.perf_counter(), 0, 0, 0.0, 0.0
-        pool = multiprocessing.Pool(workers) if workers > 1 else None
-        try:
-            for shard, records, seconds in (
-                pool.imap_unordered(_build_job, jobs) if pool else map(_build_job, jobs)
-            ):
-                done, images, cpu = done + 1, images + records, cpu + seconds
-                elapsed = time.perf_counter() - start
-                if elapsed - shown < 5 and done < len(jobs):
-                    continue  # a line every 5 s (an ImageNet shard takes about a second)
-                shown = elapsed
-                rate = images / max(elapsed, 1e-9)
-                left = (sum(counts.values()) - images) / max(rate, 1e-9)
-                print(
-                    f"rows: {done}/{len(jobs)} shards ({Path(shard).name}), {images} images, "
-                    f"{rate:.0f} images/s, {1e3 * cpu / max(images, 1):.2f} CPU ms/image, "
-                    f"ETA {left / 60:.1f} min",
-                    flush=True,
-                )
-        finally:
-            if pool:
-                pool.terminate()
+        build_sidecars(args.data_dir, workers=args.workers, cache_dir=args.cache_dir, force=args.force)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""The Inception seed's slim names (fasttrain.tf_names.inception_v3) against TensorFlow's own graph.
+"""The Inception seed's slim names (fasttrain.tf.names.inception_v3) against TensorFlow's own graph.
 
 Fixtures (tests/data/make_tf_inception.py, TF 2.21 running the seed's graph ported to tf.compat.v1):
 full_variables.json lists every variable of the full-size training graph at 1001 classes; the
@@ -16,10 +16,10 @@ import torch
 
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.models.inception_v3 import Inception3
-from fasttrain.tf_checkpoint import open_checkpoint, write_checkpoint
-from fasttrain.tf_import import export_tensors, load_run, load_tf_for_eval, model_state
-from fasttrain.tf_names import to_torch, variable_map
-from fasttrain.tf_names.inception_v3 import layer_scope, zero_debias_names
+from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
+from fasttrain.tf.names import to_torch, variable_map
+from fasttrain.tf.names.inception_v3 import layer_scope, zero_debias_names
+from fasttrain.tf.state import export_tensors, load_run, load_tf_for_eval, model_state
 
 DATA = Path(__file__).parent / "data" / "tf-inception"
 CKPT = DATA / "reduced" / "model.ckpt-7"
@@ -116,7 +116,7 @@ def images(seed: int) -> np.ndarray:
 
 def load_tf_values(model: torch.nn.Module, shadows: bool = False):
     """Set `model` from TF's own checkpoint reduced/model.ckpt-7 as a user's from-tf does (the V2
-    reader fasttrain.tf_checkpoint, then tf_import.model_state: raw, or the EMA shadows); the reader."""
+    reader fasttrain.tf.checkpoint, then tf_import.model_state: raw, or the EMA shadows); the reader."""
     reader = open_checkpoint(CKPT)
     model.load_state_dict(model_state(reader, "inception_v3", model, ema=shadows))
     return reader

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import simplejpeg
 
-from fasttrain.data import DataError
+from fasttrain.data.errors import DataError
 
 
 def undecodable(file, offset, error) -> DataError:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from torch import nn
 
 from fasttrain.models.resnet_v2 import ResNetV2
-from fasttrain.tf_names import TFVariable
+from fasttrain.tf.names.variable import TFVariable
 
 SCOPE = "resnet"
 _BN_VARIABLES = (

@@ -2,7 +2,7 @@
 
 `row_checkpoints(jpeg)` walks every block of the scan (Huffman codes only: no dequantisation, no IDCT;
 AC values are skipped, DC diffs summed) and records where MCU rows and groups of COLUMN_GROUP MCUs
-start, for fasttrain.data.jpeg_rows's doctored streams (its docstring gives the scope). The result,
+start, for fasttrain.data.jpeg.doctor's doctored streams (its docstring gives the scope). The result,
 an int16 array (rows * cols, 5): line r * cols + c for MCU c * COLUMN_GROUP of MCU row r (mcu_h = 8 *
 max vertical sampling factor pixel rows; cols = ceil(MCUs per row / COLUMN_GROUP), or 1 with restart
 for a 1-component scan whose MCU row is v > 1 block rows), see `layout`:

@@ -1,8 +1,8 @@
-"""Doctored streams for JPEGs with a restart marker after every MCU row (fasttrain.data.jpeg_rows).
+"""Doctored streams for JPEGs with a restart marker after every MCU row (fasttrain.data.jpeg.doctor).
 
 Every row is its own restart interval: the predictors restart at 0 and a row starts on a byte, after
 marker RST((r - 1) mod 8), so no synthetic run has to reach a predictor or a bit offset across rows;
-the markers' numbers must count on without a gap. jpeg_rows's docstring gives both layouts.
+the markers' numbers must count on without a gap. fasttrain.data.jpeg.doctor's docstring gives both layouts.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from fasttrain.data.jpeg_synth import bitpos, copy_bytes, put, run, splice, write_header
+from fasttrain.data.jpeg.synth import bitpos, copy_bytes, put, run, splice, write_header
 
 
 @numba.njit(nogil=True, cache=True)

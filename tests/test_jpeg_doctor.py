@@ -1,6 +1,6 @@
-"""Row checkpoints and doctored streams (fasttrain.data.jpeg_rows) against libjpeg-turbo's own decode.
+"""Row checkpoints and doctored streams (fasttrain.data.jpeg.doctor) against libjpeg-turbo's own decode.
 
-The reference for every window is fasttrain.data.jpeg.decode_and_crop_jpeg of the original JPEG
+The reference for every window is fasttrain.data.jpeg.decode.decode_and_crop_jpeg of the original JPEG
 (libjpeg-turbo's crop decode, which the TF-fixture tests tie to TensorFlow): the doctored stream's
 window must equal it bit for bit. The checkpoint walk is checked on its own against two things it does
 not compute: the encoder's restart markers (a JPEG with a restart every MCU row must walk each row to
@@ -11,8 +11,6 @@ forward DCT's DC term of the edge-replicated block, quantised by the file's DQT)
 from __future__ import annotations
 
 import io
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,9 +18,9 @@ import simplejpeg
 import skimage.data
 from PIL import Image
 
-from fasttrain.data import jpeg_rows
-from fasttrain.data.jpeg import CROP_DECODE, decode_and_crop_jpeg, decode_window_rows
-from fasttrain.data.jpeg_scan import COLUMN_GROUP
+from fasttrain.data.jpeg import doctor as jpeg_rows
+from fasttrain.data.jpeg.decode import CROP_DECODE, decode_and_crop_jpeg, decode_window_rows
+from fasttrain.data.jpeg.scan import COLUMN_GROUP
 
 pytestmark = pytest.mark.skipif(not CROP_DECODE, reason="needs libjpeg-turbo's TurboJPEG library")
 
@@ -320,102 +318,6 @@ def test_corrupt_and_truncated_jpegs_give_none_or_the_same_result():
             np.testing.assert_array_equal(jpeg_rows.decode_and_crop(data, checkpoints, window), expected)
 
 
-# --- the per-shard sidecar store -----------------------------------------------------------------
-
-
-@pytest.fixture
-def shard(tmp_path):
-    """A train shard: the baseline cases, a progressive JPEG, and a record that is not an Example."""
-    from fasttrain.data.example import encode_example
-    from fasttrain.data.tfrecord import write_records
-
-    progressive = _pil(skimage.data.astronaut()[:64, :80], progressive=True)
-    payloads = [encode_example({"image/encoded": jpeg, "image/class/label": 1}) for _, jpeg, _ in CASES[:4]]
-    payloads += [encode_example({"image/encoded": progressive, "image/class/label": 2}), b"\x0a\xff garbage"]
-    data = tmp_path / "data"
-    data.mkdir()
-    path = data / "train-00000-of-00001"
-    write_records(path, payloads)
-    return path, [c[1] for c in CASES[:4]]
-
-
-def test_row_index_build_and_open(shard, tmp_path):
-    from fasttrain.data import row_index
-    from fasttrain.data.tfrecord import load_index
-
-    path, jpegs = shard
-    cache = tmp_path / "cache"
-    assert row_index.RowIndex.open(path, cache) is None
-    written = row_index.build_row_index(path, cache)
-    assert written == path.with_name(path.name + ".rows")
-    index = row_index.RowIndex.open(path, cache)
-    _, entries = load_index(path, cache)
-    assert len(index) == len(entries) == 6
-    for i, jpeg in enumerate(jpegs):
-        np.testing.assert_array_equal(index.checkpoints(int(entries[i, 0])), jpeg_rows.row_checkpoints(jpeg))
-        np.testing.assert_array_equal(index.checkpoints_at(i), jpeg_rows.row_checkpoints(jpeg))
-    assert index.checkpoints(int(entries[4, 0])) is None  # progressive
-    assert index.checkpoints(int(entries[5, 0])) is None  # not an Example
-    assert index.checkpoints(int(entries[1, 0]) + 1) is None  # not a record's offset
-    rows = sum(jpeg_rows.row_checkpoints(j).shape[0] for j in jpegs)
-    assert written.stat().st_size == 56 + 16 * 6 + 8 + 10 * rows  # the documented layout, 10 bytes a line
-
-
-def test_row_index_stale_truncated_or_foreign_is_none(shard, tmp_path):
-    from fasttrain.data import row_index
-
-    path, _ = shard
-    cache = tmp_path / "cache"
-    written = row_index.build_row_index(path, cache)
-    data = written.read_bytes()
-    other_group = data[:12] + (COLUMN_GROUP + 1).to_bytes(4, "little") + data[16:]
-    flipped = data[:-7] + bytes([data[-7] ^ 4]) + data[-6:]  # a damaged checkpoint
-    for broken in (data[:-1], data[:55], b"", b"NOTROWS!" + data[8:], data + b"\0", other_group, flipped):
-        written.write_bytes(broken)
-        assert row_index.RowIndex.open(path, cache) is None
-    written.write_bytes(data)
-    assert row_index.RowIndex.open(path, cache) is not None
-    stat = os.stat(path)
-    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # the shard rewritten
-    assert row_index.RowIndex.open(path, cache) is None
-    row_index.build_row_index(path, cache)
-    assert row_index.RowIndex.open(path, cache) is not None
-
-
-def test_row_index_read_only_data_dir_uses_the_cache(shard, tmp_path, monkeypatch):
-    import tempfile
-
-    from fasttrain.data import row_index
-
-    path, jpegs = shard
-    cache = tmp_path / "cache"
-    mkstemp = tempfile.mkstemp
-
-    def read_only(*args, dir=None, **kwargs):  # the .idx and .rows writers both go through mkstemp
-        if Path(dir) == path.parent:
-            raise PermissionError(13, "Permission denied")
-        return mkstemp(*args, dir=dir, **kwargs)
-
-    monkeypatch.setattr(tempfile, "mkstemp", read_only)
-    written = row_index.build_row_index(path, cache)
-    assert written.parent != path.parent and cache in written.parents
-    assert not path.with_name(path.name + ".rows").exists()
-    index = row_index.RowIndex.open(path, cache)
-    np.testing.assert_array_equal(index.checkpoints_at(0), jpeg_rows.row_checkpoints(jpegs[0]))
-
-
-def test_row_index_command(shard, tmp_path, capsys):
-    from fasttrain.data import row_index
-
-    path, _ = shard
-    assert row_index.main([str(path.parent), "--cache-dir", str(tmp_path / "cache")]) == 0
-    assert row_index.RowIndex.open(path, tmp_path / "cache") is not None
-    assert "1/1 shards" in capsys.readouterr().out
-    assert row_index.main([str(tmp_path / "missing")]) == 2
-    error = capsys.readouterr().err.strip()
-    assert error.count("\n") == 0 and "missing" in error
-
-
 def test_threads_use_their_own_buffers():
     # The loader decodes in threads: each thread's doctored stream and TurboJPEG handle are its own.
     from concurrent.futures import ThreadPoolExecutor
@@ -437,7 +339,7 @@ def test_threads_use_their_own_buffers():
 def test_dc_plans_sum_to_the_predictor_with_codable_diffs(categories):
     # Optimised tables hold only the categories an image used: the synthetic run's DC diffs must
     # still sum to the wanted change, each with a code, the filler summing to 0.
-    from fasttrain.data.jpeg_synth import _dc_plan
+    from fasttrain.data.jpeg.synth import _dc_plan
 
     elen = np.zeros((8, 256), np.int64)
     elen[0, list(categories)] = 3

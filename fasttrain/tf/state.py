@@ -1,4 +1,4 @@
-"""TF checkpoints of the seeds' models into fasttrain's objects, and back: driven by fasttrain.tf_names.
+"""TF checkpoints of the seeds' models into fasttrain's objects, and back: driven by fasttrain.tf.names.
 
     weights = model_state(ckpt, "inception_v3", model)             # raw weights, or ema=True
     step = load_run(ckpt, cfg, run, log)                            # continue a TF run: everything
@@ -18,7 +18,7 @@ What a TF run holds and where fasttrain keeps it (`v` is a variable's full name 
                                         float32 in the Inception seed, int64 in the ResNet seeds
 
 The Inception seed's zero-debias state (every TF >= 0.12 writes it for slim's moving averages;
-fasttrain.tf_names.inception_v3.zero_debias_names): `<scope>/BatchNorm/<scope>/BatchNorm/moving_{mean,
+fasttrain.tf.names.inception_v3.zero_debias_names): `<scope>/BatchNorm/<scope>/BatchNorm/moving_{mean,
 variance}/local_step` (float32) is the layer's bn.num_batches_tracked on import (both must be equal
 whole numbers; 0 when the checkpoint has none, which is what TF's Saver initialisation gives them:
 the first training step then replaces the moving statistics by the batch's), and `.../biased` must
@@ -46,7 +46,10 @@ import numpy as np
 import torch
 
 from fasttrain.checkpoint import CheckpointError
-from fasttrain.tf_names import TFVariable, to_tf, to_torch, variable_map
+from fasttrain.models import classifier_names, create_model
+from fasttrain.tf.names import variable_map
+from fasttrain.tf.names.inception_v3 import zero_debias_names
+from fasttrain.tf.names.variable import TFVariable, to_tf, to_torch
 
 EMA = "ExponentialMovingAverage"
 GLOBAL_STEP = "global_step"
@@ -69,8 +72,6 @@ _BIASED_RTOL = 1e-2
 def _zero_debias_names(model_name: str, model: torch.nn.Module) -> dict[str, dict[str, str]]:
     if model_name != "inception_v3":
         return {}
-    from fasttrain.tf_names.inception_v3 import zero_debias_names
-
     return zero_debias_names(model)
 
 
@@ -251,8 +252,6 @@ def model_state(
 def network_widths(reader, model_name: str) -> tuple[int, int]:
     """(num_classes, base_channels) of the checkpoint's network: its classifier's and its stem
     convolution's output widths (the last dimension of each in TF's layout)."""
-    from fasttrain.models import classifier_names, create_model
-
     probe = create_model(model_name, 1001)
     vmap = name_map(model_name, probe)
     stem = next(iter(vmap.values())).name

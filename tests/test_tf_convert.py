@@ -1,4 +1,4 @@
-"""python -m fasttrain.convert: to-tf then from-tf gives back the checkpoint's weights (raw) and its
+"""python -m fasttrain.tf.convert: to-tf then from-tf gives back the checkpoint's weights (raw) and its
 EMA of weights and BN statistics (--weights ema), bit for bit; to-tf writes every variable the seed's
 run holds (weights, BN statistics, both RMSProp slots, EMA shadows, global_step) and the `checkpoint`
 file; the classifier width and ResNet width come from the checkpoint; a file that is not a checkpoint
@@ -8,12 +8,12 @@ import dataclasses
 
 import pytest
 import torch
-from test_tf_import import trained
+from test_tf_state import trained
 
 from fasttrain.checkpoint import load_checkpoint, save_checkpoint
 from fasttrain.config import make_config
-from fasttrain.convert import main
-from fasttrain.tf_checkpoint import open_checkpoint
+from fasttrain.tf.checkpoint import open_checkpoint
+from fasttrain.tf.convert import main
 
 
 @pytest.fixture(scope="module")

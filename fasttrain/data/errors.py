@@ -1,0 +1,19 @@
+"""The errors of input data: what every part of fasttrain.data raises for a bad data directory, shard or
+record (fasttrain.data re-exports them: `from fasttrain.data import DataError` is the public spelling)."""
+
+from __future__ import annotations
+
+from fasttrain.errors import FasttrainError, SettingError
+
+
+class DataError(FasttrainError, RuntimeError):
+    """Bad input data (missing directory, no shards, corrupt record): printed in one line."""
+
+
+class LabelRangeError(DataError, SettingError):
+    """A stored label outside [0, num_classes) after label_offset: the settings do not fit the data.
+
+    A DataError, so every place that turns data errors into one line handles it, and a SettingError,
+    so the CLI exits 2 for it; never skipped by skip_corrupt (a wrong num_classes or label_offset would
+    otherwise drop whole classes from training and evaluation without a word).
+    """

@@ -1,0 +1,70 @@
+"""What every loader is: the `Loader` protocol the trainer and the evaluator use, and `EpochPosition`,
+the epoch and batch position each backend keeps (fasttrain.data re-exports both)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+import torch
+
+
+class Loader(Protocol):
+    """What the trainer and the evaluator use of a loader, whichever the backend."""
+
+    normalized: bool
+    """True: images are already float, normalised, NHWC (DALI); False: uint8 NHWC."""
+    num_records: int
+    """Records in the split, all ranks together."""
+    epoch: int
+    """The epoch __iter__ yields (set_epoch moves it)."""
+    skipped: int
+    """Corrupt records skipped so far with skip_corrupt (0 for backends that cannot skip)."""
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches."""
+        ...
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for `epoch` (shard order, shuffle buffer, augmentation seeds)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """{'epoch': e, 'batch': b}: where a resume continues, exactly."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class EpochPosition:
+    """The epoch and batch position every loader keeps: what state_dict saves and a resume restores.
+
+    A loader calls `_begin_epoch()` at the start of __iter__ (the batch to start from) and advances
+    `_position` as it yields batches.
+    """
+
+    epoch = 0
+    skipped = 0  # the torch backend counts skip_corrupt's skipped records; the others never skip
+    _position = 0  # batches of this epoch handed out so far
+    _resume = 0  # where the next __iter__ starts (set by load_state_dict)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self._resume = self._position = 0  # a loaded position belongs to the loaded epoch only
+        self.epoch = epoch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "batch": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
+        self._position = self._resume
+
+    def _begin_epoch(self) -> int:
+        start, self._resume = self._resume, 0
+        self._position = start
+        return start

@@ -1,0 +1,11 @@
+"""TensorFlow interop: the seeds' checkpoints read and written, and mapped onto fasttrain's state.
+
+    table.py       the SSTable both checkpoint formats are built on (its byte layout in the docstring)
+    checkpoint.py  TF checkpoints V1 and V2 (tensor bundle): open_checkpoint, write_checkpoint
+    names/         the name maps, one per seed family (fasttrain state_dict key <-> TF variable name)
+    state.py       a TF run's variables <-> fasttrain's model, optimizer slots, EMA and step (import
+                   for resume, pretrained weights and evaluation; export for convert to-tf)
+    convert.py     the command: python -m fasttrain.tf.convert {from-tf, to-tf}
+
+Nothing in the training loop depends on this package except where a user names a TF checkpoint.
+"""
