@@ -207,6 +207,7 @@ class _Evaluator:
             world_size=info.world_size,
             device=info.device,
             precision=self.precision,
+            reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
         )
         # metrics_out None: a foreign checkpoint's result is printed only (MetricsLog disabled).
         self.metrics = MetricsLog(

@@ -73,6 +73,7 @@ def train(cfg: Config) -> dict:
         world_size=info.world_size,
         device=info.device,
         precision=precision,
+        reuse_buffers=True,  # the zero-copy ring: batch_stream holds a step's micro-batches only
     )
     if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
         open_split(cfg, "validation", False, info.rank, info.world_size)
@@ -149,6 +150,7 @@ def train(cfg: Config) -> dict:
                 world_size=info.world_size,
                 device=info.device,
                 precision=precision,
+                reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
             )
         result = evaluate_raw_and_ema(
             run.model,

@@ -2,7 +2,8 @@
 
 Every loader follows the `Loader` protocol below, so the trainer never asks which backend it has.
 Training loaders drop each rank's last partial batch; evaluation loaders see every record of the split
-exactly once across ranks and keep partial batches.
+exactly once across ranks and keep partial batches. The batches a loader hands out are the caller's to
+keep, unless it was built with reuse_buffers=True (the trainer's zero-copy ring; see build_loader).
 """
 
 from __future__ import annotations
@@ -45,7 +46,14 @@ class Loader(Protocol):
     """Corrupt records skipped so far with skip_corrupt (0 for backends that cannot skip)."""
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches."""
+        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches.
+
+        Built by build_loader as it is by default, each batch is the caller's own: kept (a list of an
+        epoch's batches), it stays what it was. Built with reuse_buffers=True, a batch of the torch
+        thread loader is a view of a reused buffer, valid only until `hold` more batches have been
+        requested (fasttrain.data.thread_loader). The synthetic loader hands out the same two tensors
+        every time: keep them, but do not write into them.
+        """
         ...
 
     def __len__(self) -> int:
@@ -91,12 +99,21 @@ def build_loader(
     world_size: int = 1,
     device: torch.device | None = None,
     precision: Precision | None = None,
+    reuse_buffers: bool = False,
 ) -> Loader:
     """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank.
 
     training=True: shuffled, augmented with the train transform, partial batches dropped.
     training=False: in order, the eval transform, every record exactly once across ranks.
     precision: the run's resolved policy; DALI writes fp16 batches for an fp16 run (fp32 otherwise).
+    reuse_buffers: False (the default), every batch handed out is the caller's own and stays what it
+        was however long it is kept. True, the torch thread loader (cfg.loader "threads") writes its
+        batches into a ring of hold + 2 reused buffers and hands out views of them: a batch is valid
+        only until `hold` more have been requested (hold = grad_accum_steps in training, 1 in
+        evaluation), and a kept batch would later show other images. The trainer and the evaluator
+        use it (they are done with a batch before asking for the next group); other backends always
+        hand out the caller's own tensors. What the default costs over the ring:
+        bench/bench_loader_buffers.py.
     """
     backend = resolve_backend(cfg)
     if backend == "synthetic":
@@ -116,7 +133,7 @@ def build_loader(
 
     # A training batch stays valid while batch_stream holds the step's grad_accum_steps micro-batches.
     hold = cfg.grad_accum_steps if training else 1
-    return ThreadLoader(cfg, split, training, rank, world_size, hold=hold)
+    return ThreadLoader(cfg, split, training, rank, world_size, hold=hold, reuse_buffers=reuse_buffers)
 
 
 class EpochPosition:
