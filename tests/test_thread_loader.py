@@ -253,7 +253,7 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     train batches equal those decoded without them (the reference: the same loader on the same shards
     with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
     from fasttrain.data import jpeg_rows
-    from fasttrain.data.row_index import ROW_INDEX_HINT, main
+    from fasttrain.data.row_index import main
 
     doctored, doctor = [], jpeg_rows.doctor
 
@@ -265,8 +265,8 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     monkeypatch.setattr(jpeg_rows, "doctor", counted)
     data = tmp_path / "data"
     shutil.copytree(synthetic, data)  # copytree keeps the mtimes the sidecars are checked against
-    plain = ThreadLoader(_cfg(synthetic, preprocess=preprocess), "train", True)
-    assert plain.notes == [ROW_INDEX_HINT]  # no sidecars there: the trainer prints the hint
+    plain = ThreadLoader(_cfg(data, preprocess=preprocess), "train", True)
+    assert len(plain.notes) == 1 and "no JPEG row checkpoints" in plain.notes[0]  # the trainer prints it
     reference = _epoch(plain, 1)
     assert main([str(data), "--workers", "1"]) == 0
     assert list(data.glob("train-*.rows"))
