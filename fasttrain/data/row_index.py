@@ -16,21 +16,17 @@ beside the shard, else in the cache directory for a read-only data directory), n
                        2.7 kB per photo of the bench's set, 4% of its JPEG)
 
 A sidecar is used only if the shard's size and mtime equal the header's, the file has exactly the
-length the header implies and its CRC matches (0.5 ms for an ImageNet shard's; a damaged checkpoint
-would give wrong pixels), and the data CRCs of the shard's first, middle and last records are those it
-stored (three 4-byte reads); else it is stale, truncated or damaged and `RowIndex.open` returns None (the
-loader then decodes as before; `RowIndex.find` says why).
-
-Size and mtime alone do not tie a sidecar to its shard's bytes: a shard replaced by another of the same
-size and mtime (an rsync that keeps times, `touch -r`) would have its crops decoded with another image's
-checkpoints, scrambled bands where the other image's scan starts at the same bit. So every lookup names
-the record's data CRC, which the loader's reader has just read from the record's footer (and checked
-against the bytes): an entry is used only for the record whose CRC it stored (a 4-byte comparison, about
-0.1 us an image), else it is stale: ignored (the image decodes as before), counted, and noted once.
-Sidecars of format 1 (before the CRCs) cannot tell which records they index: they are stale, never
-used, and `python -m fasttrain.data.jpeg_rows DATA_DIR [--workers N]`, which builds the sidecars of
-every train-* / validation-* shard, rebuilds them without --force. `python -m fasttrain.data verify`
-checks every record's CRC against its sidecar.
+length the header implies, its CRC matches (0.5 ms for an ImageNet shard's; a damaged checkpoint would
+give wrong pixels) and so do the data CRCs of the shard's first, middle and last records (three 4-byte
+reads); else it is stale, truncated or damaged: `RowIndex.open` returns None, `RowIndex.find` says why,
+and the loader decodes as before. Size and mtime alone do not tie it to the bytes: a shard replaced by
+another of the same size and mtime (rsync keeping times, `touch -r`) had its crops decoded with other
+images' checkpoints, scrambled bands wherever the other scan started at the same bit. So each lookup
+also names the record's data CRC, which the loader's reader has just read from its footer (and checked
+against the bytes): an entry serves only the record whose CRC it stored, else it is stale (ignored,
+counted, noted once). Format 1 (before the CRCs) cannot say which records it indexes: stale, and
+`python -m fasttrain.data.jpeg_rows DATA_DIR [--workers N]`, which builds the sidecars of every train-* /
+validation-* shard, rebuilds it without --force. `python -m fasttrain.data verify` checks every entry.
 """
 
 from __future__ import annotations
@@ -171,18 +167,6 @@ class RowIndex:
         return None if i < 0 or self._crcs[i] != record_crc else self.checkpoints_at(i)
 
 
-def sidecar_state(shard_path, cache_dir=None) -> tuple[str, str]:
-    """('current', ''), ('stale', why) or ('none', '') of the shard's sidecar, as `verify` reports it:
-    a sidecar that opens has every entry's data CRC checked against the shard (4 bytes read a record)."""
-    index, problem = RowIndex.find(shard_path, cache_dir)
-    if index is None:
-        return ("none", "") if problem is None else ("stale", problem)
-    offset = index.first_mismatch(shard_path)
-    if offset is not None:
-        return "stale", f"{OTHER_RECORDS}, from the record at offset {offset} on"
-    return "current", ""
-
-
 def _builder_command(directory, cache_dir, force: bool = False) -> str:
     cache = f" --cache-dir {cache_dir}" if cache_dir else ""
     return f"python -m fasttrain.data.jpeg_rows {directory}{' --force' if force else ''}{cache}"
@@ -236,11 +220,14 @@ class RowIndexes:
         and the command that builds them for it."""
         if not self.files:
             return []
-        index, problem = RowIndex.find(self.files[0], self.cache_dir)
+        with self._lock:
+            index, problem = RowIndex.find(self.files[0], self.cache_dir)
+            self._open[0] = index  # opened once: the loader's first lookup in shard 0 takes it
+            if problem is not None:
+                self._stale.add(0)
+                self._noted = True  # said at start-up (now or earlier in this process): not again
         if index is not None:
             return []
-        if problem is not None:
-            self._noted = True  # said at start-up (now or earlier): no second note when shard 0 opens
         note = _start_up_note(Path(self.files[0]).parent, problem, self.cache_dir)
         if note in _noted:
             return []

@@ -34,7 +34,7 @@ from fasttrain.data.imagenet import (
     shard_set_problems,
 )
 from fasttrain.data.jpeg import decode_jpeg
-from fasttrain.data.row_index import sidecar_state
+from fasttrain.data.row_index import OTHER_RECORDS, RowIndex
 from fasttrain.data.tfrecord import (
     index_candidates,
     index_is_older,
@@ -174,8 +174,20 @@ def _scan_shard(
         return report
     if write_index:
         report.index = _update_index(path, np.array(entries, dtype=np.int64).reshape(-1, 2), cache_dir)
-    report.rows, report.rows_problem = sidecar_state(path, cache_dir)
+    report.rows, report.rows_problem = _sidecar_state(path, cache_dir)
     return report
+
+
+def _sidecar_state(shard_path, cache_dir=None) -> tuple[str, str]:
+    """('current', ''), ('stale', why) or ('none', '') of the shard's sidecar, as `verify` reports it:
+    a sidecar that opens has every entry's data CRC checked against the shard (4 bytes read a record)."""
+    index, problem = RowIndex.find(shard_path, cache_dir)
+    if index is None:
+        return ("none", "") if problem is None else ("stale", problem)
+    offset = index.first_mismatch(shard_path)
+    if offset is not None:
+        return "stale", f"{OTHER_RECORDS}, from the record at offset {offset} on"
+    return "current", ""
 
 
 def _verify_shard_args(args) -> ShardReport:
