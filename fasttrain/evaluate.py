@@ -179,6 +179,8 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     known = {f.name for f in dataclasses.fields(Config)}
     saved = {k: v for k, v in saved.items() if k in known}
     saved.update({k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v})
+    if saved.get("data_backend") == "dali":  # resolved for the run's device: this machine's may differ
+        saved["data_backend"] = "auto"
     return Config(**upgrade_saved_config(saved))
 
 

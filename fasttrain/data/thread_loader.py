@@ -85,6 +85,7 @@ class ThreadLoader(ShardLoader):
         self.num_threads = 1 if cfg.deterministic else max(1, cfg.num_workers)
         self.hold = max(1, hold)
         self.reuse_buffers = reuse_buffers
+        self.description = f"torch, {self.num_threads} loader thread{'s' if self.num_threads > 1 else ''}"
 
     def __iter__(self):
         if (plan := self._epoch_plan()) is None:

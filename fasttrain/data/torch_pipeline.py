@@ -251,6 +251,8 @@ class TorchLoader(ShardLoader):
         super().__init__(cfg, split, training, rank, world_size)
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
         self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
+        n = self.num_workers
+        self.description = f"torch, {n} DataLoader process{'es' * (n > 1)}" if n else "torch, in-process"
 
     def __iter__(self):
         cfg = self.cfg
