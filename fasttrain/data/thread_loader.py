@@ -184,8 +184,8 @@ class _Epoch:
             batch = self.batches.get(j)
             if batch is None:
                 size = len(self.positions[j * self.batch_size : (j + 1) * self.batch_size])
-                # Fresh buffers are allocated here, under the lock (microseconds; the pages are
-                # touched by the threads' writes, outside it).
+                # Fresh buffers are allocated here, under the lock: microseconds (pinned ones come
+                # from torch's caching host allocator); the pages are touched by the threads' writes.
                 buffers = self.ring[j % self.slots] if self.ring is not None else self._buffers()
                 batch = self.batches[j] = _Batch(size, *buffers)
             return j, i, batch, self.events[j % self.slots] if self.ring is not None else None
