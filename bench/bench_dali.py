@@ -87,7 +87,8 @@ def test_dali_cpu_train_images_per_second(benchmark, env_info, data_dir, recipe)
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_torch_train_images_per_second(benchmark, env_info, data_dir, recipe):
     cpu = torch.device("cpu")
-    loader = build_loader(_cfg(data_dir, recipe, "torch"), split="train", training=True, device=cpu)
+    cfg = _cfg(data_dir, recipe, "torch")
+    loader = build_loader(cfg, split="train", training=True, device=cpu, reuse_buffers=True)  # the trainer's
     _measure(benchmark, env_info, loader, cpu)
 
 

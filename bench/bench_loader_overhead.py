@@ -5,9 +5,13 @@
 Per record, on one thread: read_record with CRC (one shard, records in file order), decode_record
 (Example parse and ImageRecord), the sample generator (np.random.default_rng([seed, epoch, position])
 against SampleReader's reseeded SampleGenerator, which gives the same state), and the random
-parameters (sample_train_params) of the resnet and inception + colour settings. Each test reports
-`us_per_image` in extra_info. Data: synthetic ImageNet-layout shards (0-3 boxes per record, as the
-converter writes them), or FASTTRAIN_BENCH_DATA=<dir of real shards> (its first train shard).
+parameters (sample_train_params) of the resnet and inception + colour settings, and the lookup of a
+record's JPEG row checkpoints (RowIndexes.checkpoints: the record's offset, then the data CRC its
+sidecar entry stored against the one just read, fasttrain.data.jpeg.row_index; "offset only" is the
+lookup without that comparison, as it was before sidecars carried CRCs; always on a synthetic shard).
+Each test reports `us_per_image` in extra_info. Data: synthetic ImageNet-layout shards (0-3 boxes per
+record, as the converter writes them), or FASTTRAIN_BENCH_DATA=<dir of real shards> (its first train
+shard).
 """
 
 import os
@@ -16,6 +20,7 @@ import numpy as np
 import pytest
 
 from fasttrain.data.imagenet import decode_record, list_shards
+from fasttrain.data.jpeg.row_index import RowIndexes, build_row_index
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import iter_records, read_record
@@ -83,3 +88,27 @@ def test_sample_train_params(benchmark, env_info, records, setting):
         lambda: [sample_train_params(rng, 375, 500, b, preprocess, colour) for b in boxes],
         len(boxes),
     )
+
+
+@pytest.fixture(scope="module")
+def row_indexes(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-rows")
+    make_synthetic(root, train_shards=1, val_shards=1, per_shard=RECORDS, classes=10, seed=0)
+    shard = list_shards(root, "train")[0]
+    build_row_index(shard)
+    indexes = RowIndexes([shard])
+    index = indexes._index(0)
+    return indexes, [int(o) for o in index.offsets], [int(c) for c in index.crcs]
+
+
+@pytest.mark.parametrize("check", ["offset and data CRC", "offset only"])
+def test_row_checkpoint_lookup(benchmark, env_info, row_indexes, check):
+    indexes, offsets, crcs = row_indexes
+    if check == "offset only":
+
+        def lookup(file_id, offset, crc):
+            index = indexes._index(file_id)
+            return index.checkpoints_at(index.find_record(offset))
+    else:
+        lookup = indexes.checkpoints
+    _per_image(benchmark, env_info, lambda: [lookup(0, o, c) for o, c in zip(offsets, crcs)], len(offsets))

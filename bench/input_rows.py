@@ -117,7 +117,10 @@ def pipeline_rate(spec: RowSpec, device: torch.device, warmup: int, repeats: int
     result = dict(spec=vars(spec).copy(), status="ok")
     try:
         cfg = config_for(spec, device)
-        loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=device)
+        # The trainer's loader: the zero-copy ring (fasttrain.train).
+        loader = build_loader(
+            cfg, split="train", training=True, rank=0, world_size=1, device=device, reuse_buffers=True
+        )
         stream = batch_stream(loader, 1)
         t0 = time.perf_counter()
         for _ in range(warmup):

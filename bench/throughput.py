@@ -301,7 +301,10 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
 def input_stream(spec: RowSpec, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """next_batch() for the row's input: the same device batch (synthetic) or the loader's batches."""
     cfg = config_for(spec, device)
-    loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=device)
+    # The trainer's loader: the zero-copy ring (fasttrain.train).
+    loader = build_loader(
+        cfg, split="train", training=True, rank=0, world_size=1, device=device, reuse_buffers=True
+    )
     if spec.input == "synthetic":
         images, labels = next(iter(loader))  # (N, H, W, 3) uint8 on the device
         return lambda: (images, labels)

@@ -67,7 +67,10 @@ def fasttrain_batches(
         cfg = dataclasses.replace(cfg, preprocess="vgg")
     if torch_loader:
         cfg = dataclasses.replace(cfg, loader=torch_loader, row_checkpoints=not plain)
-    loader = build_loader(cfg, split="train", training=True, rank=0, world_size=1, device=cpu)
+    # The trainer's loader: the zero-copy ring (fasttrain.train); each batch is checked and dropped.
+    loader = build_loader(
+        cfg, split="train", training=True, rank=0, world_size=1, device=cpu, reuse_buffers=True
+    )
     expected = (torch.float32 if backend == "dali" else torch.uint8, (batch, size, size, 3))
     for [(images, _labels)] in batch_stream(loader, 1):
         if (images.dtype, tuple(images.shape)) != expected:

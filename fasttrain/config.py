@@ -85,7 +85,8 @@ class Config:
     subset: Literal["train", "validation"] = "train"
     """Split to train on: train or validation (the seeds' --subset)."""
     data_backend: Literal["auto", "dali", "torch", "synthetic"] = "auto"
-    """Input pipeline: auto (DALI if it imports, else torch), dali, torch, or synthetic."""
+    """Input pipeline: auto (DALI's GPU decode on a CUDA device when DALI imports, else torch), dali,
+    torch, or synthetic."""
     data_cache_dir: str = ""
     """Cache for the demo data set and for index files of read-only data directories."""
     row_checkpoints: bool = True

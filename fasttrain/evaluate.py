@@ -180,6 +180,8 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     known = {f.name for f in dataclasses.fields(Config)}
     saved = {k: v for k, v in saved.items() if k in known}
     saved.update({k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v})
+    if saved.get("data_backend") == "dali":  # resolved for the run's device: this machine's may differ
+        saved["data_backend"] = "auto"
     return Config(**upgrade_saved_config(saved))
 
 
@@ -208,6 +210,7 @@ class _Evaluator:
             world_size=info.world_size,
             device=info.device,
             precision=self.precision,
+            reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
         )
         # metrics_out None: a foreign checkpoint's result is printed only (MetricsLog disabled).
         self.metrics = MetricsLog(

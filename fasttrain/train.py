@@ -18,7 +18,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config, default_cache_dir
 from fasttrain.curves import Curves
-from fasttrain.data import build_loader
+from fasttrain.data import build_loader, resolve_backend
 from fasttrain.data.sharding import open_split
 from fasttrain.distributed import (
     DistInfo,
@@ -64,7 +64,9 @@ def train(cfg: Config) -> dict:
 
     # --- data ------------------------------------------------------------------------------
     data_dir = prepare_data_dir(cfg, info, log)
-    cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""))
+    # The backend "auto" resolves to on this device: what config.json and the start-up line name.
+    backend = resolve_backend(cfg, info.device)
+    cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""), data_backend=backend)
     train_loader = build_loader(
         cfg,
         cfg.subset,
@@ -73,6 +75,7 @@ def train(cfg: Config) -> dict:
         world_size=info.world_size,
         device=info.device,
         precision=precision,
+        reuse_buffers=True,  # the zero-copy ring: batch_stream holds a step's micro-batches only
     )
     if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
         open_split(cfg, "validation", False, info.rank, info.world_size)
@@ -102,11 +105,13 @@ def train(cfg: Config) -> dict:
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
         ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
+    # The input as the loader built it: the resolved backend and its loader (e.g. "torch, 4 loader threads").
+    data = f"{data_dir} ({train_loader.description})" if data_dir else "synthetic"
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
         f"{' cuda-graph' if precision.cuda_graph else ''} | global batch {global_batch} | "
-        f"{steps_per_epoch} steps/epoch | data {data_dir or 'synthetic'} | run dir {run_dir}"
+        f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
     )
     if step >= max_steps:
         log(
@@ -149,6 +154,7 @@ def train(cfg: Config) -> dict:
                 world_size=info.world_size,
                 device=info.device,
                 precision=precision,
+                reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
             )
         result = evaluate_raw_and_ema(
             run.model,

@@ -38,7 +38,7 @@ def shard(tmp_path):
 
 def test_row_index_build_and_open(shard, tmp_path):
     from fasttrain.data.jpeg import row_index
-    from fasttrain.data.tfrecord import load_index
+    from fasttrain.data.tfrecord import load_index, masked_crc32c, read_record
 
     path, jpegs = shard
     cache = tmp_path / "cache"
@@ -48,14 +48,20 @@ def test_row_index_build_and_open(shard, tmp_path):
     index = row_index.RowIndex.open(path, cache)
     _, entries = load_index(path, cache)
     assert len(index) == len(entries) == 6
+    with open(path, "rb") as f:  # each record's data CRC, as TensorFlow's framing defines it
+        crcs = [masked_crc32c(read_record(f, int(o), int(s), path)) for o, s in entries]
+    np.testing.assert_array_equal(index.crcs, crcs)
     for i, jpeg in enumerate(jpegs):
-        np.testing.assert_array_equal(index.checkpoints(int(entries[i, 0])), jpeg_rows.row_checkpoints(jpeg))
+        got = index.checkpoints(int(entries[i, 0]), crcs[i])
+        np.testing.assert_array_equal(got, jpeg_rows.row_checkpoints(jpeg))
         np.testing.assert_array_equal(index.checkpoints_at(i), jpeg_rows.row_checkpoints(jpeg))
-    assert index.checkpoints(int(entries[4, 0])) is None  # progressive
-    assert index.checkpoints(int(entries[5, 0])) is None  # not an Example
-    assert index.checkpoints(int(entries[1, 0]) + 1) is None  # not a record's offset
+        assert index.checkpoints(int(entries[i, 0]), crcs[i] ^ 1) is None  # another record's bytes
+    assert index.checkpoints(int(entries[4, 0]), crcs[4]) is None  # progressive
+    assert index.checkpoints(int(entries[5, 0]), crcs[5]) is None  # not an Example
+    assert index.checkpoints(int(entries[1, 0]) + 1, crcs[1]) is None  # not a record's offset
     rows = sum(jpeg_rows.row_checkpoints(j).shape[0] for j in jpegs)
-    assert written.stat().st_size == 56 + 16 * 6 + 8 + 10 * rows  # the documented layout, 10 bytes a line
+    # The documented layout: offsets, starts, CRCs, then 10 bytes a checkpoint line.
+    assert written.stat().st_size == 56 + 8 * 6 + 8 * 7 + 4 * 6 + 10 * rows
 
 
 def test_row_index_stale_truncated_or_foreign_is_none(shard, tmp_path):

@@ -90,7 +90,7 @@ def test_a_resumed_position_reproduces_the_rest_of_the_epoch(synthetic):
 
 def test_a_batch_stays_valid_until_hold_more_are_requested_and_the_ring_is_reused(synthetic):
     for hold in (1, 3):
-        loader = ThreadLoader(_cfg(synthetic), "train", True, hold=hold)
+        loader = ThreadLoader(_cfg(synthetic), "train", True, hold=hold, reuse_buffers=True)
         reference = _epoch(TorchLoader(_cfg(synthetic), "train", True))
         held, buffers = [], set()
         for j, (images, labels) in enumerate(loader):
@@ -196,6 +196,25 @@ def test_stop_signals_go_to_the_main_thread_not_the_loaders(synthetic):
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
 
 
+@pytest.mark.parametrize("loader", ["threads", "processes"])
+def test_batches_a_caller_keeps_stay_what_they_were(synthetic, loader):
+    """build_loader's default iteration hands out batches the caller owns: a whole epoch kept in a
+    list (and labels kept apart from their images) equals a pass that cloned each batch at once."""
+    cfg = _cfg(synthetic, loader=loader)
+    for split, training in (("train", True), ("validation", False)):
+        reference = _epoch(build_loader(cfg, split, training=training))  # each batch cloned at once
+        kept = list(build_loader(cfg, split, training=training))
+        _same(kept, reference)
+        labels = [y for _, y in build_loader(cfg, split, training=training)]
+        assert all(torch.equal(y, r) for y, (_, r) in zip(labels, reference, strict=True))
+        assert len({images.data_ptr() for images, _ in kept}) == len(kept)
+
+
+def test_the_trainers_zero_copy_ring_is_an_explicit_option(synthetic):
+    ring = build_loader(_cfg(synthetic), "train", training=True, reuse_buffers=True)
+    assert len({images.data_ptr() for images, _ in ring}) == 1 + PREFETCH  # hold 1: reused slots
+
+
 def test_build_loader_takes_the_loader_setting(synthetic):
     threads = build_loader(_cfg(synthetic, grad_accum_steps=2), "train", training=True)
     assert isinstance(threads, ThreadLoader) and threads.hold == 2  # batch_stream keeps 2 micro-batches
@@ -235,7 +254,7 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     train batches equal those decoded without them (the reference: the same loader on the same shards
     with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
     from fasttrain.data.jpeg import doctor as jpeg_rows
-    from fasttrain.data.jpeg.row_index import ROW_INDEX_HINT, main
+    from fasttrain.data.jpeg.row_index import main
 
     doctored, doctor = [], jpeg_rows.doctor
 
@@ -247,8 +266,8 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     monkeypatch.setattr(jpeg_rows, "doctor", counted)
     data = tmp_path / "data"
     shutil.copytree(synthetic, data)  # copytree keeps the mtimes the sidecars are checked against
-    plain = ThreadLoader(_cfg(synthetic, preprocess=preprocess), "train", True)
-    assert plain.notes == [ROW_INDEX_HINT]  # no sidecars there: the trainer prints the hint
+    plain = ThreadLoader(_cfg(data, preprocess=preprocess), "train", True)
+    assert len(plain.notes) == 1 and "no JPEG row checkpoints" in plain.notes[0]  # the trainer prints it
     reference = _epoch(plain, 1)
     assert main([str(data), "--workers", "1"]) == 0
     assert list(data.glob("train-*.rows"))

@@ -2,7 +2,9 @@
 
 Every loader follows the `Loader` protocol (fasttrain/data/loader.py), so the trainer never asks which
 backend it has. Training loaders drop each rank's last partial batch; evaluation loaders see every
-record of the split exactly once across ranks and keep partial batches.
+record of the split exactly once across ranks and keep partial batches. The batches a loader hands out
+are the caller's to keep, unless it was built with reuse_buffers=True (the trainer's zero-copy ring;
+see build_loader).
 """
 
 from __future__ import annotations
@@ -40,10 +42,15 @@ def dali_available() -> bool:
     return True
 
 
-def resolve_backend(cfg: Config) -> str:
+def resolve_backend(cfg: Config, device: torch.device | None = None) -> str:
+    """The backend a loader for `device` (None: the CPU) uses: cfg.data_backend, or for "auto" DALI
+    only where it is the faster path, its GPU (nvJPEG) decode on a CUDA device. On a CPU, DALI's CPU
+    mode ran at 0.29x of the torch backend on the bench's photos (683-724 against 2,347-2,493 images/s,
+    issue 38), is not TensorFlow's pixels and reads no row checkpoints: "auto" takes torch there (an
+    explicit "dali" still runs it). DALI cannot skip a corrupt record: skip_corrupt takes torch too."""
     if cfg.data_backend == "auto":
-        # DALI cannot skip a corrupt record: skip_corrupt needs the torch pipeline.
-        return "dali" if dali_available() and not cfg.skip_corrupt else "torch"
+        cuda = device is not None and torch.device(device).type == "cuda"
+        return "dali" if cuda and not cfg.skip_corrupt and dali_available() else "torch"
     if cfg.data_backend == "dali" and not dali_available():
         raise SettingError(
             "data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'", settings=("data_backend",)
@@ -60,14 +67,24 @@ def build_loader(
     world_size: int = 1,
     device: torch.device | None = None,
     precision: Precision | None = None,
+    reuse_buffers: bool = False,
 ) -> Loader:
     """The loader for `split` ('train' or 'validation') of cfg.data_dir on this rank.
 
     training=True: shuffled, augmented with the train transform, partial batches dropped.
     training=False: in order, the eval transform, every record exactly once across ranks.
     precision: the run's resolved policy; DALI writes fp16 batches for an fp16 run (fp32 otherwise).
+    reuse_buffers: False (the default), every batch handed out is the caller's own and stays what it
+        was however long it is kept. True, the torch thread loader (cfg.loader "threads") writes its
+        batches into a ring of hold + 2 reused buffers and hands out views of them: a batch is valid
+        only until `hold` more have been requested (hold = grad_accum_steps in training, 1 in
+        evaluation), and a kept batch would later show other images. The trainer and the evaluator
+        use it (they are done with a batch before asking for the next group); other backends always
+        hand out the caller's own tensors. What the default costs over the ring, measured on 2 shared
+        cores with real photos (bench/results/2026-11-27-cpu-loader-buffers/): 0.7-1.1 CPU ms per
+        batch of 32 x 224 x 224 x 3 (+2.6-3.7% of the loader's CPU), the new pages' faults.
     """
-    backend = resolve_backend(cfg)
+    backend = resolve_backend(cfg, device)
     if backend == "synthetic":
         return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
     if backend == "dali":
@@ -85,13 +102,14 @@ def build_loader(
 
     # A training batch stays valid while batch_stream holds the step's grad_accum_steps micro-batches.
     hold = cfg.grad_accum_steps if training else 1
-    return ThreadLoader(cfg, split, training, rank, world_size, hold=hold)
+    return ThreadLoader(cfg, split, training, rank, world_size, hold=hold, reuse_buffers=reuse_buffers)
 
 
 class SyntheticLoader(EpochPosition):
     """Random uint8 images made once on the device: for pure compute benchmarks, no input cost."""
 
     normalized = False
+    description = "synthetic"
 
     def __init__(self, cfg: Config, training: bool, rank: int, device: torch.device, batches: int = 100):
         """batches: the epoch's length (the same batch, made once, handed out that many times)."""

@@ -124,6 +124,7 @@ def _verify(args) -> int:
     for shard in report.shards:
         indexes[shard.index] = indexes.get(shard.index, 0) + 1
     print("index files: " + ", ".join(f"{n} {state}" for state, n in sorted(indexes.items())))
+    _print_row_checkpoints(report, args)
     mb = sum(s.bytes for s in report.shards) / 1e6
     print(
         f"checked {report.records} records ({mb:.1f} MB) in {report.seconds:.1f} s: "
@@ -141,6 +142,26 @@ def _verify(args) -> int:
     sets = f"{len(report.problems)} shard-set problem(s), " if report.problems else ""
     print(f"FAILED: {sets}{n_bad} bad record(s) in {len(report.bad)} file(s)", file=sys.stderr)
     return 1
+
+
+def _print_row_checkpoints(report, args, most: int = 10) -> None:
+    """The shards' row-checkpoint sidecars: how many are current, stale or missing, and the stale ones
+    (the loader ignores those, so they are not a failure of the data)."""
+    states: dict[str, int] = {}
+    for shard in report.shards:
+        states[shard.rows] = states.get(shard.rows, 0) + 1
+    print("row checkpoints: " + ", ".join(f"{n} {state}" for state, n in sorted(states.items())))
+    stale = [s for s in report.shards if s.rows == "stale"]
+    for shard in stale[:most]:
+        print(f"  {shard.file}: stale row checkpoints, {shard.rows_problem}")
+    if len(stale) > most:
+        print(f"  ... and {len(stale) - most} more")
+    if stale:
+        cache = f" --cache-dir {args.cache_dir}" if args.cache_dir else ""
+        print(
+            "  the loader does not use them (the same images, more CPU); rebuild them: "
+            f"python -m fasttrain.data row-checkpoints {args.data_dir} --force{cache}"
+        )
 
 
 def _ls(args) -> int:

@@ -124,6 +124,8 @@ class DaliLoader(EpochPosition):
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size, self.dtype = rank, world_size, dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        mode = "GPU decode" if self.device.type == "cuda" else "CPU mode"
+        self.description = f"dali, {mode}, {max(1, cfg.num_workers)} CPU threads"
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
         self.num_records = len(self.table)
         self._shard_index = {p: str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files}

@@ -20,9 +20,18 @@ class Loader(Protocol):
     """The epoch __iter__ yields (set_epoch moves it)."""
     skipped: int
     """Corrupt records skipped so far with skip_corrupt (0 for backends that cannot skip)."""
+    description: str
+    """The pipeline in words, for the trainer's start-up line: backend, then loader or decoder."""
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches."""
+        """One epoch of this rank's (images (N, H, W, C), labels (N,)) batches.
+
+        Built by build_loader as it is by default, each batch is the caller's own: kept (a list of an
+        epoch's batches), it stays what it was. Built with reuse_buffers=True, a batch of the torch
+        thread loader is a view of a reused buffer, valid only until `hold` more batches have been
+        requested (fasttrain.data.thread_loader). The synthetic loader hands out the same two tensors
+        every time: keep them, but do not write into them.
+        """
         ...
 
     def __len__(self) -> int:

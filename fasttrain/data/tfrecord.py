@@ -202,7 +202,10 @@ _crc_at = _crc_function()
 
 class RecordBuffer:
     """One reading thread's reused buffer: `read` returns a record's payload as a view into it, valid
-    until the next `read` (the errors are read_record's)."""
+    until the next `read` (the errors are read_record's); `data_crc` is that record's footer, the masked
+    CRC32C of its data as stored (what a row-checkpoint sidecar ties its entry to)."""
+
+    data_crc = 0
 
     def __init__(self, size: int = 1 << 20):
         self._allocate(size)
@@ -239,7 +242,8 @@ class RecordBuffer:
             raise _corrupted(offset, path, "length CRC mismatch")
         if length + FRAMING_BYTES != size:
             raise _stale_index(offset, path, length + FRAMING_BYTES, size)
-        if verify and self._masked_crc(12, length) != _FOOTER.unpack_from(framed, 12 + length)[0]:
+        (self.data_crc,) = _FOOTER.unpack_from(framed, 12 + length)
+        if verify and self._masked_crc(12, length) != self.data_crc:
             raise _corrupted(offset, path, "data CRC mismatch")
         return framed[12 : 12 + length]
 

@@ -6,24 +6,30 @@ from the index files (fasttrain.data.sharding), sample i of the plan draws from 
 with (seed, epoch, global position), so the images are bit for bit the same, whichever thread makes
 which sample. What changes is where the work runs and where the pixels go:
 
-    ring    R = hold + 2 batch buffers (B, S, S, 3) uint8 and (B,) int64, allocated once per epoch
-            (pinned with CUDA); batch j lives in slot j mod R.
+    buffers by default (reuse_buffers=False) each batch gets its own (B, S, S, 3) uint8 and (B,) int64
+            tensors (pinned with CUDA) when its first sample is taken: the caller owns what it is
+            handed and may keep it (a list of an epoch's batches). With reuse_buffers=True (the
+            trainer's) a ring of R = hold + 2 batch buffers is allocated once per epoch and batch j
+            lives in slot j mod R (the consumer contract below).
     work    the threads take the plan's samples one at a time, in order, from a shared counter; a
             thread reads the record itself (its own open shards: file read, CRC, Example parsing,
             decode, transform) and writes the image straight into its row of batch j's slot.
     order   the consumer receives batch j once all its samples are done; batches come out in plan
             order whatever the thread count.
-    reuse   slot j mod R is written for batch j only after the consumer has asked for batch
+    reuse   (ring) slot j mod R is written for batch j only after the consumer has asked for batch
             j - R + hold, i.e. released batch j - R (see `hold` below); with CUDA the writer first
             waits for a CUDA event recorded at that release, so copies the consumer enqueued from
             the pinned buffer (non_blocking .to() / static-input copy_, fasttrain.step) finish
             before the bytes change.
 
-So no batch is allocated, pickled or put in shared memory, and no process boundary is crossed. The
-consumer contract: **a yielded batch stays valid until `hold` more batches have been requested**
-(hold = grad_accum_steps for training, which is how many micro-batches fasttrain.train.batch_stream
-keeps at once; 1 for evaluation). Keep a batch longer (a list of an epoch's batches) and it must be
-cloned. The GPU event path is not exercised on this project's CPU-only machine.
+So no batch is pickled or put in shared memory, no process boundary is crossed, and no batch is
+copied. The ring's consumer contract: **a yielded batch stays valid until `hold` more batches have
+been requested** (hold = grad_accum_steps for training, which is how many micro-batches
+fasttrain.train.batch_stream keeps at once; 1 for evaluation); a batch kept longer would show later
+batches' pixels, which is why the ring is the trainer's option and not the default. What the default
+costs (bench/bench_loader_buffers.py, bench/results/2026-11-27-cpu-loader-buffers/): the fresh
+tensors' allocation and first-touch page faults, paid by the threads, 0.7-1.1 CPU ms per batch of 32
+x 224 x 224 x 3 (+2.6-3.7%). The GPU event path is not exercised on this project's CPU-only machine.
 
 Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
 calls drop the GIL), the transforms' numba kernels (nogil=True) and file reads run without the GIL.
@@ -63,12 +69,23 @@ class ThreadLoader(ShardLoader):
     """The torch backend of the loader protocol, threads in this process (uint8 NHWC, pinned with CUDA)."""
 
     def __init__(
-        self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1, hold: int = 1
+        self,
+        cfg: Config,
+        split: str,
+        training: bool,
+        rank: int = 0,
+        world_size: int = 1,
+        hold: int = 1,
+        reuse_buffers: bool = False,
     ):
+        """reuse_buffers: the ring of the module docstring (a batch valid until `hold` more are
+        requested) instead of fresh tensors per batch."""
         super().__init__(cfg, split, training, rank, world_size)
         # num_workers 0 means "no helper processes" to the process loader: here one thread.
         self.num_threads = 1 if cfg.deterministic else max(1, cfg.num_workers)
         self.hold = max(1, hold)
+        self.reuse_buffers = reuse_buffers
+        self.description = f"torch, {self.num_threads} loader thread{'s' if self.num_threads > 1 else ''}"
 
     def __iter__(self):
         if (plan := self._epoch_plan()) is None:
@@ -94,17 +111,14 @@ class _Epoch:
         self.cfg, self.table, self.training, self.epoch = cfg, loader.table, loader.training, loader.epoch
         self.row_indexes = loader.row_indexes
         self.positions, self.start, self.count, self.hold = positions, start, loader._len, loader.hold
-        b, s = cfg.batch_size, cfg.image_size
+        b = cfg.batch_size
         self.batch_size = b
         self.total = min(len(positions), self.count * b) - start * b  # samples left in the epoch
-        slots = self.hold + PREFETCH
-        self.cuda = pin = torch.cuda.is_available()
-        self.images = [torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=pin) for _ in range(slots)]
-        self.labels = [torch.empty(b, dtype=torch.int64, pin_memory=pin) for _ in range(slots)]
-        # NumPy views of the slots, made once: Tensor.numpy() per sample costs microseconds of GIL.
-        self.image_arrays = [t.numpy() for t in self.images]
-        self.label_arrays = [t.numpy() for t in self.labels]
-        self.events: list = [None] * slots  # CUDA: the consumer's copies out of each slot
+        self.slots = slots = self.hold + PREFETCH  # batches made ahead bound the threads either way
+        self.cuda = torch.cuda.is_available()
+        # The ring's buffers (reuse_buffers), made once; else each _Batch allocates its own.
+        self.ring = [self._buffers() for _ in range(slots)] if loader.reuse_buffers else None
+        self.events: list = [None] * slots  # CUDA, ring: the consumer's copies out of each slot
         self.cond = threading.Condition()
         self.next_sample = 0  # the next sample (counted from batch `start`) a thread takes
         self.released = start  # batches below this one the consumer no longer holds
@@ -121,11 +135,11 @@ class _Epoch:
         """(images, labels, skipped) of batch j, raising its error; releases batch j - hold."""
         with self.cond:
             released = max(self.released, j - self.hold + 1)
-            if released > self.released and self.cuda:
+            if released > self.released and self.cuda and self.ring is not None:
                 for i in range(self.released, released):  # the copies enqueued so far come first
                     event = torch.cuda.Event()
                     event.record()
-                    self.events[i % len(self.images)] = event
+                    self.events[i % self.slots] = event
             self.released = released
             self.cond.notify_all()
             while not (j in self.batches and self.batches[j].ready):
@@ -133,8 +147,7 @@ class _Epoch:
             batch = self.batches.pop(j)
         if batch.error is not None:
             raise batch.error
-        slot = j % len(self.images)
-        images, labels = self.images[slot], self.labels[slot]
+        images, labels = batch.images, batch.labels
         # An evaluation batch shrinks by its skipped records, and the last one may be partial.
         rows = batch.size if self.training else batch.good
         if rows < len(labels):
@@ -148,6 +161,14 @@ class _Epoch:
         for t in self.threads:
             t.join()
 
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray, np.ndarray]:
+        """One batch's (images (B, S, S, 3) uint8, labels (B,) int64), pinned with CUDA, and NumPy
+        views of them, made once: Tensor.numpy() per sample costs microseconds of GIL."""
+        b, s = self.batch_size, self.cfg.image_size
+        images = torch.empty((b, s, s, 3), dtype=torch.uint8, pin_memory=self.cuda)
+        labels = torch.empty(b, dtype=torch.int64, pin_memory=self.cuda)
+        return images, labels, images.numpy(), labels.numpy()
+
     def _take(self):
         """(j, i, batch, event) of the next sample to make, or None when there is none or we stop."""
         with self.cond:
@@ -156,15 +177,18 @@ class _Epoch:
                     return None
                 u = self.next_sample
                 j, i = self.start + u // self.batch_size, u % self.batch_size
-                if j < self.released + len(self.images):  # its slot is free
+                if j < self.released + self.slots:  # its slot is free (ring), or not too far ahead
                     break
                 self.cond.wait()
             self.next_sample += 1
             batch = self.batches.get(j)
             if batch is None:
                 size = len(self.positions[j * self.batch_size : (j + 1) * self.batch_size])
-                batch = self.batches[j] = _Batch(size)
-            return j, i, batch, self.events[j % len(self.images)]
+                # Fresh buffers are allocated here, under the lock: microseconds (pinned ones come
+                # from torch's caching host allocator); the pages are touched by the threads' writes.
+                buffers = self.ring[j % self.slots] if self.ring is not None else self._buffers()
+                batch = self.batches[j] = _Batch(size, *buffers)
+            return j, i, batch, self.events[j % self.slots] if self.ring is not None else None
 
     def _work(self) -> None:
         reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
@@ -173,12 +197,11 @@ class _Epoch:
                 j, i, batch, event = task
                 if event is not None:
                     event.synchronize()
-                slot = j % len(self.images)
                 label, error = None, None
                 try:
                     position = int(self.positions[j * self.batch_size + i])
-                    label = reader.sample(position, self.image_arrays[slot][i])
-                    self.label_arrays[slot][i] = label
+                    label = reader.sample(position, batch.image_array[i])
+                    batch.label_array[i] = label
                 except DataError as e:
                     if not self.cfg.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
                         error = e
@@ -195,16 +218,18 @@ class _Epoch:
             batch.record(i, label, error)
             if batch.finished < batch.size:
                 return
-        batch.finish(j, self.images[j % len(self.images)], self.labels[j % len(self.images)], self.training)
+        batch.finish(j, self.training)
         with self.cond:
             batch.ready = True
             self.cond.notify_all()
 
 
 class _Batch:
-    """The samples of one batch done so far: good rows, skips and the first error (by row)."""
+    """One batch's buffers and its samples done so far: good rows, skips and the first error (by row)."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, images, labels, image_array, label_array):
+        self.images, self.labels = images, labels  # (B, S, S, 3) uint8, (B,) int64
+        self.image_array, self.label_array = image_array, label_array  # NumPy views of them
         self.size, self.finished, self.ready = size, 0, False
         self.good_rows = np.zeros(size, bool)
         self.error_row, self.error = size, None
@@ -223,12 +248,12 @@ class _Batch:
             self.error_row, self.error = i, error
         self.good_rows[i] = label is not None
 
-    def finish(self, j: int, images: torch.Tensor, labels: torch.Tensor, training: bool) -> None:
+    def finish(self, j: int, training: bool) -> None:
         """Move the good rows to the front (in order); top a training batch up as the process loader does."""
         if self.error is not None or self.good == self.size:
             return
         rows = np.flatnonzero(self.good_rows)
-        images, labels = images.numpy(), labels.numpy()
+        images, labels = self.image_array, self.label_array
         for k, row in enumerate(rows):  # row >= k: copying forwards never overwrites a pending row
             if row != k:
                 images[k], labels[k] = images[row], labels[row]

@@ -34,7 +34,7 @@ from fasttrain.config import Config
 from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
-from fasttrain.data.jpeg.row_index import ROW_INDEX_HINT, RowIndexes
+from fasttrain.data.jpeg.row_index import RowIndexes
 from fasttrain.data.loader import EpochPosition
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
@@ -154,6 +154,8 @@ class SampleReader:
         if self.training:
             rng = self._generator.seeded((self.seed, self.epoch, position))  # = default_rng([...])
             rows = self.row_indexes
+            # A sidecar's entry only for the bytes it was built for: the data CRC just read and checked.
+            checkpoints = None if rows is None else rows.checkpoints(file_id, offset, self._buffer.data_crc)
             train_transform(
                 jpeg,
                 boxes,
@@ -165,7 +167,7 @@ class SampleReader:
                 offset,
                 out=out,
                 scratch=self._scratch,
-                checkpoints=None if rows is None else rows.checkpoints(file_id, offset),
+                checkpoints=checkpoints,
             )
         else:
             eval_transform(
@@ -228,7 +230,7 @@ class ShardLoader(EpochPosition):
         if training and cfg.row_checkpoints:
             self.row_indexes = RowIndexes(self.table.files, cfg.data_cache_dir or None)
         # What the trainer prints with its start-up lines (fasttrain.train).
-        self.notes = [] if self.row_indexes is None or self.row_indexes.any_built() else [ROW_INDEX_HINT]
+        self.notes = [] if self.row_indexes is None else self.row_indexes.note()
 
     def __len__(self) -> int:
         return self._len
@@ -250,6 +252,8 @@ class TorchLoader(ShardLoader):
         super().__init__(cfg, split, training, rank, world_size)
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
         self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
+        n = self.num_workers
+        self.description = f"torch, {n} DataLoader process{'es' * (n > 1)}" if n else "torch, in-process"
 
     def __iter__(self):
         cfg = self.cfg

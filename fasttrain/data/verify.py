@@ -6,7 +6,9 @@ label_offset) and the box lists; with decode=True decode each JPEG and compare i
 image/height and image/width. A bad data CRC is reported and the scan goes on (the framing is intact);
 a bad length field or a truncation ends that shard's scan. The index file (DALI's tfrecord2idx format)
 is compared with the scan and written or rewritten when missing or different (unless write_index is
-False); a shard whose framing is broken gets no index.
+False); a shard whose framing is broken gets no index. A shard's JPEG row checkpoints (<shard>.rows,
+fasttrain.data.jpeg.row_index) are reported current, stale (and why: every entry's record CRC is compared
+with the shard's) or none; a stale sidecar is not an error (the loader ignores it), only reported.
 
 Throughput: CRC32C in C and the upb protobuf parser keep a core at several hundred MB/s, so on the real
 140 GB set verify is I/O bound with a handful of workers; decode=True costs a JPEG decode per record.
@@ -32,6 +34,7 @@ from fasttrain.data.imagenet import (
     shard_set_problems,
 )
 from fasttrain.data.jpeg.decode import decode_jpeg
+from fasttrain.data.jpeg.row_index import OTHER_RECORDS, RowIndex
 from fasttrain.data.tfrecord import (
     index_candidates,
     index_is_older,
@@ -52,6 +55,8 @@ class ShardReport:
     label_max: int | None = None
     bad: list[str] = field(default_factory=list)  # one message (naming file and offset) per bad record
     index: str = "skipped"  # ok, written, rebuilt, not written (broken framing), skipped
+    rows: str = "none"  # the row-checkpoint sidecar: current, stale, none, unchecked (broken framing)
+    rows_problem: str = ""  # why it is stale
 
 
 @dataclass
@@ -165,9 +170,24 @@ def _scan_shard(
         report.bad.append(f"empty shard {path} (0 records); re-copy it")
     if not framing_ok:
         report.index = "not written (broken framing)"
-    elif write_index:
+        report.rows = "unchecked"
+        return report
+    if write_index:
         report.index = _update_index(path, np.array(entries, dtype=np.int64).reshape(-1, 2), cache_dir)
+    report.rows, report.rows_problem = _sidecar_state(path, cache_dir)
     return report
+
+
+def _sidecar_state(shard_path, cache_dir=None) -> tuple[str, str]:
+    """('current', ''), ('stale', why) or ('none', '') of the shard's sidecar, as `verify` reports it:
+    a sidecar that opens has every entry's data CRC checked against the shard (4 bytes read a record)."""
+    index, problem = RowIndex.find(shard_path, cache_dir)
+    if index is None:
+        return ("none", "") if problem is None else ("stale", problem)
+    offset = index.first_mismatch(shard_path)
+    if offset is not None:
+        return "stale", f"{OTHER_RECORDS}, from the record at offset {offset} on"
+    return "current", ""
 
 
 def _verify_shard_args(args) -> ShardReport:
