@@ -1,8 +1,9 @@
 """The command line's flags: one per Config field, and `--help` and README's flags table drawn from the
 same fields, docstrings and recipes.
 
-`--field=value` or `--field value`, `_` and `-` both accepted; booleans also `--field`, `--no-field`
-and `--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
+`--field=value` or `--field value` (not a next word that starts with --: `--train_dir --max_steps=3`
+is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field` and
+`--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
 comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe (demo when none is named) sets the
 defaults and the flags override it. `python -m fasttrain.flags` prints README's table.
 
@@ -133,8 +134,11 @@ def parse_args(argv: list[str]) -> Config:
         elif is_bool and (i + 1 >= len(argv) or argv[i + 1].lower() not in _TRUE + _FALSE):
             value = True
         else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{flag} needs a value")
+            # The next word is a flag, not this one's value: taking it made `--train_dir --max_steps=3`
+            # a run directory named --max_steps=3. A value that starts with -- is spelled --flag=VALUE.
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                after = f" ({argv[i + 1]} is the next flag; write {flag}=VALUE)" if i + 1 < len(argv) else ""
+                raise ConfigError(f"{flag} needs a value{after}")
             i += 1
             value = _convert(name, argv[i])
         typed = value
