@@ -30,6 +30,7 @@ from fasttrain.flags import (
     parse_args,
     parse_command_line,
 )
+from fasttrain.run_config import resolve_node_batch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -107,6 +108,32 @@ def test_flags_of_both_programs_name_the_recipe_to_add(argv, words):
         parse_args(argv)
     assert words in str(err.value), err.value
     assert "add --recipe resnet50 or resnet101 (the ResNet seed) or --recipe inception_v3" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "gpus, batch, processes, per_process", [(1, 32, 1, 32), (2, 64, 2, 32), (8, 256, 8, 32)]
+)
+def test_the_inception_seeds_batch_is_one_machines_split_over_its_gpus(gpus, batch, processes, per_process):
+    # inception_train.py: split_batch_size = int(FLAGS.batch_size / FLAGS.num_gpus), one tower per GPU;
+    # the README: "This model splits the batch of 64 images across 2 GPUs". fasttrain's processes are
+    # the towers (torchrun --nproc_per_node), so the global batch stays the seed's.
+    cfg = parse_args([f"--num_gpus={gpus}", f"--batch_size={batch}", "--train_dir=/t"])
+    assert (cfg.node_batch_size, resolve_node_batch(cfg, processes).batch_size) == (batch, per_process)
+    assert resolve_node_batch(cfg, 1).batch_size == batch  # one process trains the machine's batch
+    # Without --num_gpus, --batch_size is fasttrain's per-process batch, on any recipe.
+    cfg = parse_args(["--recipe=inception_v3", f"--batch_size={batch}"])
+    assert (cfg.node_batch_size, resolve_node_batch(cfg, processes).batch_size) == (0, batch)
+
+
+def test_a_split_batch_is_noted(capsys, monkeypatch):
+    monkeypatch.delenv("RANK", raising=False)
+    parse_args(["--num_gpus=2", "--batch_size=64", "--train_dir=/t"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert (
+        "--batch_size=64 with --num_gpus=2 is one machine's batch" in line and "--node_batch_size=64" in line
+    )
+    parse_args(["--num_gpus=1", "--batch_size=64", "--train_dir=/t"])  # one GPU: the same either way
+    assert capsys.readouterr().err == ""
 
 
 # --- the demo's own command lines ---------------------------------------------------------------------
