@@ -102,6 +102,8 @@ def train(cfg: Config) -> dict:
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
         ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
+    if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
+        resume_lines.append(dropped)
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"

@@ -5,7 +5,10 @@ whose only checkpoint is unusable stops the run instead of starting over, and a 
 the run's config.json."""
 
 import dataclasses
+import errno
+import importlib.util
 import json
+import os
 import signal
 import subprocess
 import time
@@ -17,6 +20,8 @@ from launch_helpers import ENV, command, reached_step, run_torchrun, trainer, tr
 
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
+from fasttrain.monitor import MetricsLog
+from fasttrain.plot import read_metrics
 from fasttrain.resume import changed_settings
 
 
@@ -56,13 +61,18 @@ def data(tmp_path_factory):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    """Per-step losses; after a restart the re-run steps overwrite the killed run's entries."""
+    """Per-step losses (metrics.jsonl holds each step once, checked by the tests that use this)."""
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if "loss" in record:
             out[record["step"]] = record["loss"]
     return out
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    """The step of every row of metrics.jsonl, in file order (every line must be JSON, as pandas needs)."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_tensors(a, b, where=""):
@@ -101,6 +111,8 @@ def test_sigkill_and_restart_is_bit_exact(data, reference, tmp_path, kill_at):
     again = subprocess.run(command(data, run_dir, "--max_steps=14"), env=ENV, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert losses(run_dir) == losses(reference)
+    # Each step once: the killed run's steps after its last checkpoint were logged again by the resume.
+    assert metric_steps(run_dir) == metric_steps(reference) == list(range(1, 15))
     ours = torch.load(run_dir / "ckpt-14.pt", weights_only=True)
     theirs = torch.load(reference / "ckpt-14.pt", weights_only=True)
     for key in ("model", "optimizer", "ema", "bn_ema", "train_step", "data"):
@@ -137,3 +149,56 @@ def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     )
     assert refused.returncode == 1 and "(optimizer 'rmsprop' -> 'momentum')" in refused.stderr, refused.stderr
     assert (run_dir / "config.json").read_text() == config
+
+
+# --- metrics.jsonl after a resume: each step once --------------------------------------------------
+
+
+def test_a_resume_drops_the_rows_past_its_step_and_keeps_the_rest(data, tmp_path):
+    # A run killed after logging step 5, whose last checkpoint is step 4, while writing step 6's row;
+    # an evaluator's row for ckpt-4 came in between. The resume from 4 logs 5 and 6 again.
+    run_dir = tmp_path / "run"
+    first = subprocess.run(command(data, run_dir, "--max_steps=5"), env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    for name in ("ckpt-5.pt", "ckpt-5.pt.sha256"):  # as if killed before step 5's checkpoint
+        (run_dir / name).unlink()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"time": 1.0, "step": 4, "split": "validation", "source": "evaluate", "top1": 0.5}\n')
+        f.write('{"time": 2.0, "step": 6, "loss": 1.')  # torn: the kill came mid-write
+    before = (run_dir / "metrics.jsonl").read_text().splitlines()
+    again = subprocess.run(command(data, run_dir, "--max_steps=6"), env=ENV, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "metrics.jsonl: dropped 2 line(s) past step 4, which this run logs again" in again.stdout
+    after = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert after[:4] == before[:4] and after[4] == before[5]  # rows 1-4 and the evaluator's, byte for byte
+    assert metric_steps(run_dir) == [1, 2, 3, 4, 4, 5, 6]
+    train = [json.loads(line)["step"] for line in after if "loss" in json.loads(line)]
+    assert train == [1, 2, 3, 4, 5, 6]
+    records, evals = read_metrics(run_dir)  # fasttrain.plot's reader
+    assert sorted(records) == [1, 2, 3, 4, 5, 6] and list(evals) == [4]
+    if importlib.util.find_spec("pandas"):  # not a test dependency; every line being JSON is what it needs
+        import pandas
+
+        frame = pandas.read_json(run_dir / "metrics.jsonl", lines=True)
+        assert frame[frame["loss"].notna()]["step"].is_unique
+
+
+def test_a_failed_rewrite_keeps_the_file_whole(tmp_path, monkeypatch):
+    # The rewrite goes to a temporary file, fsynced, then renamed over metrics.jsonl: a crash (here, a
+    # full disk at the fsync) before the rename leaves the old file as it was and no temporary.
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"time": 0.0, "step": s, "loss": 1.0}) + "\n" for s in range(1, 6))
+    path.write_text(text)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    line = MetricsLog(path, enabled=True).resume_at(2)
+    assert line == f"note: cannot rewrite {path} (No space left on device); rows past step 2 may repeat"
+    assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    monkeypatch.undo()
+    assert MetricsLog(path, enabled=True).resume_at(2).startswith("metrics.jsonl: dropped 3 line(s)")
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert MetricsLog(path, enabled=True).resume_at(2) == ""  # nothing past 2: the file is not rewritten
+    assert MetricsLog(path, enabled=False).resume_at(0) == ""  # other ranks write no metrics
