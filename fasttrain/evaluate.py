@@ -12,9 +12,10 @@ appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to Tensor
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
 (its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
 `fasttrain.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
-checkpoint, every SECONDS, until the run's final step or Ctrl-C. A --checkpoint of another run (not in
-RUN_DIR and not beside a run.json with RUN_DIR's run_id, fasttrain/lock.py) is evaluated and printed
-but written nowhere, unless --metrics_out FILE says where to append its result (then no TensorBoard).
+A --checkpoint of another run (not in RUN_DIR and not beside a run.json with RUN_DIR's run_id,
+fasttrain/lock.py) is evaluated with RUN_DIR's config and printed but written nowhere, unless
+--metrics_out FILE says where to append its result (then no TensorBoard); one that RUN_DIR's model does
+not fit ends in one line giving the command that evaluates it with its own run's config.
 --metrics_out also redirects RUN_DIR's own results.
 """
 
@@ -226,11 +227,21 @@ class _Evaluator:
         try:
             load_weights(state, self.model, self.optimizer, self.bn_ema)
         except (KeyError, RuntimeError, ValueError) as exc:
+            from fasttrain.lock import same_run
+
             changes = shaping_changes(changed_settings(state.get("config"), self.cfg))
             reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
+            if same_run(self.run_dir, path):
+                raise CheckpointError(
+                    f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "
+                    "own ckpt-<step>.pt files"
+                ) from None
+            # Another run's checkpoint (the note before said so) is evaluated with this run's config,
+            # which does not fit it: its own run directory's does.
+            home = path.parent if (path.parent / "config.json").is_file() else "ITS_RUN_DIR"
             raise CheckpointError(
-                f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "
-                "own ckpt-<step>.pt files"
+                f"{path} does not fit the model of {self.run_dir}'s config ({reason}); evaluate it with the "
+                f"config of the run that wrote it: python -m fasttrain.evaluate {home} --checkpoint {path}"
             ) from None
         return int(state["step"])
 
