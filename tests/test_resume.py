@@ -151,6 +151,28 @@ def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     assert (run_dir / "config.json").read_text() == config
 
 
+def test_a_checkpoint_dir_that_does_not_fit_is_not_answered_with_a_new_train_dir(data, tmp_path):
+    # The run continues another directory's run into its own --train_dir: a new --train_dir, which the
+    # message used to suggest, changes nothing; the settings, or starting from the weights alone, do.
+    source, run_dir = tmp_path / "source", tmp_path / "run"
+    first = subprocess.run(command(data, source, "--max_steps=2"), env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    refused = subprocess.run(
+        command(data, run_dir, f"--checkpoint_dir={source}", "--max_steps=4", "--optimizer=momentum"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    line = refused.stderr
+    assert (
+        f"{source / 'ckpt-2.pt'} does not fit this run's model/optimizer (optimizer 'rmsprop' -> 'momentum')"
+        in line
+    )
+    assert f"the settings it was written with ({source / 'config.json'})" in line, line
+    assert "--pretrained_model_checkpoint_path" in line and "new --train_dir" not in line, line
+
+
 # --- metrics.jsonl after a resume: each step once --------------------------------------------------
 
 
