@@ -65,8 +65,9 @@ class Config:
     fine_tune: bool = False
     """With pretrained_model_checkpoint_path: restore all but the classifier, which is re-initialised."""
     pretrained_model_checkpoint_path: str = ""
-    """A checkpoint to start from (the run starts at step 0): a fasttrain .pt, or a TensorFlow one (a
-    prefix model.ckpt-N, V1 or V2, or a train directory: its newest), whose raw weights load."""
+    """A checkpoint to start from (the run starts at step 0): a fasttrain .pt, a plain state_dict file
+    (torch.save(model.state_dict()), torchvision's names), or a TensorFlow one (a prefix model.ckpt-N, V1
+    or V2, or a train directory: its newest), whose raw weights load."""
     checkpoint_dir: str = ""
     """Resume from the newest checkpoint in this directory instead of train_dir's own; a TensorFlow
     run's directory (or prefix) is continued: weights, BN statistics, EMA, optimizer slots, step."""
