@@ -71,10 +71,10 @@ NOTED_FLAGS = {
     "num_layers": "the seed never read it (a CIFAR leftover); the depth is --resnet_size or --model",
     "use_distortion_for_training": "training images are always augmented (the seed's flag was argparse "
     "type=bool, so any value it was given meant True)",
-    "num_preprocess_threads": "images are decoded and augmented by --num_workers worker processes "
-    "per rank (torch backend) or DALI threads",
-    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; --num_workers "
-    "sets the decoding processes",
+    "num_preprocess_threads": "images are decoded and augmented by --num_workers threads per rank "
+    "(torch backend; DataLoader processes with --loader=processes) or DALI's --num_workers CPU threads",
+    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; its --num_workers "
+    "threads decode them",
     "input_queue_memory_factor": "the shuffle buffer holds --shuffle_buffer records",
     "log_device_placement": "one process per device (torchrun's LOCAL_RANK) holds the whole model; "
     "there is no placement to log",
