@@ -88,7 +88,10 @@ NOTED_FLAGS = {
 # Shown by --help after the flags: the other commands a user reaches for.
 ENTRY_POINTS = (
     ("python -m fasttrain selfcheck", "check this machine's GPU paths against their references"),
-    ("python -m fasttrain.data", "check or list TFRecord shards, write a synthetic set (verify, ls, ...)"),
+    (
+        "python -m fasttrain.data",
+        "check, list, build TFRecord shards (verify, ls, make-synthetic, build, rows)",
+    ),
     ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
     ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
     ("python -m fasttrain.convert", "convert the seeds' TensorFlow checkpoints and fasttrain's"),

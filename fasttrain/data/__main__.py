@@ -1,4 +1,4 @@
-"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, build}.
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, build, rows}.
 
     verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
                [--cache-dir D] [--no-index]
@@ -13,6 +13,9 @@
         a small data set in the converter's exact layout (see fasttrain.data.synthetic)
     build --train_directory D --validation_directory D --output_directory D --labels_file F ...
         ImageNet JPEG folders to the shards build_imagenet_data.py writes (see fasttrain.data.build)
+    rows DIR [--workers N] [--cache-dir D] [--force]
+        the shards' JPEG row checkpoints, <shard>.rows, which the torch loader decodes training crops
+        through (fasttrain.data.row_index; also python -m fasttrain.data.jpeg_rows DIR)
 
 Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments (a DIR that is not a
 directory too, as for the trainer's --data_dir). Messages name settings as the trainer's flags
@@ -92,6 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     add_build_arguments(
         commands.add_parser("build", help="JPEG folders to TFRecord shards, as TF's converter")
     )
+    # Listed here; its arguments are row_index.main's own (main passes them on before parsing).
+    commands.add_parser("rows", help="build the shards' JPEG row checkpoints (rows DIR --help)")
     return parser
 
 
@@ -181,6 +186,11 @@ def _make_synthetic(args) -> int:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["rows"]:
+        from fasttrain.data.row_index import main as build_rows
+
+        return build_rows(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
