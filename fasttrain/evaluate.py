@@ -27,6 +27,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,10 @@ if TYPE_CHECKING:
     from fasttrain.optim import FlatOptimizer
 
 
+# A progress line at most this often (wall time): an ImageNet validation pass takes minutes on a CPU.
+PROGRESS_EVERY_S = 10.0
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -51,14 +56,27 @@ def evaluate(
     preprocess: str,
     max_batches: int = 0,
     world_size: int = 1,
+    progress: Callable[[str], None] | None = None,
+    label: str = "",
 ) -> dict:
-    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together)."""
+    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together). progress: where
+    a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
+    total = min(len(loader), max_batches) if max_batches else len(loader)
+    started = shown = time.perf_counter()
     for i, (images, labels) in enumerate(loader):
         if max_batches and i >= max_batches:
             break
+        if progress is not None and (now := time.perf_counter()) - shown >= PROGRESS_EVERY_S:
+            # Batches handed out by the loader (no host sync: on a GPU the last may still be running).
+            shown, rate = now, (i + 1) * len(labels) / max(now - started, 1e-9)
+            left = (total - i - 1) * (now - started) / (i + 1)
+            progress(
+                f"evaluating the {label} weights: {i + 1}/{total} batches ({(i + 1) / total:.0%}), "
+                f"{rate:.1f} images/s, {left:.0f} s left"
+            )
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         x = model_input(images, preprocess, precision)
@@ -86,6 +104,7 @@ def evaluate_raw_and_ema(
     device: torch.device,
     cfg: Config,
     world_size: int,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """{'top1', 'top5', 'count'} of the raw weights, and 'ema_top1', 'ema_top5' when EMA is on."""
     settings = dict(
@@ -94,12 +113,13 @@ def evaluate_raw_and_ema(
         preprocess=cfg.preprocess,
         max_batches=cfg.max_eval_batches,
         world_size=world_size,
+        progress=progress,
     )
-    raw = evaluate(model, loader, **settings)
+    raw = evaluate(model, loader, **settings, label="raw")
     result = {"top1": raw["top1"], "top5": raw["top5"], "count": raw["count"]}
     if cfg.ema_decay:
         with ema_weights(optimizer, bn_ema):
-            ema = evaluate(model, loader, **settings)
+            ema = evaluate(model, loader, **settings, label="EMA")
         result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
     return result
 
@@ -256,6 +276,7 @@ class _Evaluator:
             device=self.info.device,
             cfg=self.cfg,
             world_size=self.info.world_size,
+            progress=(lambda line: print(line, flush=True)) if self.info.is_main else None,
         )
         self.metrics.write(step=step, split="validation", source="evaluate", checkpoint=str(path), **result)
         self.curves.scalars(step, eval_scalars(result))

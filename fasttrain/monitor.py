@@ -26,6 +26,26 @@ def log_step(
         log(line, flush=True)
 
 
+def run_summary(steps: int, images: int, train_seconds: float, total_seconds: float) -> str:
+    """'300 steps this run (9600 images) in 38.2 s, 251.3 images/s; 52.0 s with set-up and evaluation':
+    the training loop's time (evaluations between steps left out, the first steps' warm-up and capture
+    kept in), and the time since train() began (model, data and resume set-up, evaluations)."""
+    rate = f", {images / max(train_seconds, 1e-9):.1f} images/s" if steps else ""
+    return (
+        f"{steps} steps this run ({images} images) in {_duration(train_seconds)}{rate}; "
+        f"{_duration(total_seconds)} with set-up and evaluation"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 120:
+        return f"{minutes} min {seconds - 60 * minutes:.0f} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 class MetricsLog:
     """JSON lines in the run directory, appended and flushed as they come."""
 
