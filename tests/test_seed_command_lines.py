@@ -217,6 +217,7 @@ def _run(argv, cwd: Path):
     )
 
 
+@pytest.mark.slow
 def test_the_resnet_seeds_command_line_trains_resnet101_v2(data, tmp_path):
     out_dir = tmp_path / "output"
     seed_line = RESNET_SIMPLEST + [
@@ -246,6 +247,7 @@ def test_the_resnet_seeds_command_line_trains_resnet101_v2(data, tmp_path):
     assert (saved["num_classes"], saved["preprocess"], saved["optimizer"]) == (1001, "vgg", "momentum")
 
 
+@pytest.mark.slow
 def test_the_inception_seeds_command_line_trains_inception_v3(data, tmp_path):
     train_dir = tmp_path / "imagenet_train"
     seed_line = ["--num_gpus=1", "--batch_size=32", f"--train_dir={train_dir}", f"--data_dir={data}"]
