@@ -31,8 +31,9 @@ def run_summary(steps: int, images: int, train_seconds: float, total_seconds: fl
     the training loop's time (evaluations between steps left out, the first steps' warm-up and capture
     kept in), and the time since train() began (model, data and resume set-up, evaluations)."""
     rate = f", {images / max(train_seconds, 1e-9):.1f} images/s" if steps else ""
+    plural = "" if steps == 1 else "s"
     return (
-        f"{steps} steps this run ({images} images) in {_duration(train_seconds)}{rate}; "
+        f"{steps} step{plural} this run ({images} images) in {_duration(train_seconds)}{rate}; "
         f"{_duration(total_seconds)} with set-up and evaluation"
     )
 

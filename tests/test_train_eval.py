@@ -85,7 +85,7 @@ def test_no_second_evaluation_at_the_end(data, tmp_path):
 # --- what a run prints at its end, and while it evaluates ----------------------------------------------
 
 _SUMMARY = (
-    r"done: step {step}, {steps} steps this run \({images} images\) in [\d.]+ s, [\d.]+ images/s; "
+    r"done: step {step}, {steps} steps? this run \({images} images\) in [\d.]+ s, [\d.]+ images/s; "
     r"[\d.]+ s with set-up and evaluation; "
 )
 
