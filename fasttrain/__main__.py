@@ -26,12 +26,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.reconfigure(line_buffering=True)
         return selfcheck(argv[1:])
     from fasttrain.config import ConfigError
-    from fasttrain.flags import parse_args
+    from fasttrain.flags import parse_command_line
 
     # Progress lines must reach a log file or a pipe as they happen, not when a buffer fills.
     sys.stdout.reconfigure(line_buffering=True)
     try:
-        cfg = parse_args(argv)
+        cfg, chosen = parse_command_line(argv)
     except ConfigError as err:
         print_error(err)
         return 2
@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = configure(input_workers(cfg))
     if os.environ.get("RANK", "0") == "0":  # stdout: stderr is kept for the one line of an error
         print(f"fasttrain: {policy.describe()}")
+        if chosen:  # the recipe a seed's flags selected (fasttrain.flags.seed_recipe)
+            print(chosen)
     # torch's DataLoader warns of more workers than cores each time it builds its workers (once per
     # epoch and per evaluation, from two lines of its code): once is enough.
     warnings.filterwarnings("once", message="This DataLoader will create", category=UserWarning)

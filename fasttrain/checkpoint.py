@@ -222,6 +222,15 @@ def verify_checkpoint(path: Path) -> None:
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     """Load a checkpoint safely (weights_only) after checking its checksum; CheckpointError if unusable."""
+    state = load_tensors(path, map_location)
+    if not isinstance(state, dict) or "model" not in state or "step" not in state:
+        raise CheckpointError(f"{path} is not a fasttrain checkpoint (no 'model' and 'step' entries)")
+    return state
+
+
+def load_tensors(path: Path, map_location="cpu"):
+    """Whatever a torch.save file holds (a fasttrain checkpoint, a plain state_dict, ...), loaded as
+    load_checkpoint loads it (checksum when a sidecar is there, weights_only); CheckpointError if unusable."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -237,8 +246,6 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
         raise CheckpointUnreadable(_unreadable(path, exc)) from None
     except Exception as exc:  # noqa: BLE001 - every failure mode means the same to the user
         raise CheckpointError(_load_failure(path, str(exc))) from None
-    if not isinstance(state, dict) or "model" not in state or "step" not in state:
-        raise CheckpointError(f"{path} is not a fasttrain checkpoint (no 'model' and 'step' entries)")
     return state
 
 

@@ -67,15 +67,17 @@ class Config:
     fine_tune: bool = False
     """With pretrained_model_checkpoint_path: restore all but the classifier, which is re-initialised."""
     pretrained_model_checkpoint_path: str = ""
-    """A checkpoint to start from (the run starts at step 0): a fasttrain .pt, or a TensorFlow one (a
-    prefix model.ckpt-N, V1 or V2, or a train directory: its newest), whose raw weights load."""
+    """A checkpoint to start from (the run starts at step 0): a fasttrain .pt, a plain state_dict file
+    (torch.save(model.state_dict()), torchvision's names), or a TensorFlow one (a prefix model.ckpt-N, V1
+    or V2, or a train directory: its newest), whose raw weights load."""
     checkpoint_dir: str = ""
     """Resume from the newest checkpoint in this directory instead of train_dir's own; a TensorFlow
     run's directory (or prefix) is continued: weights, BN statistics, EMA, optimizer slots, step."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Device to train on: auto (CUDA when available), cuda, or cpu."""
     num_gpus: int = 0
-    """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node."""
+    """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node. With
+    --batch_size (the Inception seed's), that batch is one machine's: --node_batch_size."""
     profile_comm: bool = False
     """Measure how much of the gradient all-reduce time is hidden behind backward and report it."""
 

@@ -12,9 +12,10 @@ appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to Tensor
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
 (its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
 `fasttrain.tf.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
-checkpoint, every SECONDS, until the run's final step or Ctrl-C. A --checkpoint of another run (not in
-RUN_DIR and not beside a run.json with RUN_DIR's run_id, fasttrain/lock.py) is evaluated and printed
-but written nowhere, unless --metrics_out FILE says where to append its result (then no TensorBoard).
+A --checkpoint of another run (not in RUN_DIR and not beside a run.json with RUN_DIR's run_id,
+fasttrain/lock.py) is evaluated with RUN_DIR's config and printed but written nowhere, unless
+--metrics_out FILE says where to append its result (then no TensorBoard); one that RUN_DIR's model does
+not fit ends in one line giving the command that evaluates it with its own run's config.
 --metrics_out also redirects RUN_DIR's own results.
 """
 
@@ -26,6 +27,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,10 @@ if TYPE_CHECKING:
     from fasttrain.optim import FlatOptimizer
 
 
+# A progress line at most this often (wall time): an ImageNet validation pass takes minutes on a CPU.
+PROGRESS_EVERY_S = 10.0
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -51,14 +57,27 @@ def evaluate(
     preprocess: str,
     max_batches: int = 0,
     world_size: int = 1,
+    progress: Callable[[str], None] | None = None,
+    label: str = "",
 ) -> dict:
-    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together)."""
+    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together). progress: where
+    a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
+    total = min(len(loader), max_batches) if max_batches else len(loader)
+    started = shown = time.perf_counter()
     for i, (images, labels) in enumerate(loader):
         if max_batches and i >= max_batches:
             break
+        if progress is not None and (now := time.perf_counter()) - shown >= PROGRESS_EVERY_S:
+            # Batches handed out by the loader (no host sync: on a GPU the last may still be running).
+            shown, rate = now, (i + 1) * len(labels) / max(now - started, 1e-9)
+            left = (total - i - 1) * (now - started) / (i + 1)
+            progress(
+                f"evaluating the {label} weights: {i + 1}/{total} batches ({(i + 1) / total:.0%}), "
+                f"{rate:.1f} images/s, {left:.0f} s left"
+            )
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         x = model_input(images, preprocess, precision)
@@ -86,6 +105,7 @@ def evaluate_raw_and_ema(
     device: torch.device,
     cfg: Config,
     world_size: int,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     """{'top1', 'top5', 'count'} of the raw weights, and 'ema_top1', 'ema_top5' when EMA is on."""
     settings = dict(
@@ -94,12 +114,13 @@ def evaluate_raw_and_ema(
         preprocess=cfg.preprocess,
         max_batches=cfg.max_eval_batches,
         world_size=world_size,
+        progress=progress,
     )
-    raw = evaluate(model, loader, **settings)
+    raw = evaluate(model, loader, **settings, label="raw")
     result = {"top1": raw["top1"], "top5": raw["top5"], "count": raw["count"]}
     if cfg.ema_decay:
         with ema_weights(optimizer, bn_ema):
-            ema = evaluate(model, loader, **settings)
+            ema = evaluate(model, loader, **settings, label="EMA")
         result.update(ema_top1=ema["top1"], ema_top5=ema["top5"])
     return result
 
@@ -231,11 +252,21 @@ class _Evaluator:
         try:
             load_weights(state, self.model, self.optimizer, self.bn_ema)
         except (KeyError, RuntimeError, ValueError) as exc:
+            from fasttrain.lock import same_run
+
             changes = shaping_changes(changed_settings(state.get("config"), self.cfg))
             reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
+            if same_run(self.run_dir, path):
+                raise CheckpointError(
+                    f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "
+                    "own ckpt-<step>.pt files"
+                ) from None
+            # Another run's checkpoint (the note before said so) is evaluated with this run's config,
+            # which does not fit it: its own run directory's does.
+            home = path.parent if (path.parent / "config.json").is_file() else "ITS_RUN_DIR"
             raise CheckpointError(
-                f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "
-                "own ckpt-<step>.pt files"
+                f"{path} does not fit the model of {self.run_dir}'s config ({reason}); evaluate it with the "
+                f"config of the run that wrote it: python -m fasttrain.evaluate {home} --checkpoint {path}"
             ) from None
         return int(state["step"])
 
@@ -250,6 +281,7 @@ class _Evaluator:
             device=self.info.device,
             cfg=self.cfg,
             world_size=self.info.world_size,
+            progress=(lambda line: print(line, flush=True)) if self.info.is_main else None,
         )
         self.metrics.write(step=step, split="validation", source="evaluate", checkpoint=str(path), **result)
         self.curves.scalars(step, eval_scalars(result))

@@ -1,10 +1,12 @@
 """The command line's flags: one per Config field, and `--help` and README's flags table drawn from the
 same fields, docstrings and recipes.
 
-`--field=value` or `--field value`, `_` and `-` both accepted; booleans also `--field`, `--no-field`
-and `--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
-comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe (demo when none is named) sets the
-defaults and the flags override it. `python -m fasttrain.flags` prints README's table.
+`--field=value` or `--field value` (not a next word that starts with --: `--train_dir --max_steps=3`
+is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field` and
+`--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
+comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe sets the defaults and the flags
+override it: --recipe's, else the seed's whose own flags the command line holds (`seed_recipe`), else
+the demo's. `python -m fasttrain.flags` prints README's table.
 
 The seeds' command lines are accepted as they are spelled: the ResNet seed's (imagenet_main.py) names
 that are not field names are aliases (config.ALIASES, and SEED_CONVERSIONS here for the two whose value
@@ -68,14 +70,18 @@ NOTED_FLAGS = {
     "num_layers": "the seed never read it (a CIFAR leftover); the depth is --resnet_size or --model",
     "use_distortion_for_training": "training images are always augmented (the seed's flag was argparse "
     "type=bool, so any value it was given meant True)",
-    "num_preprocess_threads": "images are decoded and augmented by --num_workers worker processes "
-    "per rank (torch backend) or DALI threads",
-    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; --num_workers "
-    "sets the decoding processes",
+    "num_preprocess_threads": "images are decoded and augmented by --num_workers threads per rank "
+    "(torch backend; DataLoader processes with --loader=processes) or DALI's --num_workers CPU threads",
+    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; its --num_workers "
+    "threads decode them",
     "input_queue_memory_factor": "the shuffle buffer holds --shuffle_buffer records",
     "log_device_placement": "one process per device (torchrun's LOCAL_RANK) holds the whole model; "
     "there is no placement to log",
     "data_format": "the memory layout is --channels_last (NHWC; default on CUDA GPUs with tensor cores)",
+    "num_intra_threads": "fasttrain sets torch's intra-op threads itself (the run's first line says how "
+    "many; OMP_NUM_THREADS overrides)",
+    "num_inter_threads": "torch runs a step's operators in order; the intra-op threads are fasttrain's "
+    "choice (the run's first line; OMP_NUM_THREADS overrides)",
 }
 
 # Shown by --help after the flags: the other commands a user reaches for.
@@ -83,7 +89,8 @@ ENTRY_POINTS = (
     ("python -m fasttrain selfcheck", "check this machine's GPU paths against their references"),
     (
         "python -m fasttrain.data",
-        "check or list TFRecord shards, write a synthetic set, build JPEG row checkpoints",
+        "check, list, build TFRecord shards and their JPEG row checkpoints (verify, ls, make-synthetic, "
+        "build, row-checkpoints)",
     ),
     ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
     ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
@@ -99,12 +106,20 @@ def parse_args(argv: list[str]) -> Config:
 
     A flag given twice keeps its last value (scripts append overrides), but a seed alias and its field
     (--train_batch_size and --batch_size) with different values are refused: which one was meant?
+    Without --recipe, a seed's own flags select its recipe (`seed_recipe`), else the demo's.
     `--help` prints the flags with the named recipe's defaults and exits.
     """
+    return parse_command_line(argv)[0]
+
+
+def parse_command_line(argv: list[str]) -> tuple[Config, str]:
+    """parse_args's Config, and the start-up line saying which recipe the seed's flags selected ('' when
+    --recipe names it, or when it is the demo)."""
     values: dict[str, object] = {}
     spelled: dict[str, str] = {}  # field -> the flag that set it
     given: dict[str, object] = {}  # field -> the value as that flag gave it (before a seed conversion)
     notes: dict[str, str] = {}  # flag -> its note, each printed once
+    seen: dict[str, str] = {}  # every flag's name as typed ('-' as '_', before aliases) -> the flag
     wants_help = False
     i = 0
     while i < len(argv):
@@ -116,6 +131,7 @@ def parse_args(argv: list[str]) -> Config:
             raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
         flag, eq, text = arg.partition("=")
         raw = flag[2:].replace("-", "_")
+        seen.setdefault(raw, flag)
         if raw in NOTED_FLAGS:
             # Its value, if any, is the next word unless that is a flag: --sync, --log_dir /data/logs.
             if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
@@ -138,8 +154,11 @@ def parse_args(argv: list[str]) -> Config:
         elif is_bool and (i + 1 >= len(argv) or argv[i + 1].lower() not in _TRUE + _FALSE):
             value = True
         else:
-            if i + 1 >= len(argv):
-                raise ConfigError(f"{flag} needs a value")
+            # The next word is a flag, not this one's value: taking it made `--train_dir --max_steps=3`
+            # a run directory named --max_steps=3. A value that starts with -- is spelled --flag=VALUE.
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                after = f" ({argv[i + 1]} is the next flag; write {flag}=VALUE)" if i + 1 < len(argv) else ""
+                raise ConfigError(f"{flag} needs a value{after}")
             i += 1
             value = _convert(name, argv[i])
         typed = value
@@ -154,6 +173,21 @@ def parse_args(argv: list[str]) -> Config:
             raise ConfigError(f"{before}={was} and {flag}={now} conflict; give one of them")
         values[name], spelled[name], given[name] = value, flag, typed
         i += 1
+    chosen = ""
+    if "recipe" not in values and (seed := seed_recipe(seen, values)):
+        values["recipe"], chosen = seed
+    if "num_gpus" in values and "batch_size" in values and "node_batch_size" not in values:
+        # The Inception seed's --batch_size is one machine's, split over its --num_gpus towers
+        # (inception_train.py: split_batch_size = batch_size / num_gpus): fasttrain's node batch, divided
+        # over the node's processes. Read per process, --num_gpus=8 --batch_size=32 trained 8x the batch.
+        batch, gpus = values.pop("batch_size"), values["num_gpus"]
+        values["node_batch_size"], spelled["node_batch_size"] = batch, spelled.pop("batch_size")
+        if gpus != 1:
+            notes["batch_size"] = (
+                f"--batch_size={batch} with --num_gpus={gpus} is one machine's batch, as the Inception seed "
+                f"splits it over its GPUs: it sets --node_batch_size={batch}, divided over this node's "
+                "processes (torchrun --nproc_per_node)"
+            )
     if wants_help:
         print(_usage(make_config(recipe=values.get("recipe", "demo"))))
         raise SystemExit(0)
@@ -165,7 +199,82 @@ def parse_args(argv: list[str]) -> Config:
         )
     cfg = make_config(**values)
     _print_notes(notes.values())
-    return cfg
+    return cfg, chosen
+
+
+# Which recipe a command line without --recipe trains (`seed_recipe`). The demo's own command lines
+# use fasttrain's field names, so only flags that fasttrain's users have no reason to type select a
+# seed's recipe: each seed's flags that no fasttrain field is named after (beyond plain synonyms:
+# --output_dir and --learning-rate stay aliases on every recipe) and the seed-only fields
+# --resnet_size and --num_gpus. Names as typed, '-' read as '_'.
+RESNET_SEED_FLAGS = (  # imagenet_main.py's (the UAI SDK adds --work_dir and --log_dir)
+    "train_batch_size", "resnet_size", "epochs_per_eval", "batch_norm_decay", "batch_norm_epsilon",
+    "work_dir", "log_dir", "variable_strategy", "sync", "num_layers", "use_distortion_for_training",
+    "data_format", "num_intra_threads", "num_inter_threads",
+)  # fmt: skip
+INCEPTION_SEED_FLAGS = ("num_preprocess_threads", "num_readers", "input_queue_memory_factor")  # its queues
+# Flags both seeds have (inception_train.py and imagenet_main.py): on their own they do not say which
+# program is meant; then the flags that only one of the seeds spells that way decide, the Inception
+# seed's --train_dir, --batch_size, --max_steps against the ResNet seed's --output_dir,
+# --train-batch-size, --train-epochs.
+BOTH_SEEDS_FLAGS = ("num_gpus", "log_device_placement")
+INCEPTION_SEED_SPELLINGS = (
+    "train_dir", "batch_size", "max_steps", "subset", "image_size", "initial_learning_rate",
+    "num_epochs_per_decay", "learning_rate_decay_factor", "pretrained_model_checkpoint_path", "fine_tune",
+)  # fmt: skip
+RESNET_SEED_SPELLINGS = (
+    "output_dir", "train_epochs", "learning_rate", "eval_batch_size", "momentum", "weight_decay",
+)  # fmt: skip
+_RESNET_SEED, _INCEPTION_SEED = "the ResNet seed", "the Inception seed"
+_PROGRAM = {
+    "resnet50": "imagenet_main.py",
+    "resnet101": "imagenet_main.py",
+    "inception_v3": "inception_train.py",
+}
+_ADD_RECIPE = (
+    "add --recipe resnet50 or resnet101 (the ResNet seed) or --recipe inception_v3 (the Inception seed)"
+)
+
+
+def seed_recipe(seen: dict[str, str], values: dict) -> tuple[str, str] | None:
+    """(recipe, the start-up line) when a command line without --recipe holds flags only a seed's program
+    has: the ResNet seed's select resnet101 for --resnet_size=101, else resnet50 (the seed's default
+    size; another --resnet_size picks resnet<N>_v2 within it), the Inception seed's inception_v3. None:
+    the demo. ConfigError when the flags belong to both programs and nothing says which.
+
+    seen: each flag's name as typed ('-' as '_') -> the flag; values: the parsed fields."""
+    resnet = [
+        seen[n] for n in RESNET_SEED_FLAGS if n in seen and (n != "resnet_size" or values.get("resnet_size"))
+    ]
+    inception = [seen[n] for n in INCEPTION_SEED_FLAGS if n in seen]
+    if resnet and inception:
+        raise ConfigError(
+            f"{', '.join(resnet)} ({_RESNET_SEED}'s) and {', '.join(inception)} ({_INCEPTION_SEED}'s) are "
+            f"flags of different programs: {_ADD_RECIPE}"
+        )
+    if not resnet and not inception:
+        both = [seen[n] for n in BOTH_SEEDS_FLAGS if n in seen]
+        if not both:
+            return None
+        resnet_spelled = [seen[n] for n in RESNET_SEED_SPELLINGS if n in seen]
+        inception_spelled = [seen[n] for n in INCEPTION_SEED_SPELLINGS if n in seen]
+        if bool(resnet_spelled) == bool(inception_spelled):
+            why = (
+                f"with {', '.join(resnet_spelled + inception_spelled)} could be either seed's command line"
+                if resnet_spelled
+                else "is in both seeds' command lines and no other flag says which"
+            )
+            raise ConfigError(f"{', '.join(both)} {why}: {_ADD_RECIPE}")
+        resnet = both + resnet_spelled if resnet_spelled else []
+        inception = both + inception_spelled if inception_spelled else []
+    if resnet:
+        recipe, program = ("resnet101" if values.get("resnet_size") == 101 else "resnet50"), _RESNET_SEED
+    else:
+        recipe, program = "inception_v3", _INCEPTION_SEED
+    return recipe, (
+        f"fasttrain: recipe {recipe}: {program}'s program ({_PROGRAM[recipe]}), selected by its flags "
+        f"{', '.join(resnet or inception)} (no --recipe given; --recipe NAME trains another)"
+    )
 
 
 def _print_notes(notes) -> None:
@@ -233,8 +342,8 @@ def _usage(recipe: Config) -> str:
         "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
         "",
         f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false. Lists: --flag=1,2,3.",
-        f"Defaults shown are recipe {recipe.recipe}'s (the demo is trained when no --recipe is named; "
-        "--recipe NAME --help shows another's).",
+        f"Defaults shown are recipe {recipe.recipe}'s (without --recipe: the demo, or the seed's recipe "
+        "its own flags select; --recipe NAME --help shows another's).",
         "",
     ]
     for name, doc in _field_docs().items():

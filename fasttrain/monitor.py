@@ -26,6 +26,27 @@ def log_step(
         log(line, flush=True)
 
 
+def run_summary(steps: int, images: int, train_seconds: float, total_seconds: float) -> str:
+    """'300 steps this run (9600 images) in 38.2 s, 251.3 images/s; 52.0 s with set-up and evaluation':
+    the training loop's time (evaluations between steps left out, the first steps' warm-up and capture
+    kept in), and the time since train() began (model, data and resume set-up, evaluations)."""
+    rate = f", {images / max(train_seconds, 1e-9):.1f} images/s" if steps else ""
+    plural = "" if steps == 1 else "s"
+    return (
+        f"{steps} step{plural} this run ({images} images) in {_duration(train_seconds)}{rate}; "
+        f"{_duration(total_seconds)} with set-up and evaluation"
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 120:
+        return f"{minutes} min {seconds - 60 * minutes:.0f} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 class MetricsLog:
     """JSON lines in the run directory, appended and flushed as they come."""
 
@@ -36,6 +57,42 @@ class MetricsLog:
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def resume_at(self, step: int) -> str:
+        """Drop the rows past `step`, the step a run resumes from (0 for a fresh start): a run killed
+        after its last checkpoint logged steps that the resumed run logs again, and readers (the plot,
+        pandas) must see each step once. Also drops the torn last line of a run killed while writing it
+        (appending after it would glue the next row onto it). Rows up to `step` are kept byte for byte,
+        and the file is replaced whole (fasttrain.checkpoint.write_atomic: a crash leaves the old file or
+        the new one). Returns the line to log ('' when nothing changed)."""
+        if not self.enabled or not self.path.exists():
+            return ""
+        from fasttrain.checkpoint import write_atomic
+
+        try:
+            lines = self.path.read_bytes().splitlines(keepends=True)
+        except OSError as exc:
+            return f"note: cannot read {self.path} ({exc.strerror}); rows past step {step} may repeat"
+        kept = []
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                if number == len(lines) or not line.strip():
+                    continue  # torn by a kill mid-write, or blank
+                kept.append(line)  # not this method's to judge: kept as it is
+                continue
+            past = isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            if not past:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        if kept == lines:
+            return ""
+        try:
+            write_atomic(self.path, lambda f: f.writelines(kept))
+        except OSError as exc:
+            return f"note: cannot rewrite {self.path} ({exc.strerror}); rows past step {step} may repeat"
+        dropped = len(lines) - len(kept)
+        return f"{self.path.name}: dropped {dropped} line(s) past step {step}, which this run logs again"
 
 
 class progress_bar:  # noqa: N801 - used like a function

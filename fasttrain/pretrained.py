@@ -25,12 +25,16 @@ def restore_pretrained(model: torch.nn.Module, cfg: Config, log) -> None:
     wanted = {k: v for k, v in state.items() if not (skip and k.startswith(skip))}
     missing = [k for k in own if k not in wanted and not (skip and k.startswith(skip))]
     mismatched = [k for k, v in wanted.items() if k in own and own[k].shape != v.shape]
-    if missing or mismatched or set(wanted) - set(own):
-        problem = (
-            f"shapes differ for {', '.join(mismatched[:3])}"
-            if mismatched
-            else f"missing {', '.join((missing or sorted(set(wanted) - set(own)))[:3])}"
-        )
+    unexpected = sorted(set(wanted) - set(own))
+    if missing or mismatched or unexpected:
+        if mismatched:
+            problem = f"shapes differ for {', '.join(mismatched[:3])}"
+        elif missing and unexpected:  # another model, or another naming
+            problem = f"missing {', '.join(missing[:3])}; it has {', '.join(unexpected[:3])} instead"
+        elif missing:
+            problem = f"missing {', '.join(missing[:3])}"
+        else:
+            problem = f"unexpected {', '.join(unexpected[:3])}"
         hint = "" if cfg.fine_tune else " (pass fine_tune to re-initialise the classifier)"
         raise ckpt.CheckpointError(
             f"{cfg.pretrained_model_checkpoint_path} does not fit model {cfg.model_name}: {problem}{hint}",
@@ -50,7 +54,7 @@ def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]
     (what the Inception seed restores), the `skip` prefixes left out (fasttrain.tf.state)."""
     path = cfg.pretrained_model_checkpoint_path
     if not is_tf_checkpoint(path):
-        return ckpt.load_checkpoint(Path(path))["model"]
+        return _torch_file_state(Path(path))
     from fasttrain.tf.checkpoint import open_checkpoint
     from fasttrain.tf.state import model_state, name_map
 
@@ -62,3 +66,30 @@ def _pretrained_state(model: torch.nn.Module, cfg: Config, skip: tuple[str, ...]
         about_head = any(f"variable {name} has shape" in str(exc) for name in head_names)
         hint = " (pass fine_tune to re-initialise the classifier)" if about_head and not cfg.fine_tune else ""
         raise ckpt.CheckpointError(f"{exc}{hint}", settings=("fine_tune", *exc.settings)) from None
+
+
+def _torch_file_state(path: Path) -> dict:
+    """The model state a torch.save file holds: a fasttrain checkpoint's "model" (`fasttrain.tf.convert
+    from-tf` writes one too), or a plain state_dict, parameter names to tensors (`torch.save(model.
+    state_dict(), path)`, torchvision's weight files: fasttrain's ResNet v1.5 and Inception v3 use
+    torchvision's names), without the "module." prefix a DDP-wrapped model's names carry."""
+    state = ckpt.load_tensors(path)
+    if isinstance(state, dict) and "model" in state and "step" in state:
+        return state["model"]
+    if isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values()):
+        if all(isinstance(k, str) and k.startswith("module.") for k in state):
+            return {k[len("module.") :]: v for k, v in state.items()}
+        return state
+    # A training script's own dict (epoch, optimizer, ...) or something else: say how to keep the weights.
+    inner = [k for k, v in state.items() if isinstance(v, dict) and v] if isinstance(state, dict) else []
+    held = (
+        f"a dict of {', '.join(map(repr, list(state)[:4]))}"
+        if isinstance(state, dict)
+        else type(state).__name__
+    )
+    wrap = f"torch.load({str(path)!r})[{inner[0]!r}]" if inner else "model.state_dict()"
+    raise ckpt.CheckpointError(
+        f"{path} holds {held}, neither a fasttrain checkpoint nor a state_dict (parameter names to tensors); "
+        f"save the weights alone, torch.save({wrap}, 'weights.pt'), and pass that file",
+        settings=("pretrained_model_checkpoint_path",),
+    )

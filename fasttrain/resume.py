@@ -120,6 +120,15 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
     except (KeyError, RuntimeError, ValueError) as exc:
         shaping = shaping_changes(changes)
         reason = "; ".join(shaping or changes) or str(exc).strip().splitlines()[0]
+        if source != run_dir:
+            # Another directory's run, continued into train_dir: a new train_dir would not help.
+            config = source / "config.json"
+            raise ckpt.CheckpointError(
+                f"{path} does not fit this run's model/optimizer ({reason}): continue it with the settings "
+                f"it was written with{f' ({config})' if config.is_file() else ''}, or start from its weights "
+                "alone with pretrained_model_checkpoint_path instead of checkpoint_dir",
+                settings=("checkpoint_dir", "pretrained_model_checkpoint_path"),
+            ) from None
         raise ckpt.CheckpointError(
             f"{path} does not fit this run's model/optimizer ({reason}): run with the settings it was "
             "written with, or pass a new train_dir",

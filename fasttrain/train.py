@@ -30,7 +30,7 @@ from fasttrain.distributed import (
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
-from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar
+from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
 from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
@@ -49,6 +49,7 @@ class TrainingStopped(FasttrainError, RuntimeError):
 
 
 def train(cfg: Config) -> dict:
+    started = time.perf_counter()
     cfg = resolve_node_batch(cfg, processes_per_node())  # one node's batch over its processes
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
@@ -105,6 +106,8 @@ def train(cfg: Config) -> dict:
     if info.is_main:
         save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
         ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
+    if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
+        resume_lines.append(dropped)
     # The input as the loader built it: the resolved backend and its loader (e.g. "torch, 4 loader threads").
     data = f"{data_dir} ({train_loader.description})" if data_dir else "synthetic"
     log(
@@ -139,6 +142,8 @@ def train(cfg: Config) -> dict:
     # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
     # smoothed curve, an exponential moving average, is the step's loss_average.
     eval_loader = None  # built at the first evaluation
+    last_eval: dict = {}  # the newest evaluation's result and step, for the summary at the end
+    first_step, loop_start, eval_seconds = step, time.perf_counter(), 0.0
 
     def evaluate_now() -> dict:
         # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
@@ -165,11 +170,18 @@ def train(cfg: Config) -> dict:
             device=info.device,
             cfg=cfg,
             world_size=info.world_size,
+            progress=log,
         )
         set_rng_state(rng)
         metrics.write(step=step, split="validation", **result)
         curves.scalars(step, eval_scalars(result))
+        last_eval.update(result, step=step)
         return result
+
+    def summary(loop_end: float) -> str:
+        trained = step - first_step
+        seconds = loop_end - loop_start - eval_seconds
+        return run_summary(trained, trained * global_batch, seconds, time.perf_counter() - started)
 
     try:
         while step < max_steps:
@@ -225,33 +237,41 @@ def train(cfg: Config) -> dict:
                 save_run(run_dir, step, run, cfg=cfg)
                 last_saved = step
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
-                started = time.perf_counter()
+                eval_started = time.perf_counter()
                 log(f"step {step}: {describe(evaluate_now())}")
-                tick += time.perf_counter() - started  # not counted in the next line's images/s
+                took = time.perf_counter() - eval_started
+                tick += took  # not counted in the next line's images/s, nor in the summary's
+                eval_seconds += took
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, run, cfg=cfg)
                 progress.close()
                 log(
                     f"stopped by {stop.signal_name} at step {step}; checkpoint "
-                    f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume"
+                    f"{ckpt.checkpoint_path(run_dir, step)} written; run the same command to resume; "
+                    f"{summary(time.perf_counter())}"
                 )
                 return {"step": step, "stopped": True}
         progress.close()
+        loop_end = time.perf_counter()  # the final evaluation is not in the training loop's time
         # The training input pipeline is suspended mid-epoch inside `batches`: close it, so that
         # evaluation does not hold two (DALI's pipeline and decoder buffers, the DataLoader's workers).
         batches.close()
         step_fn.release_graph()  # its memory goes back for evaluation
 
         # --- evaluation ------------------------------------------------------------------------
+        # The last line of every run that ends here: its time, images/s and final top-1.
         result = {"step": step}
         if cfg.eval_at_end:
             result.update(evaluate_now())
             chance = 1.0 / cfg.num_classes
             verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
-            log(
-                f"done: step {step}, {describe(result)}; chance is {chance:.3f}, so top-1 is {verdict} chance"
-            )
+            final = f"{describe(result)}; chance is {chance:.3f}, so top-1 is {verdict} chance"
+        elif last_eval:
+            final = f"last evaluated at step {last_eval['step']}: {describe(last_eval)}"
+        else:
+            final = "not evaluated (--eval_at_end=false)"
+        log(f"done: step {step}, {summary(loop_end)}; {final}")
         return result
     finally:
         # Every way out, errors included (a non-finite loss stop, a failed save): the graph goes

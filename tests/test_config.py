@@ -62,8 +62,9 @@ def _other_value(name, value):
 def test_every_field_is_a_flag_in_both_spellings(name):
     default = getattr(make_config(), name)
     text = _other_value(name, default)
-    underscore = getattr(parse_args([f"--{name}={text}"]), name)
-    dashed = getattr(parse_args([f"--{name.replace('_', '-')}", text]), name)
+    # --recipe named: a seed's own flag (--num_gpus, --resnet_size) alone would select the seed's recipe
+    underscore = getattr(parse_args(["--recipe=demo", f"--{name}={text}"]), name)
+    dashed = getattr(parse_args(["--recipe=demo", f"--{name.replace('_', '-')}", text]), name)
     assert underscore == dashed != default
 
 

@@ -1,8 +1,10 @@
-"""fasttrain/data/verify.py and `python -m fasttrain.data` (verify, ls, make-synthetic): a clean set
-verifies and gets its index files, every bad record is reported, --decode finds a bad JPEG, ls prints
+"""fasttrain/data/verify.py and `python -m fasttrain.data` (verify, ls, make-synthetic,
+row-checkpoints): a clean set verifies and gets its index files, every bad record is reported, --decode finds a bad JPEG, ls prints
 each record as JSON, and mistakes are one line."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,3 +151,32 @@ def test_the_trainers_loader_names_the_converter_for_raw_images_too(tmp_path):
         list_shards(tmp_path, "train")
     message = str(raised.value)
     assert message.count("build_imagenet_data.py") == 1 and "class or split folders" in message
+
+
+# What `python -m fasttrain.data` runs: its subcommands, and the data modules with a command of their own
+# (`python -m fasttrain.data.<module>`), each under the subcommand that runs it too.
+DATA_COMMANDS = {"verify", "ls", "make-synthetic", "build", "row-checkpoints"}
+MODULE_COMMANDS = {"jpeg_rows": "row-checkpoints"}
+
+
+def test_help_lists_every_data_command(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0
+    listed = set(re.search(r"\{([\w,-]+)\}", capsys.readouterr().out).group(1).split(","))
+    assert listed == DATA_COMMANDS
+    package = Path(main.__code__.co_filename).parent
+    entry = 'if __name__ == "__main__"'
+    modules = {p.stem for p in package.rglob("*.py") if entry in p.read_text() and p.stem != "__main__"}
+    assert modules == set(MODULE_COMMANDS) and set(MODULE_COMMANDS.values()) <= listed
+
+
+def test_row_checkpoints_builds_the_sidecars(synthetic, tmp_path, capsys):
+    data = _copy(synthetic, tmp_path / "data")
+    assert main(["row-checkpoints", str(data)]) == 0
+    assert "rows: 0 of 5 shards up to date, 5 to build" in capsys.readouterr().out
+    assert len(list(data.glob("*.rows"))) == 5
+    assert (
+        main(["row-checkpoints", str(data)]) == 0
+        and "rows: 5 of 5 shards up to date" in capsys.readouterr().out
+    )

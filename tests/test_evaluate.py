@@ -144,8 +144,13 @@ def test_errors_are_one_line(run, data, tmp_path):
     other = tmp_path / "other"
     train(_cfg(data, other, num_classes=5, max_steps=2, eval_at_end=False))
     out = _cli(run_dir, "--checkpoint", other / "ckpt-2.pt")
-    assert out.returncode == 1 and "is not a checkpoint of the run in" in out.stderr
+    # The note says another run's checkpoint is evaluated with this run's config; the error, that this
+    # config does not fit it, and how to evaluate it with its own (not "name one of its own ckpt files").
+    assert f"note: {other / 'ckpt-2.pt'} is not a checkpoint of the run in {run_dir}" in out.stdout
+    assert out.returncode == 1 and f"does not fit the model of {run_dir}'s config" in out.stderr
     assert "num_classes 4 -> 5" in out.stderr or "num_classes 5 -> 4" in out.stderr, out.stderr
+    assert f"python -m fasttrain.evaluate {other} --checkpoint {other / 'ckpt-2.pt'}" in out.stderr
+    assert "name one of its own" not in out.stderr
     for result in outputs:
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 

@@ -110,3 +110,45 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
     )
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "conflict" in out.stderr and "Traceback" not in out.stderr
+
+
+# --- a flag missing its value ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        # Both took the next flag as the value: the first created ./--max_steps=3/ and trained 300 steps,
+        # the second ended in "unexpected argument 'X'".
+        (["--train_dir", "--max_steps=3"], "--train_dir"),
+        (["--data_dir", "--train_dir", "X"], "--data_dir"),
+        (["--recipe", "--max_steps=3"], "--recipe"),
+        (["--max_steps=3", "--lr_boundary_epochs", "--seed=1"], "--lr_boundary_epochs"),
+        (["--output_dir", "--train-batch-size=32"], "--output_dir"),  # a seed's spelling too
+    ],
+)
+def test_a_flag_followed_by_another_flag_needs_a_value(argv, flag):
+    _refused(argv, f"{flag} needs a value")
+
+
+def test_values_that_look_like_flags_are_still_possible():
+    assert parse_args(["--train_dir=--odd"]).train_dir == "--odd"  # spelled with =
+    assert parse_args(["--train_dir", "-odd"]).train_dir == "-odd"  # one dash is not a flag
+    _refused(["--seed", "-1"], "--seed must")  # a negative number is a value, refused as such
+    # Booleans and the seeds' noted flags take no value: the next flag stays a flag.
+    cfg = parse_args(["--deterministic", "--max_steps=3", "--log_dir", "--seed=2"])
+    assert (cfg.deterministic, cfg.max_steps, cfg.seed) == (True, 3, 2)
+
+
+def test_the_cli_refuses_a_missing_value_before_making_anything(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "fasttrain", "--train_dir", "--max_steps=3"],
+        env={**os.environ, "FASTTRAIN_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "--train_dir needs a value" in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # no ./--max_steps=3/, no demo data set

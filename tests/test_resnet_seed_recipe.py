@@ -237,19 +237,23 @@ _NOTED = [
 
 def test_the_seeds_other_flags_are_noted_once_and_change_nothing(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
-    cfg = parse_args([*_NOTED, "--work_dir", "/again", "--max_steps=5"])  # a repeat is noted once
+    # Both seeds' flags: --recipe names the recipe (tests/test_seed_command_lines.py: without it, which?)
+    cfg = parse_args(["--recipe=demo", *_NOTED, "--work_dir", "/again", "--max_steps=5"])  # noted once
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 7 and all(line.startswith("fasttrain: note: --") for line in err)
     for flag in ("work_dir", "log_dir", "num_preprocess_threads", "num_readers", "input_queue_memory_factor"):
         assert sum(f"--{flag} is accepted" in line for line in err) == 1
-    assert "--num_workers" in next(line for line in err if "--num_preprocess_threads" in line)
+    # The default torch loader decodes in threads (--loader=threads), as the seed's flag names them.
+    preprocess = next(line for line in err if "--num_preprocess_threads" in line)
+    assert "--num_workers threads per rank" in preprocess and "--loader=processes" in preprocess, preprocess
+    assert "processes" not in next(line for line in err if "--num_readers" in line).replace("--loader=", "")
     assert "--channels_last" in next(line for line in err if "--data_format" in line)
     assert cfg == dataclasses.replace(RECIPES["demo"], max_steps=5)  # no value taken as a setting
 
 
 def test_notes_come_from_rank_0_only(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")  # torchrun's other processes parse the same flags
-    parse_args(_NOTED)
+    parse_args(["--recipe=demo", *_NOTED])
     assert capsys.readouterr().err == ""
 
 

@@ -5,7 +5,10 @@ whose only checkpoint is unusable stops the run instead of starting over, and a 
 the run's config.json."""
 
 import dataclasses
+import errno
+import importlib.util
 import json
+import os
 import signal
 import subprocess
 import time
@@ -15,9 +18,13 @@ import pytest
 import torch
 from launch_helpers import ENV, command, reached_step, run_torchrun, trainer, trainer_args, trainer_env
 
+from fasttrain.checkpoint import CheckpointError
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
-from fasttrain.resume import changed_settings
+from fasttrain.models import create_model
+from fasttrain.monitor import MetricsLog
+from fasttrain.plot import read_metrics
+from fasttrain.resume import changed_settings, restore_pretrained
 
 
 def test_changed_settings_names_what_changes_the_numbers_only():
@@ -56,13 +63,18 @@ def data(tmp_path_factory):
 
 
 def losses(run_dir: Path) -> dict[int, float]:
-    """Per-step losses; after a restart the re-run steps overwrite the killed run's entries."""
+    """Per-step losses (metrics.jsonl holds each step once, checked by the tests that use this)."""
     out = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
         if "loss" in record:
             out[record["step"]] = record["loss"]
     return out
+
+
+def metric_steps(run_dir: Path) -> list[int]:
+    """The step of every row of metrics.jsonl, in file order (every line must be JSON, as pandas needs)."""
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def assert_same_tensors(a, b, where=""):
@@ -101,6 +113,8 @@ def test_sigkill_and_restart_is_bit_exact(data, reference, tmp_path, kill_at):
     again = subprocess.run(command(data, run_dir, "--max_steps=14"), env=ENV, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert losses(run_dir) == losses(reference)
+    # Each step once: the killed run's steps after its last checkpoint were logged again by the resume.
+    assert metric_steps(run_dir) == metric_steps(reference) == list(range(1, 15))
     ours = torch.load(run_dir / "ckpt-14.pt", weights_only=True)
     theirs = torch.load(reference / "ckpt-14.pt", weights_only=True)
     for key in ("model", "optimizer", "ema", "bn_ema", "train_step", "data"):
@@ -137,3 +151,146 @@ def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     )
     assert refused.returncode == 1 and "(optimizer 'rmsprop' -> 'momentum')" in refused.stderr, refused.stderr
     assert (run_dir / "config.json").read_text() == config
+
+
+def test_a_checkpoint_dir_that_does_not_fit_is_not_answered_with_a_new_train_dir(data, tmp_path):
+    # The run continues another directory's run into its own --train_dir: a new --train_dir, which the
+    # message used to suggest, changes nothing; the settings, or starting from the weights alone, do.
+    source, run_dir = tmp_path / "source", tmp_path / "run"
+    first = subprocess.run(command(data, source, "--max_steps=2"), env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    refused = subprocess.run(
+        command(data, run_dir, f"--checkpoint_dir={source}", "--max_steps=4", "--optimizer=momentum"),
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    line = refused.stderr
+    assert (
+        f"{source / 'ckpt-2.pt'} does not fit this run's model/optimizer (optimizer 'rmsprop' -> 'momentum')"
+        in line
+    )
+    assert f"the settings it was written with ({source / 'config.json'})" in line, line
+    assert "--pretrained_model_checkpoint_path" in line and "new --train_dir" not in line, line
+
+
+# --- --pretrained_model_checkpoint_path: a fasttrain checkpoint, a TF one, or a plain state_dict -----
+
+
+def _pretrained(path, **flags):
+    model = create_model("resnet18", 5, base_channels=8)
+    cfg = make_config(
+        model="resnet18", base_channels=8, num_classes=5, pretrained_model_checkpoint_path=str(path)
+    )
+    logs = []
+    restore_pretrained(model, dataclasses.replace(cfg, **flags), logs.append)
+    return model, logs
+
+
+def test_a_plain_state_dict_is_taken_with_torchvisions_names(tmp_path):
+    # torch.save(model.state_dict(), path), as torchvision's weight files are: it used to end in "is not a
+    # fasttrain checkpoint (no 'model' and 'step' entries)".
+    torch.manual_seed(1)
+    source = create_model("resnet18", 5, base_channels=8)
+    assert "layer1.0.conv1.weight" in source.state_dict()  # torchvision's names (fasttrain/models/resnet.py)
+    torch.save(source.state_dict(), tmp_path / "weights.pt")
+    ddp = {f"module.{k}": v for k, v in source.state_dict().items()}  # a DDP-wrapped model's names
+    torch.save(ddp, tmp_path / "ddp.pt")
+    for name in ("weights.pt", "ddp.pt"):
+        model, logs = _pretrained(tmp_path / name)
+        assert_same_tensors(model.state_dict(), source.state_dict(), name)
+        assert logs == [f"restored weights from {tmp_path / name}"]
+    model, _ = _pretrained(tmp_path / "weights.pt", fine_tune=True, num_classes=7)  # another head
+    assert torch.equal(model.conv1.weight, source.conv1.weight)
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        (
+            {"state_dict": "SD", "epoch": 3},
+            "holds a dict of 'state_dict', 'epoch', neither a fasttrain checkpoint",
+        ),
+        ([1, 2], "holds list, neither a fasttrain checkpoint nor a state_dict"),
+    ],
+)
+def test_another_file_says_how_to_keep_the_weights(tmp_path, content, words):
+    weights = create_model("resnet18", 5, base_channels=8).state_dict()
+    path = tmp_path / "trainer.pt"
+    torch.save(
+        {k: weights if v == "SD" else v for k, v in content.items()}
+        if isinstance(content, dict)
+        else content,
+        path,
+    )
+    with pytest.raises(CheckpointError) as err:
+        _pretrained(path)
+    message = str(err.value)
+    assert words in message and "\n" not in message, message
+    wrap = f"torch.load({str(path)!r})['state_dict']" if isinstance(content, dict) else "model.state_dict()"
+    assert f"save the weights alone, torch.save({wrap}, 'weights.pt'), and pass that file" in message
+
+
+def test_a_state_dict_of_other_names_names_both(tmp_path):
+    weights = {
+        f"backbone.{k}": v for k, v in create_model("resnet18", 5, base_channels=8).state_dict().items()
+    }
+    torch.save(weights, tmp_path / "timm.pt")
+    with pytest.raises(
+        CheckpointError, match=r"missing conv1\.weight, .*; it has backbone\.bn1\.bias, .* instead"
+    ):
+        _pretrained(tmp_path / "timm.pt")
+
+
+# --- metrics.jsonl after a resume: each step once --------------------------------------------------
+
+
+def test_a_resume_drops_the_rows_past_its_step_and_keeps_the_rest(data, tmp_path):
+    # A run killed after logging step 5, whose last checkpoint is step 4, while writing step 6's row;
+    # an evaluator's row for ckpt-4 came in between. The resume from 4 logs 5 and 6 again.
+    run_dir = tmp_path / "run"
+    first = subprocess.run(command(data, run_dir, "--max_steps=5"), env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    for name in ("ckpt-5.pt", "ckpt-5.pt.sha256"):  # as if killed before step 5's checkpoint
+        (run_dir / name).unlink()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"time": 1.0, "step": 4, "split": "validation", "source": "evaluate", "top1": 0.5}\n')
+        f.write('{"time": 2.0, "step": 6, "loss": 1.')  # torn: the kill came mid-write
+    before = (run_dir / "metrics.jsonl").read_text().splitlines()
+    again = subprocess.run(command(data, run_dir, "--max_steps=6"), env=ENV, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert "metrics.jsonl: dropped 2 line(s) past step 4, which this run logs again" in again.stdout
+    after = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert after[:4] == before[:4] and after[4] == before[5]  # rows 1-4 and the evaluator's, byte for byte
+    assert metric_steps(run_dir) == [1, 2, 3, 4, 4, 5, 6]
+    train = [json.loads(line)["step"] for line in after if "loss" in json.loads(line)]
+    assert train == [1, 2, 3, 4, 5, 6]
+    records, evals = read_metrics(run_dir)  # fasttrain.plot's reader
+    assert sorted(records) == [1, 2, 3, 4, 5, 6] and list(evals) == [4]
+    if importlib.util.find_spec("pandas"):  # not a test dependency; every line being JSON is what it needs
+        import pandas
+
+        frame = pandas.read_json(run_dir / "metrics.jsonl", lines=True)
+        assert frame[frame["loss"].notna()]["step"].is_unique
+
+
+def test_a_failed_rewrite_keeps_the_file_whole(tmp_path, monkeypatch):
+    # The rewrite goes to a temporary file, fsynced, then renamed over metrics.jsonl: a crash (here, a
+    # full disk at the fsync) before the rename leaves the old file as it was and no temporary.
+    path = tmp_path / "metrics.jsonl"
+    text = "".join(json.dumps({"time": 0.0, "step": s, "loss": 1.0}) + "\n" for s in range(1, 6))
+    path.write_text(text)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    line = MetricsLog(path, enabled=True).resume_at(2)
+    assert line == f"note: cannot rewrite {path} (No space left on device); rows past step 2 may repeat"
+    assert path.read_text() == text and [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    monkeypatch.undo()
+    assert MetricsLog(path, enabled=True).resume_at(2).startswith("metrics.jsonl: dropped 3 line(s)")
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+    assert MetricsLog(path, enabled=True).resume_at(2) == ""  # nothing past 2: the file is not rewritten
+    assert MetricsLog(path, enabled=False).resume_at(0) == ""  # other ranks write no metrics

@@ -4,12 +4,15 @@ with them trains bit for bit like one without (CPU, --deterministic)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 
+from fasttrain import evaluate
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
+from fasttrain.monitor import run_summary
 from fasttrain.train import train
 
 
@@ -77,3 +80,60 @@ def test_no_second_evaluation_at_the_end(data, tmp_path):
     run_dir = tmp_path / "run"
     _run(data, run_dir, max_steps=6, eval_every_epochs=0.25, eval_at_end=True)
     assert [r["step"] for r in _records(run_dir) if r.get("split") == "validation"] == [3, 6]
+
+
+# --- what a run prints at its end, and while it evaluates ----------------------------------------------
+
+_SUMMARY = (
+    r"done: step {step}, {steps} steps? this run \({images} images\) in [\d.]+ s, [\d.]+ images/s; "
+    r"[\d.]+ s with set-up and evaluation; "
+)
+
+
+def _last_line(capsys) -> str:
+    return capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_every_run_ends_with_a_one_line_summary(data, tmp_path, capsys):
+    # Time, images/s and the final top-1, whether the run evaluates at the end, evaluated before, or not.
+    _run(data, tmp_path / "a", max_steps=2, eval_at_end=True)
+    line = _last_line(capsys)
+    assert re.fullmatch(
+        _SUMMARY.format(step=2, steps=2, images=8) + r"validation top-1 [\d.]+ \(EMA [\d.]+\), .*", line
+    )
+    assert "chance is 0.250" in line
+    _run(data, tmp_path / "b", max_steps=4, eval_every_epochs=0.25)  # evaluated at step 3, not at the end
+    line = _last_line(capsys)
+    assert re.fullmatch(
+        _SUMMARY.format(step=4, steps=4, images=16) + r"last evaluated at step 3: validation top-1 .*", line
+    )
+    _run(data, tmp_path / "c", max_steps=2)
+    line = _last_line(capsys)
+    assert re.fullmatch(
+        _SUMMARY.format(step=2, steps=2, images=8) + r"not evaluated \(--eval_at_end=false\)", line
+    )
+    _run(data, tmp_path / "c", max_steps=3)  # resumed: the steps of this run
+    assert re.fullmatch(_SUMMARY.format(step=3, steps=1, images=4) + r"not evaluated .*", _last_line(capsys))
+
+
+def test_the_summarys_durations():
+    assert (
+        run_summary(0, 0, 0.0, 3.04)
+        == "0 steps this run (0 images) in 0.0 s; 3.0 s with set-up and evaluation"
+    )
+    assert run_summary(10, 320, 125.0, 7300.0).endswith(
+        "in 2 min 5 s, 2.6 images/s; 2 h 01 min with set-up and evaluation"
+    )
+
+
+def test_evaluation_shows_progress(data, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(evaluate, "PROGRESS_EVERY_S", 0.0)  # a line a batch (every 10 s by default)
+    _run(data, tmp_path / "run", max_steps=1, eval_at_end=True)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating")]
+    assert [line.split(",")[0] for line in lines] == [
+        "evaluating the raw weights: 1/2 batches (50%)",
+        "evaluating the raw weights: 2/2 batches (100%)",
+        "evaluating the EMA weights: 1/2 batches (50%)",
+        "evaluating the EMA weights: 2/2 batches (100%)",
+    ]
+    assert all(re.search(r", [\d.]+ images/s, [\d.]+ s left$", line) for line in lines), lines
