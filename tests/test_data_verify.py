@@ -1,6 +1,6 @@
 """fasttrain/data/verify.py and `python -m fasttrain.data` (verify, ls, make-synthetic,
-row-checkpoints): a clean set verifies and gets its index files, every bad record is reported, --decode finds a bad JPEG, ls prints
-each record as JSON, and mistakes are one line."""
+row-checkpoints): a clean set verifies and gets its index files, every bad record is reported,
+--decode finds a bad JPEG, ls prints each record as JSON, and mistakes are one line."""
 
 import json
 import re
