@@ -24,7 +24,8 @@ from fasttrain.data.synthetic import make_synthetic
 from fasttrain.models import create_model
 from fasttrain.monitor import MetricsLog
 from fasttrain.plot import read_metrics
-from fasttrain.resume import changed_settings, restore_pretrained
+from fasttrain.pretrained import restore_pretrained
+from fasttrain.resume import changed_settings
 
 
 def test_changed_settings_names_what_changes_the_numbers_only():
