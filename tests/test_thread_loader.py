@@ -254,6 +254,7 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     train batches equal those decoded without them (the reference: the same loader on the same shards
     with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
     from fasttrain.data.jpeg import doctor as jpeg_rows
+    from fasttrain.data.jpeg import row_index
     from fasttrain.data.jpeg.row_index import main
 
     doctored, doctor = [], jpeg_rows.doctor
@@ -264,6 +265,10 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
         return result
 
     monkeypatch.setattr(jpeg_rows, "doctor", counted)
+    # The note is given once per directory and process; pytest may hand the next parameter the same
+    # path (tmp_path_retention_policy "failed" removes a passing test's directory, and its number is
+    # reused): start from a process that has noted nothing.
+    monkeypatch.setattr(row_index, "_noted", set())
     data = tmp_path / "data"
     shutil.copytree(synthetic, data)  # copytree keeps the mtimes the sidecars are checked against
     plain = ThreadLoader(_cfg(data, preprocess=preprocess), "train", True)
