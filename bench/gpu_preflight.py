@@ -24,6 +24,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bench.common import environment, one_line  # noqa: E402
+
 
 @triton.jit
 def _axpy(x_ptr, y_ptr, z_ptr, n, BLOCK: tl.constexpr):
@@ -49,8 +51,6 @@ def _triton_check(device) -> str:
 
 
 def check(cpu: bool) -> dict:
-    from bench.common import environment
-
     if not cpu and not torch.cuda.is_available():
         raise RuntimeError(
             f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)"
@@ -76,8 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         record = dict(status="ok", **check(args.cpu))
     except Exception as exc:  # any failure here means the rest cannot run: say it in one line
-        line = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
-        record = dict(status="failed", error=line)
+        record = dict(status="failed", error=one_line(exc))
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(record, f, indent=1, default=str)
     if record["status"] != "ok":

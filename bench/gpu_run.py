@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench import gpu_report
+from fasttrain.checkpoint import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,9 +125,7 @@ class Driver:
 
     def measured(self, s: Setting, columns: list[str]) -> bool:
         """With --resume: every column of `columns` has an ok row for this setting in rows.jsonl."""
-        from bench.gpu_report import column_of  # noqa: PLC0415
-
-        done = {column_of(r) for r in _read_jsonl(self.work / "rows.jsonl") if r["status"] == "ok"
+        done = {gpu_report.column_of(r) for r in _read_jsonl(self.work / "rows.jsonl") if r["status"] == "ok"
                 and gpu_report.setting_key(r["spec"]) == s.key}  # fmt: skip
         return self.args.resume and set(columns) <= done
 
@@ -163,7 +162,7 @@ class Driver:
 
     def run(self, name: str, cmd: list[str], limit: float, log_name: str = "") -> dict:
         """cmd under min(limit, what the budget leaves), output to the work folder; recorded by name."""
-        from bench.run import run_limited  # noqa: PLC0415 (imports torch: only once a step runs)
+        from bench.run import run_limited  # noqa: PLC0415 (the bench suite's modules: once a step runs)
 
         limit = max(1.0, min(limit, self.remaining() - 5))
         log_path = self.work / (log_name or f"{name}.log")
@@ -346,7 +345,7 @@ class Driver:
             for name in ("selfcheck.json", "gpu_tests.txt"):
                 if (self.work / name).exists():
                     shutil.copyfile(self.work / name, self.out / name)
-            _atomic_write(self.out / "logs.tar.gz", _bundle(self.work), binary=True)
+            _atomic_write(self.out / "logs.tar.gz", _bundle(self.work))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -375,13 +374,8 @@ def _bundle(work: Path) -> bytes:
     return buf.getvalue()
 
 
-def _atomic_write(path: Path, data, binary: bool = False) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    if binary:
-        tmp.write_bytes(data)
-    else:
-        tmp.write_text(data, encoding="utf-8")
-    os.replace(tmp, path)
+def _atomic_write(path: Path, data: str | bytes) -> None:
+    write_atomic(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

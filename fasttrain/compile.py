@@ -98,8 +98,9 @@ class CompiledModel:
 
     def warm_up(self, forward_backward: Callable[[], None], buffers: list[torch.Tensor]) -> None:
         """Compile every region now: `forward_backward()` runs the step's forward and backward once
-        (on a zero batch); `buffers` (BN statistics) and the RNG states are restored after it, and
-        the caller zeroes the gradients. On failure the regions run eagerly (one line says why)."""
+        (on a zero batch); `buffers` (BN statistics) and the RNG states are restored after it (the
+        gradients it leaves, the step zeroes as it starts). On failure the regions run eagerly (one
+        line says why)."""
         if not self.active or self.warmed_up:
             return
         self.warmed_up = True

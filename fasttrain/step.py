@@ -182,21 +182,23 @@ class TrainStep:
         x = model_input(images, self.preprocess, self.precision)
         if self.buckets is not None:
             self.buckets.begin(communicate=communicate)
-        # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes). No
-        # autocast context at all for fp32: torch.autocast refuses the meta device even disabled, and
-        # the step is traced there (tests/test_step_capturable.py).
-        autocast = contextlib.nullcontext()
-        if self.precision.autocast:
-            autocast = torch.autocast(
-                self.device.type, dtype=self.precision.dtype, cache_enabled=not self.precision.cuda_graph
-            )
-        with autocast:
+        with self._autocast():
             output = self.forward_model(x)
             loss = self.loss_fn(output, labels)
         (loss * (self.scaler.scale * inv_accum)).backward()
         logits = output[0] if isinstance(output, tuple) else output  # Inception: (logits, aux)
         top1 = (logits.detach().argmax(dim=1) == labels).float().mean()
         return loss.detach(), top1
+
+    def _autocast(self):
+        # The autocast weight cache must be off for graph capture (PyTorch's CUDA-graph notes). No
+        # autocast context at all for fp32: torch.autocast refuses the meta device even disabled, and
+        # the step is traced there (tests/test_step_capturable.py).
+        if not self.precision.autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(
+            self.device.type, dtype=self.precision.dtype, cache_enabled=not self.precision.cuda_graph
+        )
 
     def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.flat_grad.zero_()
@@ -254,17 +256,19 @@ class TrainStep:
         for k, ((static_images, static_labels), (images, labels)) in enumerate(
             zip(self.static_batches, batches)
         ):
-            if images.device.type == "cpu":
-                images, labels = self._staged(k, images, labels)
+            staging = self._staged(k, images, labels) if images.device.type == "cpu" else None
+            if staging is not None:
+                images, labels = staging.images, staging.labels
             static_images.copy_(images, non_blocking=True)
             static_labels.copy_(labels, non_blocking=True)
-            if self._staging and k < len(self._staging):
-                self._staging[k].free.record()  # this staging buffer may be refilled from here on
+            if staging is not None:
+                staging.free.record()  # this staging buffer may be refilled from here on
         if self.graph is not None:
             self.graph.replay()
 
-    def _staged(self, k: int, images: torch.Tensor, labels: torch.Tensor):
-        """Micro-batch k copied host -> device on the copy stream; the current stream waits for it."""
+    def _staged(self, k: int, images: torch.Tensor, labels: torch.Tensor) -> _Staging:
+        """Micro-batch k copied host -> device on the copy stream into its staging buffers; the
+        current stream waits for the copy."""
         while len(self._staging) <= k:
             self._staging.append(_Staging(images, labels, self.device))
         staging, copy_stream = self._staging[k], self.copy_stream
@@ -274,7 +278,7 @@ class TrainStep:
             staging.labels.copy_(labels, non_blocking=True)
             staging.ready.record()
         torch.cuda.current_stream(self.device).wait_event(staging.ready)
-        return staging.images, staging.labels
+        return staging
 
     def _compile_now(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         """Compile (and autotune) the model's regions on a zero batch of the training shape, on the
@@ -285,12 +289,7 @@ class TrainStep:
 
         def forward_backward() -> None:
             x = model_input(images, self.preprocess, self.precision)
-            autocast = contextlib.nullcontext()
-            if self.precision.autocast:
-                autocast = torch.autocast(
-                    self.device.type, dtype=self.precision.dtype, cache_enabled=not self.precision.cuda_graph
-                )
-            with autocast:
+            with self._autocast():
                 loss = self.loss_fn(self.model(x), labels)
             (loss * self.scaler.scale).backward()
 
@@ -300,8 +299,8 @@ class TrainStep:
             side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
             # The raw model, not DDP's wrapper: its reducer expects no backward outside a DDP forward.
+            # The gradients it leaves are zeroed as the first step starts (_body).
             self.compiled.warm_up(forward_backward, buffers)
-            self.flat_grad.zero_()
         if side is not None:
             torch.cuda.current_stream(self.device).wait_stream(side)
 

@@ -22,8 +22,8 @@ import pytest
 import skimage.data
 import torch
 from PIL import Image
+from test_thread_loader import _cfg as loader_cfg
 
-from fasttrain.config import make_config
 from fasttrain.data.example import encode_example
 from fasttrain.data.jpeg import CROP_DECODE
 from fasttrain.data.tfrecord import build_index, write_index_file, write_records
@@ -87,20 +87,7 @@ def data(tmp_path):
 
 
 def _cfg(root, **overrides):
-    values = dict(
-        data_dir=str(root),
-        data_cache_dir=str(root) + "-cache",
-        data_backend="torch",
-        batch_size=4,
-        image_size=48,
-        num_classes=4,
-        label_offset=-1,
-        num_workers=2,
-        shuffle_buffer=4,
-        seed=5,
-    )
-    values.update(overrides)
-    return make_config(**values)
+    return loader_cfg(root, **{"batch_size": 4, "shuffle_buffer": 4, "seed": 5, **overrides})
 
 
 def _epochs(cfg, epochs=3):
