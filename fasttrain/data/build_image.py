@@ -39,6 +39,8 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from fasttrain.data.jpeg.decode import reaches_end_marker
+
 PNG_NAME = "n02105855_2933.JPEG"
 # build_imagenet_data.py's list (from github.com/cytsai/ilsvrc-cmyk-image-list).
 CMYK_NAMES = frozenset(
@@ -180,38 +182,6 @@ def check_jpeg(data: bytes) -> tuple[int, int]:
 def _check_size(height: int, width: int, components: int) -> None:
     if height * width * components >= MAX_DECODE_BYTES:
         raise BadImage(f"is {width}x{height}, beyond the 2^29 bytes TensorFlow's decode_jpeg accepts")
-
-
-def reaches_end_marker(data: bytes) -> bool:
-    """Whether libjpeg, reading the file's markers in order, meets the end-of-image marker (EOI, FF D9)
-    before the data ends, so TensorFlow's decode never asks for bytes past the end.
-
-    After SOI each marker is found as libjpeg's next_marker finds it: the first FF (any number of them)
-    followed by a byte that is not 00 (a stuffed data byte) or D0-D7 (a restart marker); a marker with
-    a length field is skipped by its length, so entropy-coded data after SOS is passed over in the
-    search for the marker that ends it. 40 times cheaper than the decode (0.02 ms for a 45 kB photo).
-    """
-    n, pos, find = len(data), 2, data.find
-    while True:
-        at = find(b"\xff", pos)
-        while 0 <= at < n - 1:
-            byte = data[at + 1]
-            if byte not in (0x00, 0xFF) and not 0xD0 <= byte <= 0xD7:
-                break
-            at = find(b"\xff", at + 1)
-        else:
-            return False
-        marker, pos = data[at + 1], at + 2
-        if marker == 0xD9:
-            return True
-        if marker in (0x01, 0xD8):  # TEM, a stray SOI: no length field
-            continue
-        if pos + 2 > n:
-            return False
-        length = (data[pos] << 8) | data[pos + 1]
-        if length < 2 or pos + length > n:
-            return False
-        pos += length
 
 
 def _saw_adobe_marker(data: bytes) -> bool:

@@ -15,7 +15,7 @@ for a 1-component scan whose MCU row is v > 1 block rows), see `layout`:
 With a restart marker after every row, row r >= 1 starts on the byte after RST((r - 1) mod 8) with
 predictors 0. The walk follows libjpeg's decode_mcu (jdhuff.c): a code longer than 16 bits, data
 running into a marker, a restart marker out of place, or anything but EOI after the last MCU makes the
-image out of scope (libjpeg would warn, and fasttrain's decode treats warnings as errors). Walking
+image out of scope (libjpeg would warn; such a file is decoded without checkpoints). Walking
 costs about 0.5 ms for a 62 kB photo (bench/bench_jpeg_rows.py).
 """
 
