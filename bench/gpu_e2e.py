@@ -6,7 +6,9 @@ Three runs of the CLI, `python -m fasttrain --recipe resnet50_v1.5` (ResNet-50 v
 policy, batch 256, the whole-step CUDA graph), each in a fresh run directory, alike but for the
 input: `--data_backend synthetic` (one batch made on the device), `--data_backend torch` (the thread
 loader: --workers threads decoding into pinned batch buffers, the shards' row checkpoints) and the
-same with `--loader processes` (--workers DataLoader processes). Each prints the seeds' line every
+same with `--loader processes` (--workers DataLoader processes); then each loader alone, built from the
+same flags and drained with no model and no step (bench/loader_alone.py), which tells a loader that
+cannot go faster from one held back by the training process around it. Each prints the seeds' line every
 --log_every steps with its examples/sec over those steps; the rate is the median of those lines after
 the first two (start-up, capture, the loader filling up). At each line this reads the trainer's CPU
 time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
@@ -77,6 +79,23 @@ def train(argv: list[str], log_path: Path, limit: float, batch: int) -> dict:
     return result
 
 
+def alone(argv: list[str], log_path: Path, limit: float, batches: int) -> dict:
+    """The loader of these trainer flags alone (bench/loader_alone.py): its rate and CPU."""
+    cmd = [sys.executable, "-m", "bench.loader_alone", "--batches", str(batches)]
+    cmd += ["--skip", str(max(2, batches // 6)), "--", *argv]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as e:
+        log_path.write_text(" ".join(cmd) + "\n" + (e.stdout or "") + (e.stderr or ""))
+        return dict(command=" ".join(cmd), returncode=None, timed_out=True)
+    log_path.write_text(" ".join(cmd) + "\n" + run.stdout + run.stderr)
+    result = dict(command=" ".join(cmd), returncode=run.returncode, timed_out=False)
+    lines = run.stdout.strip().splitlines()
+    if run.returncode == 0 and lines:
+        result.update(json.loads(lines[-1]))
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data_dir", required=True)
@@ -108,15 +127,23 @@ def main(argv: list[str] | None = None) -> int:
         # DataLoader processes instead of threads: no GIL shared by the decoders (bench/bench_input.py).
         ("jpeg-processes", ["--data_backend", "torch", "--data_dir", args.data_dir, "--loader", "processes"]),
     ]
-    for k, (name, extra) in enumerate(runs):
+    # The loaders alone: short (a few seconds of draining after their start), so a fixed slice of the
+    # time each, kept back from the trainer runs.
+    alone_runs = [("loader-threads", runs[1][1]), ("loader-processes", runs[2][1])]
+    alone_limit = 25.0 if not args.dry_run else 60.0
+    for k, (name, extra) in enumerate(runs + alone_runs):
         left = deadline - time.monotonic()
         if left < 10:
             result[name] = dict(status="not run", reason="time limit")
             continue
         shutil.rmtree(work / name, ignore_errors=True)  # a fresh run, never a resumed or finished one
         argv_run = [*common, "--train_dir", str(work / name), *extra]
-        share = left / (len(runs) - k)  # what is left, split over the runs still to come
-        result[name] = train(argv_run, work / f"{name}.log", share, batch)
+        if k >= len(runs):
+            batches = 12 if args.dry_run else 60
+            result[name] = alone(argv_run, work / f"{name}.log", min(alone_limit, left - 1), batches)
+        else:  # what is left, less the loaders' slices, split over the trainer runs still to come
+            share = (left - alone_limit * len(alone_runs)) / (len(runs) - k)
+            result[name] = train(argv_run, work / f"{name}.log", max(share, 10.0), batch)
         with open(args.out, "w", encoding="utf-8") as f:  # after each run: a kill keeps the first
             json.dump(result, f, indent=1)
     syn = result.get("synthetic", {})
@@ -132,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             result["cores_for_synthetic_rate"] = input_ms / 1e3 * syn["images_per_s"]
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    ok = all(result.get(n, {}).get("returncode") == 0 for n, _ in runs)
-    print(json.dumps({k: v for k, v in result.items() if k not in dict(runs)}))
+    ok = all(result.get(n, {}).get("returncode") == 0 for n, _ in runs + alone_runs)
+    print(json.dumps({k: v for k, v in result.items() if k not in dict(runs + alone_runs)}))
     return 0 if ok else 1
 
 

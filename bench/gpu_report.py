@@ -142,8 +142,10 @@ def e2e_lines(results: dict) -> list[str]:
         f"Batch {e2e['batch']}, {e2e['steps']} steps, {e2e['workers']} loader threads "
         f"on {e2e['cpu_count']} CPUs."
     ]
-    for name in ("synthetic", "jpeg", "jpeg-processes"):
+    for name in ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes"):
         run = e2e.get(name, {})
+        if name.startswith("loader") and not run:
+            continue  # results of a gpu_e2e without the loader-alone runs
         if "images_per_s" in run:
             cpu = run.get("cpu_ms_per_image")
             ratio = f" ({run['over_synthetic']:.2f}x synthetic)" if "over_synthetic" in run else ""

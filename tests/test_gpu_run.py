@@ -68,7 +68,10 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     kernels = [b["extra_info"] for b in results["bench_optim"]["benchmarks"]]
     assert {k["model"] for k in kernels} == {"resnet50"} and all("interleaved" in k for k in kernels)
     e2e = results["e2e"]
-    assert all(e2e[name]["images_per_s"] > 0 for name in ("synthetic", "jpeg", "jpeg-processes"))
+    runs = ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes")
+    assert all(e2e[name]["images_per_s"] > 0 for name in runs)
+    # The dry run drains 12 batches; the clock runs from the 3rd's arrival to the 12th's: 9 batches.
+    assert e2e["loader-threads"]["cpu_ms_per_image"] > 0 and e2e["loader-threads"]["batches_timed"] == 9
     assert e2e["jpeg"]["cpu_ms_per_image"] > 0 and e2e["jpeg"]["over_synthetic"] > 0
     assert results["selfcheck"]["rows"], "selfcheck's rows are in the results"
     summary = (out / "summary.md").read_text()

@@ -1,0 +1,88 @@
+"""The trainer's input alone: its loader, built from the trainer's own flags, drained as fast as it goes.
+
+    python -m bench.loader_alone --batches 60 -- FLAG ... (the trainer's flags: --data_dir, --batch_size, ...)
+
+No model and no step: each batch is handed back as soon as it comes (on CUDA the trainer's pinned ring,
+whose release events then complete at once). So the rate is what the loader can give, and beside the
+trainer's rate on the same data (bench/gpu_e2e.py) it tells a loader that cannot go faster from one
+held back by the training process around it (its main thread, the GPU's release events). Prints one
+JSON line: images/s over the batches after the first --skip (start-up, the threads filling their
+ring), the CPU time per image of this process and its children (DataLoader workers), and the cores
+that kept busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers that have exited
+    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    for pid in _children(os.getpid()):  # workers still running
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            pass
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        found = []
+        for task in tasks:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(c) for c in f.read().split()]
+        return found + [g for c in found for g in _children(c)]
+    except OSError:
+        return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batches", type=int, default=60, help="batches drained in all (default 60)")
+    p.add_argument("--skip", type=int, default=10, help="first batches left out of the rate (default 10)")
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="the trainer's flags, after --")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    from fasttrain.flags import parse_args  # noqa: PLC0415 (imports no torch)
+    from fasttrain.threads import configure, input_workers  # noqa: PLC0415
+
+    cfg = parse_args([f for f in args.flags if f != "--"])
+    configure(input_workers(cfg))  # the trainer's CPU thread policy, before torch loads (fasttrain.__main__)
+    import torch  # noqa: PLC0415
+
+    from fasttrain.data import build_loader  # noqa: PLC0415
+    from fasttrain.train import batch_stream  # noqa: PLC0415
+
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    loader = build_loader(cfg, "train", training=True, device=device, reuse_buffers=True)
+    marks = []
+    for count, _ in enumerate(batch_stream(loader, 1), 1):  # across epochs, as the trainer reads
+        if count in (args.skip + 1, args.batches):
+            marks.append((time.perf_counter(), _cpu_seconds(), count))
+        if count >= args.batches:
+            break
+    result = dict(loader=cfg.loader, workers=cfg.num_workers, batch=cfg.batch_size, cpu_count=os.cpu_count())
+    if len(marks) == 2:
+        (t0, c0, n0), (t1, c1, n1) = marks
+        images = (n1 - n0) * cfg.batch_size
+        result.update(
+            images_per_s=images / (t1 - t0),
+            cpu_ms_per_image=(c1 - c0) / images * 1e3,
+            cpu_cores_busy=(c1 - c0) / (t1 - t0),
+            batches_timed=n1 - n0,
+        )
+    print(json.dumps(result), flush=True)
+    return 0 if len(marks) == 2 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
