@@ -13,9 +13,9 @@ whatever an earlier step did, except the preflight:
                checked); records the environment. On failure: one line, exit 3, nothing else runs.
     four lanes at once, none of them timed:
       checks   python -m fasttrain selfcheck; python -m pytest -m gpu tests (two lanes)
-      compile  each configuration's (d) row compiled once (inductor's on-disk caches then hold it, so
-               the timed (d) row compiles in seconds); the cold compile time is recorded here. New
-               compiles start only while a checks lane runs.
+      compile  each configuration's compiled columns (f, d) compiled once, --compile_workers at a time
+               (inductor's on-disk caches then hold them, so the timed rows compile in seconds); the
+               cold compile time is recorded here. New compiles start only while a checks lane runs.
       shards   the JPEG TFRecord shards of the e2e step (bench.photo_shards) and their row checkpoints
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
@@ -32,7 +32,6 @@ brings back 8 files at most, none deeper than two folders).
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -42,53 +41,24 @@ import tarfile
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 from bench import gpu_report
+from bench.gpu_plan import (
+    COMPILE_MODES,
+    COMPILED,
+    DRY,
+    DRY_LIMITS,
+    FULL,
+    LIMITS,
+    MIN_START,
+    Setting,
+    parse_args,
+)
 from fasttrain.checkpoint import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One configuration of the step-speed table."""
-
-    model: str
-    precision: str
-    batch: int
-    image_size: int
-    base_channels: int = 64
-
-    @property
-    def key(self) -> str:
-        return f"{self.model}-{self.precision}-{self.batch}"
-
-
-# The issue's rows, most important first: ResNet-50 v1.5 bf16 at 256 and 32, the ResNet seed's
-# ResNet-101 v2 at its own batch 32 in fp32 (78 img/s on a P40) and bf16, Inception v3 bf16 at 128 and
-# the Inception seed's fp32 at 32.
-FULL = [
-    Setting("resnet50", "bf16", 256, 224),
-    Setting("resnet50", "bf16", 32, 224),
-    Setting("resnet101_v2", "fp32", 32, 224),
-    Setting("resnet101_v2", "bf16", 32, 224),
-    Setting("inception_v3", "bf16", 128, 299),
-    Setting("inception_v3", "fp32", 32, 299),
-]
-DRY = [Setting("resnet18", "fp32", 4, 32, 8), Setting("resnet18_v2", "fp32", 4, 32, 8)]
-COMPILE_MODES = {"d": "default", "d-max": "max-autotune-no-cudagraphs", "f": "default"}
-COLUMNS = ("a", "f", "e", "b", "d", "d-max")
-COMPILED = ("f", "d", "d-max")  # columns that compile: each in a process of its own, warmed in the lane
-STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
-# Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
-LIMITS = {
-    "preflight": 90, "selfcheck": 120, "gpu_tests": 160, "shards": 150, "compile": 200, "compile-max": 420,
-    "rows": 100, "d": 70, "kernels": 60, "e2e": 170,
-}  # fmt: skip
-MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 120}
-DRY_LIMITS = {k: 600 for k in LIMITS}
 
 
 class Driver:
@@ -219,11 +189,30 @@ class Driver:
         return any(s in self.args.steps and not self.finished(s) for s in ("selfcheck", "gpu_tests"))
 
     def compile_lane(self, checks_done: threading.Event) -> None:
+        """--compile_workers threads taking the compiles in order. A cold compile is mostly one core's
+        Python (dynamo, inductor's lowering) between bursts of Triton builds across the cores, so two
+        at once should get further through the lane in the checks' time (not yet measured)."""
         if not self.checks_pending() and not self.args.dry_run:
             return  # nothing untimed to hide compiles behind: each (d) row compiles in its own step
-        for setting, column in self._compile_items():
+        items = iter(self._compile_items())
+        workers = [
+            threading.Thread(target=self._compile_worker, args=(items, checks_done))
+            for _ in range(max(1, self.args.compile_workers))
+        ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+
+    def _compile_worker(self, items, checks_done: threading.Event) -> None:
+        while True:
+            with self.lock:
+                item = next(items, None)
+            if item is None:
+                return
+            setting, column = item
             if checks_done.is_set() and not self.args.dry_run:
-                break  # from here on the GPU is timed: the rest compile cold in their rows
+                return  # from here on the GPU is timed: the rest compile cold in their rows
             name = f"compile {setting.key} {column}"
             if self.finished(name) or self.measured(setting, [column]):
                 continue
@@ -320,10 +309,12 @@ class Driver:
 
     def queue(self) -> list:
         """The timed items, most important first: the ResNet-50 rows, then the optimizer kernel and the
-        trainer on JPEGs (short, and each the only figure of its kind), then the other rows."""
+        trainer on JPEGs (short, and each the only figure of its kind), then the other rows; with
+        --rows_first every row comes before those two (a later run, once they have been measured)."""
         s = self.settings()
-        items = [("rows", x) for x in s[:2]] + [("kernels", None), ("e2e", None)]
-        return items + [("rows", x) for x in s[2:]]
+        first = s if self.args.rows_first else s[:2]
+        items = [("rows", x) for x in first] + [("kernels", None), ("e2e", None)]
+        return items + [("rows", x) for x in s[len(first) :]]
 
     # --- output ------------------------------------------------------------------------------------
 
@@ -376,33 +367,6 @@ def _bundle(work: Path) -> bytes:
 
 def _atomic_write(path: Path, data: str | bytes) -> None:
     write_atomic(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="results folder (the device tool's $OUT)")
-    p.add_argument("--work", default="", help="folder for logs and data (default: a new temporary one)")
-    p.add_argument("--budget", type=float, default=450.0, help="seconds for everything (default 450)")
-    p.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)} (default all)")
-    p.add_argument("--columns", default="a,f,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
-    p.add_argument("--configs", default="", help="setting keys such as resnet50-bf16-256 (default all)")
-    p.add_argument(
-        "--hide", default="", help="packages made to fail to import (the dry run's DALI, tfrecord)"
-    )
-    p.add_argument("--commit", default="", help="the checkout's git commit (the device copy has no .git)")
-    p.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (CI)")
-    p.add_argument(
-        "--resume", action="store_true",
-        help="a later part with the same --work: skip what an earlier part finished (on a warm machine)",
-    )  # fmt: skip
-    args = p.parse_args(argv)
-    args.steps = [s for s in args.steps.split(",") if s]
-    args.column_list = [c for c in args.columns.split(",") if c]
-    for flag, values, allowed in (("steps", args.steps, STEPS), ("columns", args.column_list, COLUMNS)):
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            p.error(f"--{flag}: {bad[0]!r} is not one of {', '.join(allowed)}")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,3 +118,15 @@ def test_bad_flag_is_one_usage_line():
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 2 and "--columns: 'z' is not one of a, f, e, b, d, d-max" in run.stderr
+
+
+def test_rows_first_puts_every_step_speed_row_before_kernels_and_e2e(tmp_path):
+    from bench.gpu_plan import parse_args
+    from bench.gpu_run import Driver
+
+    def kinds(*flags):
+        args = parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *flags])
+        return [kind for kind, _ in Driver(args).queue()]
+
+    assert kinds() == ["rows", "rows", "kernels", "e2e", "rows", "rows", "rows", "rows"]
+    assert kinds("--rows_first") == ["rows"] * 6 + ["kernels", "e2e"]

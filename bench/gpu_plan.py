@@ -1,0 +1,87 @@
+"""What bench/gpu_run.py measures and within which limits: the step-speed settings and columns, each
+step's time limits and the least time worth starting it with, and the command line.
+
+The settings are the first-GPU-run issue's rows, most important first; the columns (a) fasttrain as its
+CLI runs it, (f) with --compile, (e) --no-cuda_graph, (b) eager PyTorch, (d) torch.compile of (b) in
+default mode and (d-max) in max-autotune-no-cudagraphs (bench/throughput.py runs each). Seconds in
+LIMITS and MIN_START come from the first run on an H200 (bench/results/2026-11-27-h200-first-run/):
+cold compiles of 75-151 s, compiled rows of 33-39 s from inductor's cache, eager rows of 22-27 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of the step-speed table."""
+
+    model: str
+    precision: str
+    batch: int
+    image_size: int
+    base_channels: int = 64
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}-{self.precision}-{self.batch}"
+
+
+# The issue's rows, most important first: ResNet-50 v1.5 bf16 at 256 and 32, the ResNet seed's
+# ResNet-101 v2 at its own batch 32 in fp32 (78 img/s on a P40) and bf16, Inception v3 bf16 at 128 and
+# the Inception seed's fp32 at 32.
+FULL = [
+    Setting("resnet50", "bf16", 256, 224),
+    Setting("resnet50", "bf16", 32, 224),
+    Setting("resnet101_v2", "fp32", 32, 224),
+    Setting("resnet101_v2", "bf16", 32, 224),
+    Setting("inception_v3", "bf16", 128, 299),
+    Setting("inception_v3", "fp32", 32, 299),
+]
+DRY = [Setting("resnet18", "fp32", 4, 32, 8), Setting("resnet18_v2", "fp32", 4, 32, 8)]
+COMPILE_MODES = {"d": "default", "d-max": "max-autotune-no-cudagraphs", "f": "default"}
+COLUMNS = ("a", "f", "e", "b", "d", "d-max")
+COMPILED = ("f", "d", "d-max")  # columns that compile: each in a process of its own, warmed in the lane
+STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
+# Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
+LIMITS = {
+    "preflight": 90, "selfcheck": 120, "gpu_tests": 160, "shards": 150, "compile": 200, "compile-max": 420,
+    "rows": 100, "d": 70, "kernels": 60, "e2e": 170,
+}  # fmt: skip
+MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 120}
+DRY_LIMITS = {k: 600 for k in LIMITS}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.gpu_run", description="The GPU run, prepared (bench/gpu_run.py's docstring)."
+    )
+    p.add_argument("--out", required=True, help="results folder (the device tool's $OUT)")
+    p.add_argument("--work", default="", help="folder for logs and data (default: a new temporary one)")
+    p.add_argument("--budget", type=float, default=450.0, help="seconds for everything (default 450)")
+    p.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)} (default all)")
+    p.add_argument("--columns", default="a,f,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
+    p.add_argument("--configs", default="", help="setting keys such as resnet50-bf16-256 (default all)")
+    p.add_argument(
+        "--hide", default="", help="packages made to fail to import (the dry run's DALI, tfrecord)"
+    )
+    p.add_argument(
+        "--compile_workers", type=int, default=2, help="compiles at once in the untimed lane (default 2)"
+    )
+    p.add_argument("--rows_first", action="store_true", help="every step-speed row before kernels and e2e")
+    p.add_argument("--commit", default="", help="the checkout's git commit (the device copy has no .git)")
+    p.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (CI)")
+    p.add_argument(
+        "--resume", action="store_true",
+        help="a later part with the same --work: skip what an earlier part finished (on a warm machine)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    args.steps = [s for s in args.steps.split(",") if s]
+    args.column_list = [c for c in args.columns.split(",") if c]
+    for flag, values, allowed in (("steps", args.steps, STEPS), ("columns", args.column_list, COLUMNS)):
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            p.error(f"--{flag}: {bad[0]!r} is not one of {', '.join(allowed)}")
+    return args
