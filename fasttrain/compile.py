@@ -2,9 +2,11 @@
 
 Regions. Each residual block (ResNet v1.5 BasicBlock / Bottleneck, the seed's v2 PreActBasicBlock /
 PreActBottleneck) and each Inception v3 block (Mixed_5b ... Mixed_7c, the aux head and the stem's
-conv + BN + ReLU layers) is compiled on its own with `nn.Module.compile`; what lies between them (the
-ResNet stem and head, the poolings between Inception's stem layers) stays eager. Why regions and not
-one graph of the whole model:
+conv + BN + ReLU layers) is compiled on its own with `nn.Module.compile`, and ResNet v1.5's stem (conv1,
+BN, ReLU, max pool over the largest activations of the net: 64 x 112 x 112 per image) as its `stem`
+method with torch.compile; what lies between them (the heads, the seed's v2 stem, a convolution and a
+pool with nothing to fuse, the poolings between Inception's stem layers) stays eager. Why regions and
+not one graph of the whole model:
   - gradients reach the buckets while backward runs. A compiled backward hands its parameters'
     gradients to autograd's AccumulateGrad nodes only when it ends; for one whole-model graph that is
     the end of backward, and every all-reduce would start after it (torch's DDPOptimizer splits a
@@ -44,7 +46,7 @@ from fasttrain.models.inception_v3 import (
     InceptionD,
     InceptionE,
 )
-from fasttrain.models.resnet import BasicBlock, Bottleneck
+from fasttrain.models.resnet import BasicBlock, Bottleneck, ResNet
 from fasttrain.models.resnet_v2 import PreActBasicBlock, PreActBottleneck
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
@@ -58,8 +60,9 @@ _RECOMPILE_LIMIT = 64
 
 
 def compile_regions(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every region `model` is compiled in, in registration order."""
-    regions = []
+    """(name, module) of every region `model` is compiled in, in forward order: ("stem", model) stands
+    for ResNet v1.5's stem method, the others are modules (in registration order)."""
+    regions = [("stem", model)] if isinstance(model, ResNet) else []
     for name, module in model.named_modules():
         stem = isinstance(module, BasicConv2d) and "." not in name and isinstance(model, Inception3)
         if isinstance(module, _BLOCKS) or stem:
@@ -92,8 +95,11 @@ class CompiledModel:
             self.log(f"fasttrain: --compile: running the model eagerly: {why}")
             return
         _raise_recompile_limit()
-        for _, module in self.regions:
-            module.compile(mode=mode, dynamic=False, fullgraph=False)
+        for name, module in self.regions:
+            if module is model and name == "stem":  # an instance attribute over the class's method
+                model.stem = torch.compile(model.stem, mode=mode, dynamic=False, fullgraph=False)
+            else:
+                module.compile(mode=mode, dynamic=False, fullgraph=False)
         self.active = True
 
     def warm_up(self, forward_backward: Callable[[], None], buffers: list[torch.Tensor]) -> None:
@@ -133,8 +139,11 @@ class CompiledModel:
     def _uncompile(self) -> None:
         # nn.Module.compile() keeps the compiled callable in _compiled_call_impl; without it, calls
         # go to forward again.
-        for _, module in self.regions:
-            module._compiled_call_impl = None
+        for name, module in self.regions:
+            if module is self.model and name == "stem":
+                del self.model.stem  # the class's method again
+            else:
+                module._compiled_call_impl = None
         self.active = False
 
 

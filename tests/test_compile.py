@@ -125,7 +125,7 @@ def test_regions_are_the_blocks():
             name: [n for n, _ in compile_regions(create_model(name, 1001))]
             for name in ("resnet50", "resnet50_v2", "inception_v3")
         }
-    assert names["resnet50"][:2] == ["layer1.0", "layer1.1"] and len(names["resnet50"]) == 16
+    assert names["resnet50"][:3] == ["stem", "layer1.0", "layer1.1"] and len(names["resnet50"]) == 1 + 16
     assert len(names["resnet50_v2"]) == 16
     assert names["inception_v3"][:5] == [
         "Conv2d_1a_3x3",

@@ -170,8 +170,13 @@ class ResNet(nn.Module):
         nn.init.xavier_uniform_(self.fc.weight)
         nn.init.zeros_(self.fc.bias)
 
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """conv1, BN, ReLU and the max pool: a method of its own, which --compile compiles as one
+        region (fasttrain.compile) while the modules keep their state_dict names."""
+        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.stem(x)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         # (N, C, 1, 1) -> (N, C): flatten of a 1x1 map is a no-copy reshape in either layout.
         return self.fc(torch.flatten(self.avgpool(x), 1))
