@@ -40,7 +40,7 @@ def _model(name):
     return create_model(name, 5, base_channels=8)
 
 
-def _step(model, compiled=None, buckets=None, world=1):
+def _step(model, compiled=None, buckets=None, world=1, precision=FP32):
     cfg = make_config(initial_learning_rate=0.05, learning_rate_decay_factor=1.0)
     opt = FusedMomentum(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, impl="torch")
     if compiled is not None:
@@ -48,7 +48,7 @@ def _step(model, compiled=None, buckets=None, world=1):
     if buckets is not None:
         buckets = GradBuckets(opt.flat, buckets, bucket_cap_mb=0.05, first_bucket_mb=0.01, enabled=True)
     return TrainStep(
-        model, optimizer=opt, precision=FP32, device=CPU, world_size=world, buckets=buckets,
+        model, optimizer=opt, precision=precision, device=CPU, world_size=world, buckets=buckets,
         schedule=LRSchedule(cfg, steps_per_epoch=100, global_batch=2, device=CPU),
         loss_fn=lambda out, y: classification_loss(out, y, label_smoothing=0.1, aux_weight=0.4),
         preprocess="inception", compiled=compiled,
@@ -117,6 +117,31 @@ def test_compiled_step_equals_the_eager_step(name, size, images, bound):
     assert len(log) == 1 and log[0].startswith(
         f"fasttrain: compiled {len(compiled.compiled.regions)} regions"
     )
+
+
+def _compiles() -> dict:
+    counters = torch._dynamo.utils.counters
+    return {"frames": dict(counters["frames"]), "graphs": counters["stats"]["unique_graphs"]}
+
+
+@pytest.mark.slow
+def test_the_steps_after_the_warm_up_compile_nothing():
+    """Every region's graph comes from the warm-up: a compile during the CUDA-graph capture would launch
+    and synchronise, which the capture refuses. With the GPU policy's input (bf16 autocast,
+    channels_last), the non-graph step on the CPU runs the same forward and backward as the capture."""
+    model = _model("resnet18")
+    step = _step(model, compiled=[], precision=Precision("bf16", channels_last=True, cuda_graph=False))
+    after_warm_up, warm_up = [], step.compiled.warm_up
+
+    def counted(*args):
+        warm_up(*args)
+        after_warm_up.append(_compiles())
+
+    step.compiled.warm_up = counted
+    for batch in _batches(3, batch=4, size=64):
+        step([batch])
+    assert after_warm_up and after_warm_up[0]["graphs"] > 0
+    assert _compiles() == after_warm_up[0]
 
 
 def test_regions_are_the_blocks():
