@@ -23,7 +23,8 @@ whatever an earlier step did, except the preflight:
                eager PyTorch in one process; then each in a process of its own: (f) fasttrain
                --compile (inductor regions inside the whole-step graph), (d) torch.compile of (b),
                default mode, and (d-max) mode max-autotune-no-cudagraphs where --columns asks for it
-      kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets
+      kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
+               and bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)
 Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
 rewritten after every step, so a run cut off at its limit keeps what it measured (the device tool
@@ -290,7 +291,9 @@ class Driver:
         select = (
             "interleaved and resnet50" if self.args.dry_run else "interleaved and (resnet50 or inception)"
         )
-        cmd = self.py("-m", "pytest", "bench/bench_optim.py", "--benchmark-only", "-q", "-s", "-k", select)
+        select = f"({select}) or stem"
+        cmd = self.py("-m", "pytest", "bench/bench_optim.py", "bench/bench_stem.py", "--benchmark-only")
+        cmd += ["-q", "-s", "-k", select]
         cmd += ["-p", "no:cacheprovider", f"--benchmark-json={self.work / 'bench_optim.json'}"]
         self.run("kernels", cmd, self.limits["kernels"], "kernels.log")
 

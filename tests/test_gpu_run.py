@@ -60,13 +60,16 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert all(r["status"] == "ok" and len(r["seconds"]) == 3 for r in rows.values()), rows
     assert rows["d"]["spec"]["compile_mode"] == "default" and "compile" in rows["d"]["setting"]
     assert (
-        rows["f"]["setting"]["compile"] == "8 regions, mode default"
+        rows["f"]["setting"]["compile"] == "9 regions, mode default"  # ResNet-18: its stem, 8 blocks
         and rows["a"]["setting"]["compile"] == "no"
     )
     assert rows["a"]["optimizer"]["ms"] > 0
     assert results["compile_warm"]["resnet18-fp32-4 d"]["compile_seconds"] > 0
-    kernels = [b["extra_info"] for b in results["bench_optim"]["benchmarks"]]
+    infos = [b["extra_info"] for b in results["bench_optim"]["benchmarks"]]
+    kernels, stems = [k for k in infos if "model" in k], [k for k in infos if "c3_over_c4" in k]
     assert {k["model"] for k in kernels} == {"resnet50"} and all("interleaved" in k for k in kernels)
+    assert len(stems) == 1 and stems[0]["ms"]["c3"] > 0 and stems[0]["ms"]["c4"] > 0
+    assert "4-channel stem would save" in (out / "summary.md").read_text()
     e2e = results["e2e"]
     runs = ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes")
     assert all(e2e[name]["images_per_s"] > 0 for name in runs)
