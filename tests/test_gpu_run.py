@@ -131,5 +131,5 @@ def test_rows_first_puts_every_step_speed_row_before_kernels_and_e2e(tmp_path):
         args = parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *flags])
         return [kind for kind, _ in Driver(args).queue()]
 
-    assert kinds() == ["rows", "rows", "kernels", "e2e", "rows", "rows", "rows", "rows"]
-    assert kinds("--rows_first") == ["rows"] * 6 + ["kernels", "e2e"]
+    assert kinds() == ["rows", "rows", "kernels", "e2e", "rows", "rows", "rows", "rows", "rows"]
+    assert kinds("--rows_first") == ["rows"] * 7 + ["kernels", "e2e"]
