@@ -137,3 +137,35 @@ def test_the_loader_trains_on_what_tensorflow_decodes_and_stops_at_a_cut_file(tm
     cfg = _cfg(cut, num_classes=8, **options)
     with pytest.raises(DataError, match="undecodable JPEG in record at offset .*Premature end of JPEG file"):
         list(build_loader(cfg, "train", training=True))
+
+
+@pytest.mark.skipif(not decode.CROP_DECODE, reason="the turbojpeg wheel's library is not installed")
+@pytest.mark.parametrize("bad", [n for n in NAMES if not FULL[n]])
+def test_a_good_image_after_a_refused_one_decodes_on_the_same_thread(bad):
+    """Before: after a file cut inside its header ("missing SOS marker"), TurboJPEG's next header read on
+    the thread's handle returned no size, and the next image, sound, was refused ("outside the -1x-1
+    image"): with skip_corrupt a good image dropped."""
+    import threading
+
+    sound, results = (DAMAGED / "sound.jpg").read_bytes(), []
+
+    def run():  # a thread of its own: its own TurboJPEG handle, fresh
+        for call in (decode.decode_and_crop_jpeg, decode.decode_window_rows):
+            try:
+                call((DAMAGED / bad).read_bytes(), WINDOWS[4])  # the whole image: TensorFlow refuses
+                results.append("decoded")
+            except DataError:
+                pass
+            try:
+                results.append((decode.jpeg_size(sound), decode.decode_and_crop_jpeg(sound, WINDOWS[1])))
+            except DataError as e:
+                results.append(str(e))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert len(results) == 2, results
+    for result in results:
+        assert isinstance(result, tuple), result
+        assert result[0] == (64, 64)
+        np.testing.assert_array_equal(result[1], PIXELS["sound.jpg/crop1"])

@@ -140,8 +140,13 @@ def reaches_end_marker(data: bytes) -> bool:
 
 
 def jpeg_size(jpeg: bytes, file="", offset: int = 0) -> tuple[int, int]:
-    """(height, width) from the JPEG's header, without decoding it."""
+    """(height, width) from the JPEG's header, without decoding it. Through TurboJPEG's PyDLL view
+    where the library is at hand, which keeps the GIL over the call (a microsecond): simplejpeg's
+    header read drops it, and a loader thread would hand the GIL to another and wait to take it back
+    once more per image."""
     try:
+        if _turbo is not None:
+            return _turbo.size(jpeg)
         height, width, _, _ = simplejpeg.decode_jpeg_header(jpeg)
     except (ValueError, TypeError) as e:
         raise undecodable(file, offset, e) from None
@@ -207,6 +212,7 @@ class _TurboJPEG:
         quick.tj3DecompressHeader.argtypes = [c_void_p, c_void_p, c_size_t]
         quick.tj3SetCroppingRegion.argtypes = [c_void_p, _Region]
         quick.tj3GetErrorStr.restype, quick.tj3GetErrorStr.argtypes = ctypes.c_char_p, [c_void_p]
+        quick.tj3Destroy.argtypes = [c_void_p]
         lib.tj3Decompress8.argtypes = [c_void_p, c_void_p, c_size_t, c_void_p, c_int, c_int]
         self.lib, self.quick = lib, quick
         self.get, self.decompress = quick.tj3Get, lib.tj3Decompress8
@@ -230,7 +236,29 @@ class _TurboJPEG:
         if status != 0:
             message = self.quick.tj3GetErrorStr(handle).decode(errors="replace")
             if not (tolerate and _tolerated(message, jpeg)):
-                raise ValueError(message)
+                self._fail(handle, message)
+
+    def _fail(self, handle, message: str):
+        """Raise ValueError(message), with a fresh handle for this thread's next image: after an error
+        TurboJPEG's decompressor can be left inside a header, and the next header read on it then
+        returns 0 without reading (jpeg_read_header's answer for a tables-only stream) and no size, so
+        a good image would be reported undecodable."""
+        self.quick.tj3Destroy(handle)
+        self.local.handle = None
+        raise ValueError(message)
+
+    def _header(self, handle, jpeg, data) -> tuple[int, int]:
+        """(width, height) of the JPEG's frame, read into the handle."""
+        self._check(handle, self.quick.tj3DecompressHeader(handle, data, len(jpeg)), jpeg)
+        width, height = self.get(handle, self.JPEGWIDTH), self.get(handle, self.JPEGHEIGHT)
+        if width <= 0 or height <= 0:  # a tables-only stream: no frame
+            self._fail(handle, "no image in the JPEG (its header holds tables only)")
+        return width, height
+
+    def size(self, jpeg) -> tuple[int, int]:
+        """(height, width) from the header."""
+        width, height = self._header(self._handle(), jpeg, _address(jpeg))
+        return height, width
 
     def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
         out, x, channels = self._decode(jpeg, top, left, h, w, None)
@@ -249,8 +277,7 @@ class _TurboJPEG:
     def _decode(self, jpeg: bytes, top: int, left: int, h: int, w: int, reuse) -> tuple[np.ndarray, int, int]:
         """(out (h, span * channels) uint8, x, channels): rows top .. top + h - 1 from column x on."""
         get, handle, data, size = self.get, self._handle(), _address(jpeg), len(jpeg)
-        self._check(handle, self.quick.tj3DecompressHeader(handle, data, size), jpeg)
-        width, height = get(handle, self.JPEGWIDTH), get(handle, self.JPEGHEIGHT)
+        width, height = self._header(handle, jpeg, data)
         if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
             raise ValueError(f"crop window {(top, left, h, w)} outside the {height}x{width} image")
         subsamp = get(handle, self.SUBSAMP)
