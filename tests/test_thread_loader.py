@@ -226,7 +226,10 @@ def test_build_loader_takes_the_loader_setting(synthetic):
 def test_the_hot_path_kernels_release_the_gil():
     """The threads decode and transform in parallel only where these calls drop the GIL: every numba
     kernel of the transforms (nogil=True) and the cropped JPEG decode's library (a ctypes.CDLL,
-    which releases the GIL around each call; a PyDLL would hold it)."""
+    which releases the GIL around each call; a PyDLL would hold it). The exceptions are the calls of
+    a microsecond, which keep it: dropping it hands it to another loader thread and waits to take it
+    back, once more per image (perf's count of take_gil per image, one thread: 5.89 with the crop
+    search's kernel and the header read dropping it, 3.89 without)."""
     import ctypes
 
     import numba
@@ -240,12 +243,15 @@ def test_the_hot_path_kernels_release_the_gil():
         for name in dir(module)
         if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     ]
-    assert len(kernels) >= 10
-    assert all(k.targetoptions.get("nogil") for k in kernels), [
-        k for k in kernels if not k.targetoptions.get("nogil")
+    quick = {transforms._sample_box}  # the crop search: about 1 us
+    assert len(kernels) >= 10 and quick <= set(kernels)
+    assert all(k.targetoptions.get("nogil") for k in kernels if k not in quick), [
+        k for k in kernels if not k.targetoptions.get("nogil") and k not in quick
     ]
+    assert not any(k.targetoptions.get("nogil") for k in quick)
     if jpeg.CROP_DECODE:
         assert not jpeg._turbo.lib._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI
+        assert jpeg._turbo.quick._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI  # the header read
 
 
 @pytest.mark.parametrize("preprocess", ["resnet", "inception", "vgg"])

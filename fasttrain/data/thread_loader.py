@@ -38,7 +38,11 @@ read into a reused buffer with both CRCs 0.015 ms, the Example scan 0.004 ms, th
 crop search 0.001 ms each (one numba kernel each, fasttrain.data.example / seeding / transforms;
 calls of a few microseconds keep the GIL, as TurboJPEG's header calls do through a PyDLL, since
 handing it over and taking it back costs a thread more), against about 0.75 ms of decode and
-0.17 ms of resize. Each thread reads its own records, so reading parallelises with the rest.
+0.17 ms of resize. Each thread reads its own records, so reading parallelises with the rest. Each
+time a thread drops the GIL it may have to wait for it back behind the others, so the drops per
+image count too: 3.89 (perf's count of take_gil per image, one thread, ResNet train transform with
+row checkpoints: the record's read, the doctored stream, the decode, the resize), down from 5.89
+when the crop search's kernel and the JPEG header read (simplejpeg's) dropped it as well.
 
 Errors, as in the process loader: a bad record raises DataError naming shard and offset when the
 consumer reaches its batch (one line); with skip_corrupt it is counted, reported on stderr, and a

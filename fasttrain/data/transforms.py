@@ -157,7 +157,7 @@ def sample_distorted_bounding_box(
     return 0, 0, height, width
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(cache=True)
 def _sample_box(words, buffer, height, width, boxes, min_object_covered, lo, hi, area_lo, area_hi, attempts):
     """sample_distorted_bounding_box's search, drawing from the PCG64 views as the Generator would
     (fasttrain.data.seeding), in float32 where it is. (0, 0, 0, 0) before any draw if a box is not
