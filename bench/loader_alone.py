@@ -16,34 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
-
-
-def _cpu_seconds() -> float:
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers that have exited
-    total = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    for pid in _children(os.getpid()):  # workers still running
-        try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except OSError:
-            pass
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-        found = []
-        for task in tasks:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                found += [int(c) for c in f.read().split()]
-        return found + [g for c in found for g in _children(c)]
-    except OSError:
-        return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,22 +26,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip", type=int, default=10, help="first batches left out of the rate (default 10)")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the trainer's flags, after --")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
-    from fasttrain.flags import parse_args  # noqa: PLC0415 (imports no torch)
+    from bench.input_serve import tree_cpu_seconds  # noqa: PLC0415 (imports no torch)
+    from fasttrain.flags import parse_args  # noqa: PLC0415
     from fasttrain.threads import configure, input_workers  # noqa: PLC0415
 
     cfg = parse_args([f for f in args.flags if f != "--"])
     configure(input_workers(cfg))  # the trainer's CPU thread policy, before torch loads (fasttrain.__main__)
-    import torch  # noqa: PLC0415
 
     from fasttrain.data import build_loader  # noqa: PLC0415
+    from fasttrain.distributed import _pick_device  # noqa: PLC0415 (the trainer's own choice)
     from fasttrain.train import batch_stream  # noqa: PLC0415
 
-    device = torch.device("cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")
+    device = _pick_device(cfg.device, 0, distributed=False)
     loader = build_loader(cfg, "train", training=True, device=device, reuse_buffers=True)
     marks = []
     for count, _ in enumerate(batch_stream(loader, 1), 1):  # across epochs, as the trainer reads
         if count in (args.skip + 1, args.batches):
-            marks.append((time.perf_counter(), _cpu_seconds(), count))
+            marks.append((time.perf_counter(), tree_cpu_seconds(), count))
         if count >= args.batches:
             break
     result = dict(loader=cfg.loader, workers=cfg.num_workers, batch=cfg.batch_size, cpu_count=os.cpu_count())

@@ -60,8 +60,8 @@ _RECOMPILE_LIMIT = 64
 
 
 def compile_regions(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every region `model` is compiled in, in forward order: ("stem", model) stands
-    for ResNet v1.5's stem method, the others are modules (in registration order)."""
+    """(name, module) of every region `model` is compiled in, in forward order: (name, model) stands
+    for the model's method `name` (ResNet v1.5's stem), the others are modules (in registration order)."""
     regions = [("stem", model)] if isinstance(model, ResNet) else []
     for name, module in model.named_modules():
         stem = isinstance(module, BasicConv2d) and "." not in name and isinstance(model, Inception3)
@@ -96,8 +96,8 @@ class CompiledModel:
             return
         _raise_recompile_limit()
         for name, module in self.regions:
-            if module is model and name == "stem":  # an instance attribute over the class's method
-                model.stem = torch.compile(model.stem, mode=mode, dynamic=False, fullgraph=False)
+            if module is model:  # a method: an instance attribute over the class's
+                setattr(model, name, torch.compile(getattr(model, name), mode=mode, dynamic=False))
             else:
                 module.compile(mode=mode, dynamic=False, fullgraph=False)
         self.active = True
@@ -140,8 +140,8 @@ class CompiledModel:
         # nn.Module.compile() keeps the compiled callable in _compiled_call_impl; without it, calls
         # go to forward again.
         for name, module in self.regions:
-            if module is self.model and name == "stem":
-                del self.model.stem  # the class's method again
+            if module is self.model:
+                delattr(self.model, name)  # the class's method again
             else:
                 module._compiled_call_impl = None
         self.active = False

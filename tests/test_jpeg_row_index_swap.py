@@ -23,6 +23,7 @@ import skimage.data
 import torch
 from PIL import Image
 from test_thread_loader import _cfg as loader_cfg
+from test_thread_loader import _doctored
 
 from fasttrain.data.example import encode_example
 from fasttrain.data.jpeg import CROP_DECODE
@@ -104,20 +105,6 @@ def _same(a, b) -> None:
     for (ia, la), (ib, lb) in zip(a, b, strict=True):
         assert torch.equal(la, lb)
         assert torch.equal(ia, ib), f"max |diff| {(ia.int() - ib.int()).abs().max()}"
-
-
-def _doctored(monkeypatch) -> list[bool]:
-    from fasttrain.data.jpeg import doctor as jpeg_rows
-
-    doctored, doctor = [], jpeg_rows.doctor
-
-    def counted(*args):
-        result = doctor(*args)
-        doctored.append(result is not None)
-        return result
-
-    monkeypatch.setattr(jpeg_rows, "doctor", counted)
-    return doctored
 
 
 @pytest.mark.parametrize("swap", ["whole shard", "two records"])

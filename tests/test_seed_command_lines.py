@@ -11,16 +11,14 @@ adds --data_dir, --output_dir, --work_dir, --log_dir and --num_gpus. The Incepti
 
 import dataclasses
 import json
-import os
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from launch_helpers import command, trainer_args
+from test_cli import run_cli
 
 from fasttrain.config import Config, ConfigError
 from fasttrain.data.synthetic import make_synthetic
@@ -206,18 +204,6 @@ def data(tmp_path_factory):
     return root
 
 
-def _run(argv, cwd: Path):
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "FASTTRAIN_CACHE": str(cwd)}
-    return subprocess.run(
-        [sys.executable, "-m", "fasttrain", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
-
-
 @pytest.mark.slow
 def test_the_resnet_seeds_command_line_trains_resnet101_v2(data, tmp_path):
     out_dir = tmp_path / "output"
@@ -230,8 +216,8 @@ def test_the_resnet_seeds_command_line_trains_resnet101_v2(data, tmp_path):
     ]
     # One step at 32 px (ResNet-101 at 224 px is minutes a step on 2 cores), no final evaluation: the
     # recipe's per-epoch one runs (an epoch of 48 records is one step of 32).
-    out = _run(
-        [*seed_line, "--max_steps=1", "--image_size=32", "--no-eval_at_end", "--num_workers=0"], tmp_path
+    out = run_cli(
+        *seed_line, "--max_steps=1", "--image_size=32", "--no-eval_at_end", "--num_workers=0", cache=tmp_path
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "fasttrain: recipe resnet101: the ResNet seed's program (imagenet_main.py)" in out.stdout, (
@@ -255,8 +241,8 @@ def test_the_inception_seeds_command_line_trains_inception_v3(data, tmp_path):
     seed_line = ["--num_gpus=1", "--batch_size=32", f"--train_dir={train_dir}", f"--data_dir={data}"]
     # The seed's line, then the test's overrides (the last value wins): one step of 2 images at the
     # recipe's 299 px (32 images took 38 s and 4.5 GB on 2 cores).
-    out = _run(
-        [*seed_line, "--max_steps=1", "--batch_size=2", "--no-eval_at_end", "--num_workers=0"], tmp_path
+    out = run_cli(
+        *seed_line, "--max_steps=1", "--batch_size=2", "--no-eval_at_end", "--num_workers=0", cache=tmp_path
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "fasttrain: recipe inception_v3: the Inception seed's program (inception_train.py)" in out.stdout

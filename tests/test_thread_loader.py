@@ -254,14 +254,10 @@ def test_the_hot_path_kernels_release_the_gil():
         assert jpeg._turbo.quick._func_flags_ & ctypes._FUNCFLAG_PYTHONAPI  # the header read
 
 
-@pytest.mark.parametrize("preprocess", ["resnet", "inception", "vgg"])
-def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monkeypatch, preprocess):
-    """With the shards' JPEG row checkpoints built (python -m fasttrain.data row-checkpoints), both loaders'
-    train batches equal those decoded without them (the reference: the same loader on the same shards
-    with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
+def _doctored(monkeypatch) -> list[bool]:
+    """Counts the doctored decodes: one entry per decode that went through the row checkpoints
+    (True) or found none usable (False)."""
     from fasttrain.data.jpeg import doctor as jpeg_rows
-    from fasttrain.data.jpeg import row_index
-    from fasttrain.data.jpeg.row_index import main
 
     doctored, doctor = [], jpeg_rows.doctor
 
@@ -271,6 +267,18 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
         return result
 
     monkeypatch.setattr(jpeg_rows, "doctor", counted)
+    return doctored
+
+
+@pytest.mark.parametrize("preprocess", ["resnet", "inception", "vgg"])
+def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monkeypatch, preprocess):
+    """With the shards' JPEG row checkpoints built (python -m fasttrain.data row-checkpoints), both loaders'
+    train batches equal those decoded without them (the reference: the same loader on the same shards
+    with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
+    from fasttrain.data.jpeg import row_index
+    from fasttrain.data.jpeg.row_index import main
+
+    doctored = _doctored(monkeypatch)
     # The note is given once per directory and process; pytest may hand the next parameter the same
     # path (tmp_path_retention_policy "failed" removes a passing test's directory, and its number is
     # reused): start from a process that has noted nothing.
