@@ -12,7 +12,10 @@ cannot go faster from one held back by the training process around it. Each prin
 --log_every steps with its examples/sec over those steps; the rate is the median of those lines after
 the first two (start-up, capture, the loader filling up). At each line this reads the trainer's CPU
 time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
-image = CPU time / images between the third line and the last. Cores one GPU would need for its input =
+image = CPU time / images between the third line and the last. From each run's metrics.jsonl: the
+trainer's own input_stall (the GPU idle between steps, fasttrain/input_stall.py) and its loader
+threads' loader_busy and loader_off_cpu (medians after the first two log steps). Cores one GPU would
+need for its input =
 (jpeg CPU s/image - synthetic CPU s/image) x the synthetic rate: the CPU the loader adds per image at
 the rate the GPU trains without it.
 """
@@ -41,8 +44,24 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def train(argv: list[str], log_path: Path, limit: float, batch: int) -> dict:
-    """One trainer run; its lines, rates and CPU time per line."""
+def input_fields(run_dir: Path) -> dict:
+    """Medians over the log steps after the first two of the trainer's own input measures
+    (fasttrain/input_stall.py): input_stall, and with the thread loader loader_busy, loader_off_cpu."""
+    try:
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    except (OSError, ValueError):
+        return {}
+    steady = [r for r in records if "loss" in r][2:]
+    out = {}
+    for key in ("input_stall", "loader_busy", "loader_off_cpu"):
+        values = [r[key] for r in steady if key in r]
+        if values:
+            out[key] = statistics.median(values)
+    return out
+
+
+def train(argv: list[str], log_path: Path, limit: float, batch: int, run_dir: Path | None = None) -> dict:
+    """One trainer run; its lines, rates and CPU time per line (and its input measures, from run_dir)."""
     cmd = [sys.executable, "-m", "fasttrain", *argv]
     lines = []
     start = time.monotonic()
@@ -76,6 +95,8 @@ def train(argv: list[str], log_path: Path, limit: float, batch: int) -> dict:
         if first["cpu_s"] is not None and last["cpu_s"] is not None and images > 0:
             result["cpu_ms_per_image"] = (last["cpu_s"] - first["cpu_s"]) / images * 1e3
             result["cpu_cores_busy"] = (last["cpu_s"] - first["cpu_s"]) / (last["wall_s"] - first["wall_s"])
+    if run_dir is not None:
+        result.update(input_fields(run_dir))
     return result
 
 
@@ -143,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = alone(argv_run, work / f"{name}.log", min(alone_limit, left - 1), batches)
         else:  # what is left, less the loaders' slices, split over the trainer runs still to come
             share = (left - alone_limit * len(alone_runs)) / (len(runs) - k)
-            result[name] = train(argv_run, work / f"{name}.log", max(share, 10.0), batch)
+            result[name] = train(argv_run, work / f"{name}.log", max(share, 10.0), batch, work / name)
         with open(args.out, "w", encoding="utf-8") as f:  # after each run: a kill keeps the first
             json.dump(result, f, indent=1)
     syn = result.get("synthetic", {})

@@ -163,6 +163,13 @@ def e2e_lines(results: dict) -> list[str]:
             out.append(
                 f"- {name}: {run['images_per_s']:,.0f} images/s{ratio}"
                 + (f", {cpu:.3f} CPU ms/image, {run['cpu_cores_busy']:.1f} cores busy" if cpu else "")
+                + (f", input stall {run['input_stall']:.0%}" if "input_stall" in run else "")
+                + (f"; {run['threads_said']}" if "threads_said" in run else "")
+                + (
+                    f"; threads {run['loader_busy']:.0%} busy, {run['loader_off_cpu']:.0%} of it off the CPU"
+                    if "loader_busy" in run and "threads_said" not in run
+                    else ""
+                )
             )
         else:
             why = run.get("status") or f"exit {run.get('returncode')}"

@@ -8,7 +8,8 @@ trainer's rate on the same data (bench/gpu_e2e.py) it tells a loader that cannot
 held back by the training process around it (its main thread, the GPU's release events). Prints one
 JSON line: images/s over the batches after the first --skip (start-up, the threads filling their
 ring), the CPU time per image of this process and its children (DataLoader workers), and the cores
-that kept busy.
+that kept busy; for the thread loader, where its threads' time went (ThreadTime: busy making images,
+off the CPU inside them, idle for a slot or for the GPU) and the main thread's wait for batches.
 """
 
 from __future__ import annotations
@@ -40,14 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     device = _pick_device(cfg.device, 0, distributed=False)
     loader = build_loader(cfg, "train", training=True, device=device, reuse_buffers=True)
     marks = []
+    threads = getattr(loader, "thread_time", None)  # the thread loader's (fasttrain.data.thread_loader)
     for count, _ in enumerate(batch_stream(loader, 1), 1):  # across epochs, as the trainer reads
         if count in (args.skip + 1, args.batches):
-            marks.append((time.perf_counter(), tree_cpu_seconds(), count))
+            marks.append((time.perf_counter(), tree_cpu_seconds(), count, threads() if threads else None))
         if count >= args.batches:
             break
     result = dict(loader=cfg.loader, workers=cfg.num_workers, batch=cfg.batch_size, cpu_count=os.cpu_count())
     if len(marks) == 2:
-        (t0, c0, n0), (t1, c1, n1) = marks
+        (t0, c0, n0, s0), (t1, c1, n1, s1) = marks
         images = (n1 - n0) * cfg.batch_size
         result.update(
             images_per_s=images / (t1 - t0),
@@ -55,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
             cpu_cores_busy=(c1 - c0) / (t1 - t0),
             batches_timed=n1 - n0,
         )
+        if s0 is not None:  # where the threads' time went: shares of threads x wall time
+            spent, span = s1.since(s0), (t1 - t0) * s1.threads
+            result.update(
+                loader_busy=min(1.0, spent.work_s / span),
+                loader_off_cpu=max(0.0, (spent.work_s - spent.cpu_s) / max(spent.work_s, 1e-9)),
+                loader_slot_wait=spent.slot_wait_s / span,
+                loader_gpu_wait=spent.gpu_wait_s / span,
+                consumer_wait=spent.consumer_wait_s / (t1 - t0),
+                threads_said=spent.describe(t1 - t0),
+            )
     print(json.dumps(result), flush=True)
     return 0 if len(marks) == 2 else 1
 

@@ -170,6 +170,7 @@ class TrainStep:
         # on, and whole-step captures that mixed streams failed (Megatron-LM #6021, pytorch #187745).
         self.stream = None
         self.copy_stream = None
+        self.timeline = None  # set by the trainer: fasttrain.input_stall's timing events around each step
         if precision.cuda_graph:
             self.stream = stream or torch.cuda.Stream(device)
             self.copy_stream = torch.cuda.Stream(device)
@@ -239,13 +240,18 @@ class TrainStep:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
         if self.compiled is not None and not self.compiled.warmed_up:
             self._compile_now(batches[0])
+        timeline = self.timeline if self.device.type == "cuda" else None
         if not self.precision.cuda_graph:
+            if timeline is not None:
+                timeline.started()
             self._body(
                 [
                     (i.to(self.device, non_blocking=True), lb.to(self.device, non_blocking=True))
                     for i, lb in batches
                 ]
             )
+            if timeline is not None:
+                timeline.ended()
             if self.buckets is not None:
                 self.buckets.rebuild_from_observed_order()  # once, after the first step; then a no-op
             return
@@ -264,7 +270,11 @@ class TrainStep:
             if staging is not None:
                 staging.free.record()  # this staging buffer may be refilled from here on
         if self.graph is not None:
+            if timeline is not None:  # after the waits for this batch's copy: a late batch is a gap
+                timeline.started()
             self.graph.replay()
+            if timeline is not None:
+                timeline.ended()
 
     def _staged(self, k: int, images: torch.Tensor, labels: torch.Tensor) -> _Staging:
         """Micro-batch k copied host -> device on the copy stream into its staging buffers; the

@@ -29,6 +29,7 @@ from fasttrain.distributed import (
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
+from fasttrain.input_stall import InputStall
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
 from fasttrain.precision import resolve_precision
@@ -138,6 +139,8 @@ def train(cfg: Config) -> dict:
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
+    stall = InputStall(train_loader, info.device.type == "cuda", log, cfg.num_workers)
+    step_fn.timeline = stall if stall.cuda else None  # its timing events around each step
     # The means of the loss and top-1 since the last log line come from the step's device-side sums
     # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
     # smoothed curve, an exponential moving average, is the step's loss_average.
@@ -185,7 +188,7 @@ def train(cfg: Config) -> dict:
 
     try:
         while step < max_steps:
-            step_fn(next(batches))
+            step_fn(stall.next_batch(batches))
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
@@ -197,6 +200,7 @@ def train(cfg: Config) -> dict:
                 step_fn.top1_sum.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
+                input_fields = stall.read(tick_step + 1, step, elapsed)
                 tick_step = step
                 log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
                 record = dict(
@@ -209,6 +213,7 @@ def train(cfg: Config) -> dict:
                     sec_per_batch=sec_per_batch,
                     loss_scale=step_fn.scaler.scale.item(),
                     skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+                    **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
                 )
                 metrics.write(
                     step=step,
@@ -236,12 +241,14 @@ def train(cfg: Config) -> dict:
             if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, run, cfg=cfg)
                 last_saved = step
+                stall.skip()  # the gap the save made is not the input's
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
                 eval_started = time.perf_counter()
                 log(f"step {step}: {describe(evaluate_now())}")
                 took = time.perf_counter() - eval_started
                 tick += took  # not counted in the next line's images/s, nor in the summary's
                 eval_seconds += took
+                stall.skip()
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, run, cfg=cfg)

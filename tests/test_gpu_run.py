@@ -76,9 +76,19 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     # The dry run drains 12 batches; the clock runs from the 3rd's arrival to the 12th's: 9 batches.
     assert e2e["loader-threads"]["cpu_ms_per_image"] > 0 and e2e["loader-threads"]["batches_timed"] == 9
     assert e2e["jpeg"]["cpu_ms_per_image"] > 0 and e2e["jpeg"]["over_synthetic"] > 0
+    # The trainer's own input measures (fasttrain/input_stall.py), from each run's metrics.jsonl.
+    assert all(0 <= e2e[name]["input_stall"] <= 1 for name in ("synthetic", "jpeg", "jpeg-processes"))
+    assert 0 < e2e["jpeg"]["loader_busy"] <= 1 and "loader_busy" not in e2e["synthetic"]
+    assert "loader thread" in e2e["loader-threads"]["threads_said"]
     assert results["selfcheck"]["rows"], "selfcheck's rows are in the results"
     summary = (out / "summary.md").read_text()
-    for heading in ("## Step speed", "| resnet18-fp32-4 |", "## Fused optimizer + EMA", "x synthetic)"):
+    for heading in (
+        "## Step speed",
+        "| resnet18-fp32-4 |",
+        "## Fused optimizer + EMA",
+        "x synthetic)",
+        "input stall",
+    ):
         assert heading in summary
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = set(tar.getnames())

@@ -13,6 +13,7 @@ from fasttrain.compile import CompiledModel
 from fasttrain.config import make_config
 from fasttrain.data.normalize import normalize_images
 from fasttrain.dist_info import DistInfo
+from fasttrain.input_stall import InputStall
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum
 from fasttrain.precision import Precision
@@ -253,12 +254,14 @@ def test_replayed_step_never_syncs_the_host():
     model, step = _run("resnet18", 32, graph=True, steps=5)
     batch = _batches(1, size=32, seed=9, device=CUDA)[0]
     pinned = tuple(t.cpu().pin_memory() for t in batch)  # the loader's: through the staging copy
+    step.timeline = InputStall(loader=None, cuda=True, log=print, num_workers=0)  # the trainer's events
     torch.cuda.set_sync_debug_mode("error")
     try:
         step([batch])
         step([pinned])
     finally:
         torch.cuda.set_sync_debug_mode(0)
+    assert step.timeline._steps == 2  # both steps timed, without a host sync
 
 
 @pytest.mark.gpu

@@ -29,7 +29,14 @@ fasttrain.train.batch_stream keeps at once; 1 for evaluation); a batch kept long
 batches' pixels, which is why the ring is the trainer's option and not the default. What the default
 costs (bench/bench_loader_buffers.py, bench/results/2026-11-27-cpu-loader-buffers/): the fresh
 tensors' allocation and first-touch page faults, paid by the threads, 0.7-1.1 CPU ms per batch of 32
-x 224 x 224 x 3 (+2.6-3.7%). The GPU event path is not exercised on this project's CPU-only machine.
+x 224 x 224 x 3 (+2.6-3.7%). A thread waits for a slot's event once: the first to see it complete
+clears it for the slot's other samples (tests/test_thread_loader_time.py runs the ring with stand-in
+events; real CUDA events run only on a GPU).
+
+Where the time goes: each thread keeps its own ThreadTime (wall and CPU time inside samples, waits for
+a slot and for the GPU), and the consumer's wait for batches is added; `ThreadLoader.thread_time()`
+sums them, for the trainer's input-bound line and bench/loader_alone.py. Per sample that costs two
+clock reads and one thread CPU-clock read (a system call, under a microsecond, with the GIL held).
 
 Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
 calls drop the GIL), the transforms' numba kernels (nogil=True) and file reads run without the GIL.
@@ -55,8 +62,10 @@ stops and joins every thread; a thread finishes the sample it is on first (milli
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
+import time
 
 import numpy as np
 import torch
@@ -67,6 +76,53 @@ from fasttrain.data.torch_pipeline import SampleReader, ShardLoader, all_corrupt
 from fasttrain.stop_signals import stop_signals_blocked
 
 PREFETCH = 2  # batches made ahead of the consumer: enough to cover one slow sample's jitter
+
+
+@dataclasses.dataclass
+class ThreadTime:
+    """Where the loader threads' time went (seconds, all threads summed), and the consumer's wait.
+
+    work: wall time inside samples (read, decode, transform, write); cpu: the CPU time the threads
+    used inside them (time.thread_time), so work - cpu is time a thread spent in a sample off the CPU:
+    waiting to take the GIL back, for a page of the shard from disk, or for a core. slot_wait: no
+    sample to take (the ring's slots full, the batches PREFETCH ahead of the consumer made); gpu_wait:
+    a slot's CUDA release event (the step still copying out of it). consumer_wait: the consumer's
+    (the trainer's main thread) wait for a batch not yet made.
+    """
+
+    threads: int = 0
+    images: int = 0
+    work_s: float = 0.0
+    cpu_s: float = 0.0
+    slot_wait_s: float = 0.0
+    gpu_wait_s: float = 0.0
+    consumer_wait_s: float = 0.0
+
+    def add(self, other: ThreadTime) -> None:
+        for f in dataclasses.fields(self):
+            if f.name != "threads":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.threads = max(self.threads, other.threads)
+
+    def since(self, earlier: ThreadTime) -> ThreadTime:
+        out = ThreadTime(**vars(self))
+        for f in dataclasses.fields(self):
+            if f.name != "threads":
+                setattr(out, f.name, getattr(self, f.name) - getattr(earlier, f.name))
+        return out
+
+    def describe(self, seconds: float) -> str:
+        """'14 loader threads 31% busy, 12% of that off the CPU; waiting: 60% for slots, 9% for the GPU'
+        over `seconds` of wall time."""
+        span = max(seconds * self.threads, 1e-9)
+        off = max(0.0, (self.work_s - self.cpu_s) / max(self.work_s, 1e-9))
+        busy = min(1.0, self.work_s / span)  # a sample counts when it ends: one may straddle the start
+        return (
+            f"{self.threads} loader thread{'s' * (self.threads != 1)} {busy:.0%} busy making images, "
+            f"{off:.0%} of that off the CPU (the GIL, disk or too few cores); "
+            f"idle {self.slot_wait_s / span:.0%} with every slot ahead made, {self.gpu_wait_s / span:.0%} "
+            "for the GPU to free a slot"
+        )
 
 
 class ThreadLoader(ShardLoader):
@@ -90,12 +146,22 @@ class ThreadLoader(ShardLoader):
         self.hold = max(1, hold)
         self.reuse_buffers = reuse_buffers
         self.description = f"torch, {self.num_threads} loader thread{'s' if self.num_threads > 1 else ''}"
+        self._spent = ThreadTime()  # the finished epochs' threads, summed
+        self._epoch: _Epoch | None = None
+
+    def thread_time(self) -> ThreadTime:
+        """Where the loader threads' time went so far, all epochs (see ThreadTime); subtract two
+        readings for an interval. Read without locks: a running thread's last sample may be missing."""
+        total = ThreadTime(**vars(self._spent))
+        if self._epoch is not None:
+            total.add(self._epoch.thread_time())
+        return total
 
     def __iter__(self):
         if (plan := self._epoch_plan()) is None:
             return
         positions, start = plan
-        epoch = _Epoch(self, positions, start)
+        epoch = self._epoch = _Epoch(self, positions, start)
         try:
             for j in range(start, self._len):
                 images, labels, skipped = epoch.get(j)
@@ -105,6 +171,8 @@ class ThreadLoader(ShardLoader):
                     yield images, labels
         finally:
             epoch.close()
+            self._spent.add(epoch.thread_time())
+            self._epoch = None
 
 
 class _Epoch:
@@ -119,7 +187,8 @@ class _Epoch:
         self.batch_size = b
         self.total = min(len(positions), self.count * b) - start * b  # samples left in the epoch
         self.slots = slots = self.hold + PREFETCH  # batches made ahead bound the threads either way
-        self.cuda = torch.cuda.is_available()
+        self.cuda = torch.cuda.is_available()  # pinned buffers
+        self.ordered = loader.reuse_buffers and _release_events()  # the ring's reuse waits for CUDA events
         # The ring's buffers (reuse_buffers), made once; else each _Batch allocates its own.
         self.ring = [self._buffers() for _ in range(slots)] if loader.reuse_buffers else None
         self.events: list = [None] * slots  # CUDA, ring: the consumer's copies out of each slot
@@ -129,9 +198,13 @@ class _Epoch:
         self.stopping = False
         self.batches: dict[int, _Batch] = {}  # batches being made or ready, by index
         self.threads = []
+        self.clocks = [ThreadTime(threads=1) for _ in range(loader.num_threads)]  # each its thread's own
+        self.consumer_wait_s = 0.0
         with stop_signals_blocked():  # the threads inherit the mask: signals go to the main thread
-            for k in range(loader.num_threads):
-                t = threading.Thread(target=self._work, name=f"fasttrain-loader-{k}", daemon=True)
+            for k, clock in enumerate(self.clocks):
+                t = threading.Thread(
+                    target=self._work, args=(clock,), name=f"fasttrain-loader-{k}", daemon=True
+                )
                 t.start()
                 self.threads.append(t)
 
@@ -139,15 +212,16 @@ class _Epoch:
         """(images, labels, skipped) of batch j, raising its error; releases batch j - hold."""
         with self.cond:
             released = max(self.released, j - self.hold + 1)
-            if released > self.released and self.cuda and self.ring is not None:
+            if released > self.released and self.ordered:
                 for i in range(self.released, released):  # the copies enqueued so far come first
-                    event = torch.cuda.Event()
-                    event.record()
-                    self.events[i % self.slots] = event
+                    self.events[i % self.slots] = _recorded_event()
             self.released = released
             self.cond.notify_all()
-            while not (j in self.batches and self.batches[j].ready):
-                self.cond.wait()
+            if not (j in self.batches and self.batches[j].ready):
+                waited = time.perf_counter()
+                while not (j in self.batches and self.batches[j].ready):
+                    self.cond.wait()
+                self.consumer_wait_s += time.perf_counter() - waited
             batch = self.batches.pop(j)
         if batch.error is not None:
             raise batch.error
@@ -157,6 +231,13 @@ class _Epoch:
         if rows < len(labels):
             images, labels = images[:rows], labels[:rows]
         return images, labels, batch.skipped
+
+    def thread_time(self) -> ThreadTime:
+        total = ThreadTime(consumer_wait_s=self.consumer_wait_s)
+        for clock in self.clocks:
+            total.add(clock)
+        total.threads = len(self.clocks)
+        return total
 
     def close(self) -> None:
         with self.cond:
@@ -173,9 +254,10 @@ class _Epoch:
         labels = torch.empty(b, dtype=torch.int64, pin_memory=self.cuda)
         return images, labels, images.numpy(), labels.numpy()
 
-    def _take(self):
+    def _take(self, clock: ThreadTime):
         """(j, i, batch, event) of the next sample to make, or None when there is none or we stop."""
         with self.cond:
+            waited = None
             while True:
                 if self.stopping or self.next_sample >= self.total:
                     return None
@@ -183,7 +265,10 @@ class _Epoch:
                 j, i = self.start + u // self.batch_size, u % self.batch_size
                 if j < self.released + self.slots:  # its slot is free (ring), or not too far ahead
                     break
+                waited = waited or time.perf_counter()
                 self.cond.wait()
+            if waited is not None:
+                clock.slot_wait_s += time.perf_counter() - waited
             self.next_sample += 1
             batch = self.batches.get(j)
             if batch is None:
@@ -192,15 +277,21 @@ class _Epoch:
                 # from torch's caching host allocator); the pages are touched by the threads' writes.
                 buffers = self.ring[j % self.slots] if self.ring is not None else self._buffers()
                 batch = self.batches[j] = _Batch(size, *buffers)
-            return j, i, batch, self.events[j % self.slots] if self.ring is not None else None
+            return j, i, batch, self.events[j % self.slots] if self.ordered else None
 
-    def _work(self) -> None:
+    def _work(self, clock: ThreadTime) -> None:
         reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
         try:
-            while (task := self._take()) is not None:
+            while (task := self._take(clock)) is not None:
                 j, i, batch, event = task
                 if event is not None:
+                    waited = time.perf_counter()
                     event.synchronize()
+                    clock.gpu_wait_s += time.perf_counter() - waited
+                    # Done: the slot's later samples need not ask (a driver call and a GIL hand-over
+                    # each). Its next event comes at batch j's release, after this sample is made.
+                    self.events[j % self.slots] = None
+                started, cpu = time.perf_counter(), time.thread_time()
                 label, error = None, None
                 try:
                     position = int(self.positions[j * self.batch_size + i])
@@ -213,6 +304,9 @@ class _Epoch:
                         sys.stderr.write(f"skipping: {e}\n")
                 except Exception as e:  # noqa: BLE001 - a bug or MemoryError: raised in the consumer
                     error = e
+                clock.cpu_s += time.thread_time() - cpu
+                clock.work_s += time.perf_counter() - started
+                clock.images += 1
                 self._done(j, i, batch, label, error)
         finally:
             reader.close()
@@ -226,6 +320,19 @@ class _Epoch:
         with self.cond:
             batch.ready = True
             self.cond.notify_all()
+
+
+def _release_events() -> bool:
+    """Whether a reused slot waits for a CUDA event: with CUDA the consumer's copies out of a pinned
+    slot are asynchronous."""
+    return torch.cuda.is_available()
+
+
+def _recorded_event():
+    """A CUDA event recorded on the current stream: the release of a slot."""
+    event = torch.cuda.Event()
+    event.record()
+    return event
 
 
 class _Batch:

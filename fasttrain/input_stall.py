@@ -1,0 +1,107 @@
+"""Does the input keep up? The share of each log interval that training waited for its batches.
+
+    CUDA  the step's stream idle between one step's end and the next step's start: timing events that
+          fasttrain.step records around each step (for a replayed step, after the wait for its batch's
+          host copy, so a late batch shows as idle), read at the log step after its host sync. The
+          interval's first gap is left out: it holds the log step's own sync and printing. Two event
+          records per step, about 10 us of CPU.
+    CPU   the trainer's wait in next(batches): the step runs synchronously, so that is all of it.
+
+With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader) says why:
+threads busy (too few cores or threads), off the CPU inside samples (the GIL, the disk), or idle
+with every slot made (then the loader is not what holds training back).
+
+The trainer writes `input_stall` (and the threads' `loader_busy`, `loader_off_cpu`) into
+metrics.jsonl and the curves at every log step, and prints one line, once per run, the first time an
+interval after the first two (start-up, warm-up, capture) stalls for STALLED of its time or more.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+STALLED = 0.10  # a tenth of the time waiting for input: worth one line with what to change
+
+
+class InputStall:
+    def __init__(self, loader, cuda: bool, log, num_workers: int):
+        self.loader, self.cuda, self.log, self.num_workers = loader, cuda, log, num_workers
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # reused, a pair per step
+        self._steps = 0  # steps timed in this interval (CUDA)
+        self._waited = 0.0  # seconds in next(batches) this interval (CPU)
+        self._threads = self._thread_time()
+        self._intervals = 0
+        self.warned = False
+
+    # --- called by fasttrain.step around each step (CUDA) and by the trainer ---------------------
+    def started(self) -> None:
+        if self._steps == len(self._events):
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        self._events[self._steps][0].record()
+
+    def ended(self) -> None:
+        self._events[self._steps][1].record()
+        self._steps += 1
+
+    def next_batch(self, batches):
+        """next(batches), its wait counted (CPU)."""
+        waited = time.perf_counter()
+        group = next(batches)
+        self._waited += time.perf_counter() - waited
+        return group
+
+    def skip(self) -> None:
+        """Forget the interval so far (an evaluation or a checkpoint came between steps)."""
+        self._steps, self._waited = 0, 0.0
+        self._threads = self._thread_time()
+
+    # --- at the log step, after its host sync ----------------------------------------------------
+    def read(self, first: int, last: int, seconds: float) -> dict:
+        """Metrics of steps first..last (`seconds` of wall time); prints the input-bound line once."""
+        out = {}
+        stall = self._stall(seconds)
+        if stall is not None:
+            out["input_stall"] = stall
+        threads = self._thread_time()
+        spent = None
+        if threads is not None and self._threads is not None:
+            spent = threads.since(self._threads)
+            if spent.work_s > 0:
+                # A sample counts when it ends: one begun in the interval before can lift this past 1.
+                out["loader_busy"] = min(1.0, spent.work_s / max(seconds * spent.threads, 1e-9))
+                out["loader_off_cpu"] = max(0.0, (spent.work_s - spent.cpu_s) / spent.work_s)
+        self._intervals += 1
+        if stall is not None and stall >= STALLED and self._intervals > 2 and not self.warned:
+            self.warned = True
+            where = "the GPU idled waiting" if self.cuda else "the step waited"
+            why = f"; {spent.describe(seconds)}" if spent is not None and spent.work_s > 0 else ""
+            description = self.loader.description
+            options = [f"more --num_workers (now {self.num_workers})"]
+            if threads is not None:
+                options.append("--loader processes (no GIL shared)")
+            if not description.startswith("dali"):
+                options.append("--data_backend dali")
+            choices = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
+            self.log(
+                f"input-bound: {where} for its next batch {stall:.0%} of steps {first}-{last} "
+                f"({description}){why}; {choices} would feed it faster"
+            )
+        self.skip()
+        return out
+
+    def _stall(self, seconds: float) -> float | None:
+        if not self.cuda:
+            return self._waited / seconds if seconds > 0 else None
+        pairs = self._events[: self._steps]
+        if len(pairs) < 2:
+            return None
+        pairs[-1][1].synchronize()  # done already (the log step's sync); elapsed_time needs it
+        gaps = sum(end.elapsed_time(start) for (_, end), (start, _) in zip(pairs, pairs[1:]))
+        span = pairs[0][0].elapsed_time(pairs[-1][1])
+        return max(0.0, gaps) / span if span > 0 else None
+
+    def _thread_time(self):
+        read = getattr(self.loader, "thread_time", None)  # the torch thread loader's
+        return read() if read is not None else None

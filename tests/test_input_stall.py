@@ -1,0 +1,115 @@
+"""fasttrain/input_stall.py: the share of each log interval that training waited for its input, the
+thread loader's reasons, and the one input-bound line, in metrics.jsonl and the log.
+
+The references are made independent of the measurement: samples slowed by a known sleep against a
+synthetic loader that never waits, and stand-in CUDA events whose times are the test's own sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import fasttrain.input_stall
+from fasttrain.config import make_config
+from fasttrain.data.torch_pipeline import SampleReader
+from fasttrain.input_stall import InputStall
+from fasttrain.train import train
+
+
+def _cfg(tmp_path, data_dir=None, **overrides):
+    """ResNet-18 8 channels wide at 32 px, batch 4, on the CPU: a few hundredths of a second a step."""
+    values = dict(model="resnet18", base_channels=8, image_size=32, batch_size=4, num_classes=4)
+    values.update(device="cpu", max_steps=10, log_every=2, eval_at_end=False, eval_every_epochs=0)
+    values.update(train_dir=str(tmp_path / "run"), num_workers=1, tensorboard=False)
+    if data_dir is None:
+        values.update(data_backend="synthetic")
+    else:
+        values.update(data_backend="torch", data_dir=str(data_dir), label_offset=-1, shuffle_buffer=16)
+    return make_config(**{**values, **overrides})
+
+
+def _metrics(tmp_path) -> list[dict]:
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("split", "train") == "train" and "loss" in r]
+
+
+SLEEP = 0.03  # per sample: 4 x 30 ms a batch on one thread, several times a step's compute here
+
+
+def test_a_slow_loader_is_told_once_with_its_threads_reasons(synthetic, tmp_path, monkeypatch, capsys):
+    sample = SampleReader.sample
+
+    def slowed(self, position, out):
+        time.sleep(SLEEP)  # off the CPU, as a thread waiting for the GIL or the disk would be
+        return sample(self, position, out)
+
+    monkeypatch.setattr(SampleReader, "sample", slowed)
+    train(_cfg(tmp_path, synthetic))
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("input-bound:")]
+    assert len(lines) == 1, out  # once per run, though every interval stalls
+    assert "the step waited for its next batch" in lines[0] and "1 loader thread " in lines[0]
+    assert "--num_workers (now 1)" in lines[0]
+    records = _metrics(tmp_path)
+    assert [r["step"] for r in records] == [2, 4, 6, 8, 10]
+    for r in records[1:]:  # the first interval holds the loader's start (its first batches) as well
+        # A batch takes 4 x SLEEP to make and the one thread makes nothing else: the step waits for
+        # most of that (the thread runs ahead only while the step computes).
+        assert 0.5 < r["input_stall"] <= 1.0
+        assert r["loader_busy"] > 0.8  # the thread is never idle: always a sample to make
+        assert r["loader_off_cpu"] > 0.8  # and inside them it sleeps
+
+
+def test_a_loader_that_keeps_up_is_not_told(tmp_path, capsys):
+    train(_cfg(tmp_path))  # the synthetic loader: the same batch every step, no wait
+    out = capsys.readouterr().out
+    assert "input-bound" not in out
+    for r in _metrics(tmp_path):
+        assert 0.0 <= r["input_stall"] < 0.05  # next() of an in-memory batch: microseconds
+        assert "loader_busy" not in r  # no loader threads to tell about
+
+
+class _Event:
+    """A stand-in CUDA event: its time is the perf_counter at record()."""
+
+    def __init__(self, enable_timing=False):
+        assert enable_timing
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3  # milliseconds, as CUDA's
+
+
+def test_on_cuda_the_stall_is_the_streams_idle_time_between_steps(monkeypatch):
+    monkeypatch.setattr(fasttrain.input_stall.torch.cuda, "Event", _Event)
+    said = []
+    stall = InputStall(loader=None, cuda=True, log=said.append, num_workers=4)
+    stall.loader = type("L", (), {"description": "torch, 4 loader threads"})()
+    busy, idle = 0.01, 0.03
+    for interval in range(4):
+        time.sleep(0.05)  # the log step's own sync and printing: left out of the interval
+        for _ in range(5):
+            stall.started()
+            time.sleep(busy)
+            stall.ended()
+            time.sleep(idle)
+        fields = stall.read(1 + 5 * interval, 5 * (interval + 1), 1.0)
+        # 4 gaps of `idle` in a span of 5 steps and 4 gaps: 0.12 / 0.17, with sleep's overshoot
+        # (a millisecond or two each here) in both.
+        assert fields["input_stall"] == pytest.approx(4 * idle / (5 * busy + 4 * idle), abs=0.06)
+    assert len(said) == 1 and said[0].startswith("input-bound: the GPU idled waiting for its next batch")
+    assert "steps 11-15" in said[0]  # the first interval after the two start-up ones
+
+
+def test_one_timed_step_says_nothing():
+    stall = InputStall(loader=None, cuda=True, log=print, num_workers=0)
+    assert stall.read(1, 1, 1.0) == {}  # no pair of steps, no gap to measure (and no CUDA touched)
