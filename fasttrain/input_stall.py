@@ -2,9 +2,10 @@
 
     CUDA  the step's stream idle between one step's end and the next step's start: timing events that
           fasttrain.step records around each step (for a replayed step, after the wait for its batch's
-          host copy, so a late batch shows as idle), read at the log step after its host sync. The
-          interval's first gap is left out: it holds the log step's own sync and printing. Two event
-          records per step, about 10 us of CPU.
+          host copy, so a late batch shows as idle), read at the log step after its host sync:
+          stall = gaps / (steps + gaps). Gaps that are not the input's are left out: the interval's
+          first (the log step's own sync and printing) and those after a checkpoint or an evaluation.
+          Two event records per step, about 10 us of CPU.
     CPU   the trainer's wait in next(batches): the step runs synchronously, so that is all of it.
 
 With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader) says why:
@@ -30,6 +31,7 @@ class InputStall:
         self.loader, self.cuda, self.log, self.num_workers = loader, cuda, log, num_workers
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []  # reused, a pair per step
         self._steps = 0  # steps timed in this interval (CUDA)
+        self._breaks: set[int] = set()  # steps whose gap before is not the input's (a save, an evaluation)
         self._waited = 0.0  # seconds in next(batches) this interval (CPU)
         self._threads = self._thread_time()
         self._intervals = 0
@@ -53,9 +55,8 @@ class InputStall:
         return group
 
     def skip(self) -> None:
-        """Forget the interval so far (an evaluation or a checkpoint came between steps)."""
-        self._steps, self._waited = 0, 0.0
-        self._threads = self._thread_time()
+        """The gap before the next step is not the input's: a checkpoint or an evaluation came first."""
+        self._breaks.add(self._steps)
 
     # --- at the log step, after its host sync ----------------------------------------------------
     def read(self, first: int, last: int, seconds: float) -> dict:
@@ -88,7 +89,7 @@ class InputStall:
                 f"input-bound: {where} for its next batch {stall:.0%} of steps {first}-{last} "
                 f"({description}){why}; {choices} would feed it faster"
             )
-        self.skip()
+        self._steps, self._waited, self._breaks, self._threads = 0, 0.0, set(), threads
         return out
 
     def _stall(self, seconds: float) -> float | None:
@@ -98,9 +99,13 @@ class InputStall:
         if len(pairs) < 2:
             return None
         pairs[-1][1].synchronize()  # done already (the log step's sync); elapsed_time needs it
-        gaps = sum(end.elapsed_time(start) for (_, end), (start, _) in zip(pairs, pairs[1:]))
-        span = pairs[0][0].elapsed_time(pairs[-1][1])
-        return max(0.0, gaps) / span if span > 0 else None
+        busy = sum(start.elapsed_time(end) for start, end in pairs)
+        gaps = sum(
+            max(0.0, pairs[k - 1][1].elapsed_time(pairs[k][0]))
+            for k in range(1, len(pairs))
+            if k not in self._breaks
+        )
+        return gaps / (busy + gaps) if busy + gaps > 0 else None
 
     def _thread_time(self):
         read = getattr(self.loader, "thread_time", None)  # the torch thread loader's

@@ -200,9 +200,9 @@ def train(cfg: Config) -> dict:
                 step_fn.top1_sum.zero_()
                 elapsed, tick = time.perf_counter() - tick, time.perf_counter()
                 sec_per_batch = elapsed / (step - tick_step)
-                input_fields = stall.read(tick_step + 1, step, elapsed)
-                tick_step = step
+                first, tick_step = tick_step + 1, step
                 log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
+                input_fields = stall.read(first, step, elapsed)  # after the seeds' line: its note follows
                 record = dict(
                     loss=loss,
                     loss_avg=loss_avg,
@@ -241,7 +241,7 @@ def train(cfg: Config) -> dict:
             if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, run, cfg=cfg)
                 last_saved = step
-                stall.skip()  # the gap the save made is not the input's
+                stall.skip()  # the gap the save makes is not the input's
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
                 eval_started = time.perf_counter()
                 log(f"step {step}: {describe(evaluate_now())}")

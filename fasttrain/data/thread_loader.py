@@ -112,16 +112,17 @@ class ThreadTime:
         return out
 
     def describe(self, seconds: float) -> str:
-        """'14 loader threads 31% busy, 12% of that off the CPU; waiting: 60% for slots, 9% for the GPU'
-        over `seconds` of wall time."""
+        """'14 loader threads 31% busy making images, 12% of that off the CPU (...); idle 60% with
+        every slot ahead made, 9% for the GPU to free a slot' (that last part when it waited), over
+        `seconds` of wall time."""
         span = max(seconds * self.threads, 1e-9)
         off = max(0.0, (self.work_s - self.cpu_s) / max(self.work_s, 1e-9))
         busy = min(1.0, self.work_s / span)  # a sample counts when it ends: one may straddle the start
         return (
             f"{self.threads} loader thread{'s' * (self.threads != 1)} {busy:.0%} busy making images, "
             f"{off:.0%} of that off the CPU (the GIL, disk or too few cores); "
-            f"idle {self.slot_wait_s / span:.0%} with every slot ahead made, {self.gpu_wait_s / span:.0%} "
-            "for the GPU to free a slot"
+            f"idle {self.slot_wait_s / span:.0%} with every slot ahead made"
+            + (f", {self.gpu_wait_s / span:.0%} for the GPU to free a slot" if self.gpu_wait_s > 0 else "")
         )
 
 
