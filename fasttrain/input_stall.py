@@ -5,7 +5,8 @@
           host copy, so a late batch shows as idle), read at the log step after its host sync:
           stall = gaps / (steps + gaps). Gaps that are not the input's are left out: the interval's
           first (the log step's own sync and printing) and those after a checkpoint or an evaluation.
-          Two event records per step, about 10 us of CPU.
+          Two event records per step: host calls that queue work, no sync (their CPU cost on a GPU
+          machine is not measured yet).
     CPU   the trainer's wait in next(batches): the step runs synchronously, so that is all of it.
 
 With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader) says why:
