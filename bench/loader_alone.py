@@ -58,12 +58,9 @@ def main(argv: list[str] | None = None) -> int:
             batches_timed=n1 - n0,
         )
         if s0 is not None:  # where the threads' time went: shares of threads x wall time
-            spent, span = s1.since(s0), (t1 - t0) * s1.threads
+            spent = s1.since(s0)
             result.update(
-                loader_busy=min(1.0, spent.work_s / span),
-                loader_off_cpu=max(0.0, (spent.work_s - spent.cpu_s) / max(spent.work_s, 1e-9)),
-                loader_slot_wait=spent.slot_wait_s / span,
-                loader_gpu_wait=spent.gpu_wait_s / span,
+                spent.shares(t1 - t0),
                 consumer_wait=spent.consumer_wait_s / (t1 - t0),
                 threads_said=spent.describe(t1 - t0),
             )

@@ -71,9 +71,8 @@ class InputStall:
         if threads is not None and self._threads is not None:
             spent = threads.since(self._threads)
             if spent.work_s > 0:
-                # A sample counts when it ends: one begun in the interval before can lift this past 1.
-                out["loader_busy"] = min(1.0, spent.work_s / max(seconds * spent.threads, 1e-9))
-                out["loader_off_cpu"] = max(0.0, (spent.work_s - spent.cpu_s) / spent.work_s)
+                shares = spent.shares(seconds)
+                out.update(loader_busy=shares["loader_busy"], loader_off_cpu=shares["loader_off_cpu"])
         self._intervals += 1
         if stall is not None and stall >= STALLED and self._intervals > 2 and not self.warned:
             self.warned = True

@@ -170,7 +170,7 @@ class TrainStep:
         # on, and whole-step captures that mixed streams failed (Megatron-LM #6021, pytorch #187745).
         self.stream = None
         self.copy_stream = None
-        self.timeline = None  # set by the trainer: fasttrain.input_stall's timing events around each step
+        self.timeline = None  # the trainer's, on CUDA: fasttrain.input_stall's events around each step
         if precision.cuda_graph:
             self.stream = stream or torch.cuda.Stream(device)
             self.copy_stream = torch.cuda.Stream(device)
@@ -240,7 +240,7 @@ class TrainStep:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
         if self.compiled is not None and not self.compiled.warmed_up:
             self._compile_now(batches[0])
-        timeline = self.timeline if self.device.type == "cuda" else None
+        timeline = self.timeline
         if not self.precision.cuda_graph:
             if timeline is not None:
                 timeline.started()

@@ -105,12 +105,10 @@ class _Event:
 
     DELAY = 0.02
     calls = 0
-    done: list = []  # completion times of every event recorded
     lock = threading.Lock()
 
     def __init__(self):
         self.at = time.perf_counter() + self.DELAY
-        _Event.done.append(self.at)
 
     def synchronize(self):
         with _Event.lock:

@@ -112,18 +112,27 @@ class ThreadTime:
                 setattr(out, f.name, getattr(self, f.name) - getattr(earlier, f.name))
         return out
 
+    def shares(self, seconds: float) -> dict[str, float]:
+        """Over `seconds` of wall time: loader_busy, loader_slot_wait, loader_gpu_wait (shares of the
+        threads' time) and loader_off_cpu (the share of the busy time off the CPU)."""
+        span = max(seconds * self.threads, 1e-9)
+        return dict(
+            loader_busy=min(1.0, self.work_s / span),  # a sample counts when it ends: one may straddle
+            loader_off_cpu=max(0.0, (self.work_s - self.cpu_s) / max(self.work_s, 1e-9)),
+            loader_slot_wait=self.slot_wait_s / span,
+            loader_gpu_wait=self.gpu_wait_s / span,
+        )
+
     def describe(self, seconds: float) -> str:
         """'14 loader threads 31% busy making images, 12% of that off the CPU (...); idle 60% with
         every slot ahead made, 9% for the GPU to free a slot' (that last part when it waited), over
         `seconds` of wall time."""
-        span = max(seconds * self.threads, 1e-9)
-        off = max(0.0, (self.work_s - self.cpu_s) / max(self.work_s, 1e-9))
-        busy = min(1.0, self.work_s / span)  # a sample counts when it ends: one may straddle the start
+        s = self.shares(seconds)
         return (
-            f"{self.threads} loader thread{'s' * (self.threads != 1)} {busy:.0%} busy making images, "
-            f"{off:.0%} of that off the CPU (the GIL, disk or too few cores); "
-            f"idle {self.slot_wait_s / span:.0%} with every slot ahead made"
-            + (f", {self.gpu_wait_s / span:.0%} for the GPU to free a slot" if self.gpu_wait_s > 0 else "")
+            f"{self.threads} loader thread{'s' * (self.threads != 1)} {s['loader_busy']:.0%} busy making "
+            f"images, {s['loader_off_cpu']:.0%} of that off the CPU (the GIL, disk or too few cores); "
+            f"idle {s['loader_slot_wait']:.0%} with every slot ahead made"
+            + (f", {s['loader_gpu_wait']:.0%} for the GPU to free a slot" if self.gpu_wait_s > 0 else "")
         )
 
 
