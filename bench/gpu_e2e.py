@@ -3,21 +3,22 @@
     python -m bench.gpu_e2e --data_dir SHARDS --work DIR --out e2e.json [--dry-run] [--limit S]
 
 Three runs of the CLI, `python -m fasttrain --recipe resnet50_v1.5` (ResNet-50 v1.5, bf16 by the GPU
-policy, batch 256, the whole-step CUDA graph), each in a fresh run directory, alike but for the
-input: `--data_backend synthetic` (one batch made on the device), `--data_backend torch` (the thread
-loader: --workers threads decoding into pinned batch buffers, the shards' row checkpoints) and the
-same with `--loader processes` (--workers DataLoader processes); then each loader alone, built from the
-same flags and drained with no model and no step (bench/loader_alone.py), which tells a loader that
-cannot go faster from one held back by the training process around it. Each prints the seeds' line every
---log_every steps with its examples/sec over those steps; the rate is the median of those lines after
-the first two (start-up, capture, the loader filling up). At each line this reads the trainer's CPU
-time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
+policy, batch 256, the whole-step CUDA graph), each in a fresh run directory, alike but for the input:
+`--data_backend synthetic` (one batch made on the device), `--data_backend torch` (the thread loader:
+--workers threads decoding into pinned batch buffers, the shards' row checkpoints) and the same with
+`--loader processes` (--workers DataLoader processes); then each loader alone, built from the same flags
+and drained with no model and no step (bench/loader_alone.py), which tells a loader that cannot go
+faster from one held back by the training process around it, and the threads once more with their decode
+and resize as separate calls (--no-fused: three GIL drops an image where the fused call makes one,
+fasttrain/data/jpeg/fused.py), the fused call's baseline on the same cores. Each prints the seeds' line
+every --log_every steps with its examples/sec over those steps; the rate is the median of those lines
+after the first two (start-up, capture, the loader filling up). At each line this reads the trainer's
+CPU time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
 image = CPU time / images between the third line and the last. From each run's metrics.jsonl: the
-trainer's own input_stall (the GPU idle between steps, fasttrain/input_stall.py) and its loader
-threads' loader_busy and loader_off_cpu (medians after the first two log steps). Cores one GPU would
-need for its input =
-(jpeg CPU s/image - synthetic CPU s/image) x the synthetic rate: the CPU the loader adds per image at
-the rate the GPU trains without it.
+trainer's own input_stall (the GPU idle between steps, fasttrain/input_stall.py) and its loader threads'
+loader_busy and loader_off_cpu (medians after the first two log steps). Cores one GPU would need for its
+input = (jpeg CPU s/image - synthetic CPU s/image) x the synthetic rate: the CPU the loader adds per
+image at the rate the GPU trains without it.
 """
 
 from __future__ import annotations
@@ -100,9 +101,9 @@ def train(argv: list[str], log_path: Path, limit: float, batch: int, run_dir: Pa
     return result
 
 
-def alone(argv: list[str], log_path: Path, limit: float, batches: int) -> dict:
-    """The loader of these trainer flags alone (bench/loader_alone.py): its rate and CPU."""
-    cmd = [sys.executable, "-m", "bench.loader_alone", "--batches", str(batches)]
+def alone(argv: list[str], log_path: Path, limit: float, batches: int, options: tuple = ()) -> dict:
+    """The loader of these trainer flags alone (bench/loader_alone.py, its `options`): rate and CPU."""
+    cmd = [sys.executable, "-m", "bench.loader_alone", "--batches", str(batches), *options]
     cmd += ["--skip", str(max(2, batches // 6)), "--", *argv]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
@@ -150,9 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
     # The loaders alone: short (a few seconds of draining after their start), so a fixed slice of the
     # time each, kept back from the trainer runs.
-    alone_runs = [("loader-threads", runs[1][1]), ("loader-processes", runs[2][1])]
-    alone_limit = 25.0 if not args.dry_run else 60.0
-    for k, (name, extra) in enumerate(runs + alone_runs):
+    # loader-threads-unfused: the threads with the separate decode and resize calls (3 GIL drops an
+    # image, not 1: fasttrain/data/jpeg/fused.py), the fused call's baseline on this machine's cores.
+    alone_runs = [
+        ("loader-threads", runs[1][1], ()),
+        ("loader-threads-unfused", runs[1][1], ("--no-fused",)),
+        ("loader-processes", runs[2][1], ()),
+    ]
+    alone_limit = 20.0 if not args.dry_run else 60.0
+    for k, (name, extra, *options) in enumerate(runs + alone_runs):
         left = deadline - time.monotonic()
         if left < 10:
             result[name] = dict(status="not run", reason="time limit")
@@ -161,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         argv_run = [*common, "--train_dir", str(work / name), *extra]
         if k >= len(runs):
             batches = 12 if args.dry_run else 60
-            result[name] = alone(argv_run, work / f"{name}.log", min(alone_limit, left - 1), batches)
+            limit = min(alone_limit, left - 1)
+            result[name] = alone(argv_run, work / f"{name}.log", limit, batches, *options)
         else:  # what is left, less the loaders' slices, split over the trainer runs still to come
             share = (left - alone_limit * len(alone_runs)) / (len(runs) - k)
             result[name] = train(argv_run, work / f"{name}.log", max(share, 10.0), batch, work / name)
@@ -180,8 +188,9 @@ def main(argv: list[str] | None = None) -> int:
             result["cores_for_synthetic_rate"] = input_ms / 1e3 * syn["images_per_s"]
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    ok = all(result.get(n, {}).get("returncode") == 0 for n, _ in runs + alone_runs)
-    print(json.dumps({k: v for k, v in result.items() if k not in dict(runs + alone_runs)}))
+    names = [run[0] for run in runs + alone_runs]
+    ok = all(result.get(n, {}).get("returncode") == 0 for n in names)
+    print(json.dumps({k: v for k, v in result.items() if k not in names}))
     return 0 if ok else 1
 
 

@@ -153,7 +153,8 @@ def e2e_lines(results: dict) -> list[str]:
         f"Batch {e2e['batch']}, {e2e['steps']} steps, {e2e['workers']} loader threads "
         f"on {e2e['cpu_count']} CPUs."
     ]
-    for name in ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes"):
+    loaders = ("loader-threads", "loader-threads-unfused", "loader-processes")
+    for name in ("synthetic", "jpeg", "jpeg-processes", *loaders):
         run = e2e.get(name, {})
         if name.startswith("loader") and not run:
             continue  # results of a gpu_e2e without the loader-alone runs

@@ -16,7 +16,9 @@ whatever an earlier step did, except the preflight:
       compile  each configuration's compiled columns (f, d) compiled once, --compile_workers at a time
                (inductor's on-disk caches then hold them, so the timed rows compile in seconds); the
                cold compile time is recorded here. New compiles start only while a checks lane runs.
-      shards   the JPEG TFRecord shards of the e2e step (bench.photo_shards) and their row checkpoints
+      shards   the JPEG TFRecord shards of the e2e step (bench.photo_shards), their row checkpoints,
+               and the loaders' numba kernels compiled into numba's disk cache (a cold compile costs
+               each e2e process tens of seconds otherwise)
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
       rows     one configuration: (a) fasttrain as its CLI runs it, (e) with --no-cuda_graph and (b)
@@ -233,16 +235,20 @@ class Driver:
         return [(s, c) for s in self.settings() for c in wanted] if "rows" in self.args.steps else []
 
     def shards_lane(self) -> None:
-        if "e2e" not in self.args.steps or self.finished("row checkpoints"):
+        if "e2e" not in self.args.steps:
             return
         shards = self.work / "shards"
-        images, records, count = (16, 96, 2) if self.args.dry_run else (2048, 32768, 32)
-        cmd = self.py("-m", "bench.photo_shards", str(shards), "--images", str(images))
-        cmd += ["--records", str(records), "--shards", str(count)]
-        if self.run("shards", cmd, self.limits["shards"])["status"] == "ok":
-            workers = "2" if self.args.dry_run else "8"
-            cmd = self.py("-m", "fasttrain.data", "row-checkpoints", str(shards), "--workers", workers)
-            self.run("row checkpoints", cmd, self.limits["shards"], "row_checkpoints.log")
+        if not self.finished("row checkpoints"):
+            images, records, count = (16, 96, 2) if self.args.dry_run else (2048, 32768, 32)
+            cmd = self.py("-m", "bench.photo_shards", str(shards), "--images", str(images))
+            cmd += ["--records", str(records), "--shards", str(count)]
+            if self.run("shards", cmd, self.limits["shards"])["status"] == "ok":
+                workers = "2" if self.args.dry_run else "8"
+                cmd = self.py("-m", "fasttrain.data", "row-checkpoints", str(shards), "--workers", workers)
+                self.run("row checkpoints", cmd, self.limits["shards"], "row_checkpoints.log")
+        if not self.finished("loader kernels"):
+            warm = "import fasttrain.data.torch_pipeline as p; p.warm_up(); p._warm_up_reader()"
+            self.run("loader kernels", self.py("-c", warm), self.limits["shards"], "loader_kernels.log")
 
     def _row_cmd(self, s: Setting, column: str, result: Path, warm: bool = False) -> list[str]:
         spec = dict(

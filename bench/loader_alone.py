@@ -1,6 +1,6 @@
 """The trainer's input alone: its loader, built from the trainer's own flags, drained as fast as it goes.
 
-    python -m bench.loader_alone --batches 60 -- FLAG ... (the trainer's flags: --data_dir, --batch_size, ...)
+    python -m bench.loader_alone --batches 60 [--no-fused] -- FLAG ... (the trainer's flags: --data_dir, ...)
 
 No model and no step: each batch is handed back as soon as it comes (on CUDA the trainer's pinned ring,
 whose release events then complete at once). So the rate is what the loader can give, and beside the
@@ -25,6 +25,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=60, help="batches drained in all (default 60)")
     p.add_argument("--skip", type=int, default=10, help="first batches left out of the rate (default 10)")
+    p.add_argument(
+        "--no-fused", dest="fused", action="store_false",
+        help="the ResNet train transform's separate decode and resize calls (three GIL drops an image), "
+        "not the fused one (fasttrain/data/jpeg/fused.py): the baseline of the fused call",
+    )  # fmt: skip
     p.add_argument("flags", nargs=argparse.REMAINDER, help="the trainer's flags, after --")
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     from bench.input_serve import tree_cpu_seconds  # noqa: PLC0415 (imports no torch)
@@ -35,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     configure(input_workers(cfg))  # the trainer's CPU thread policy, before torch loads (fasttrain.__main__)
 
     from fasttrain.data import build_loader  # noqa: PLC0415
+    from fasttrain.data.jpeg import fused  # noqa: PLC0415
+
+    fused.FUSED = fused.FUSED and args.fused  # read at each call; forked workers inherit it
     from fasttrain.distributed import _pick_device  # noqa: PLC0415 (the trainer's own choice)
     from fasttrain.train import batch_stream  # noqa: PLC0415
 
@@ -48,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         if count >= args.batches:
             break
     result = dict(loader=cfg.loader, workers=cfg.num_workers, batch=cfg.batch_size, cpu_count=os.cpu_count())
+    result["fused"] = fused.FUSED
     if len(marks) == 2:
         (t0, c0, n0, s0), (t1, c1, n1, s1) = marks
         images = (n1 - n0) * cfg.batch_size

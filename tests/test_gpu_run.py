@@ -47,6 +47,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "gpu_tests",
         "shards",
         "row checkpoints",
+        "loader kernels",
         "compile resnet18-fp32-4 d",
     ]
     expected += ["rows resnet18-fp32-4", "d resnet18-fp32-4", "kernels", "e2e"]
@@ -72,7 +73,10 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert "4-channel stem would save" in (out / "summary.md").read_text()
     e2e = results["e2e"]
     runs = ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes")
+    runs += ("loader-threads-unfused",)
     assert all(e2e[name]["images_per_s"] > 0 for name in runs)
+    # The threads' fused decode + resize (fasttrain/data/jpeg/fused.py) beside its baseline.
+    assert e2e["loader-threads"]["fused"] is True and e2e["loader-threads-unfused"]["fused"] is False
     # The dry run drains 12 batches; the clock runs from the 3rd's arrival to the 12th's: 9 batches.
     assert e2e["loader-threads"]["cpu_ms_per_image"] > 0 and e2e["loader-threads"]["batches_timed"] == 9
     assert e2e["jpeg"]["cpu_ms_per_image"] > 0 and e2e["jpeg"]["over_synthetic"] > 0

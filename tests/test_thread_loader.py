@@ -229,17 +229,19 @@ def test_the_hot_path_kernels_release_the_gil():
     which releases the GIL around each call; a PyDLL would hold it). The exceptions are the calls of
     a microsecond, which keep it: dropping it hands it to another loader thread and waits to take it
     back, once more per image (perf's count of take_gil per image, one thread: 5.89 with the crop
-    search's kernel and the header read dropping it, 3.89 without)."""
+    search's kernel and the header read dropping it, 3.89 without, 2.04 with the decode and resize
+    in one call, fasttrain.data.jpeg.fused, whose kernels must drop it too)."""
     import ctypes
 
     import numba
 
     from fasttrain.data import color, resize, transforms
     from fasttrain.data.jpeg import decode as jpeg
+    from fasttrain.data.jpeg import fused
 
     kernels = [
         getattr(module, name)
-        for module in (color, resize, transforms)
+        for module in (color, resize, transforms, fused)
         for name in dir(module)
         if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     ]
@@ -267,6 +269,21 @@ def _doctored(monkeypatch) -> list[bool]:
         return result
 
     monkeypatch.setattr(jpeg_rows, "doctor", counted)
+    # The fused decode and resize (fasttrain.data.jpeg.fused) doctor their stream in one compiled call.
+    from fasttrain.data.jpeg import fused
+
+    run = fused.run
+
+    def counted_run(kernel, jpeg, checkpoints, *rest):
+        def counted_kernel(*args):
+            result = kernel(*args)
+            if result[0] == fused.DONE and checkpoints is not None:
+                doctored.append(bool(result[2]))
+            return result
+
+        return run(counted_kernel, jpeg, checkpoints, *rest)
+
+    monkeypatch.setattr(fused, "run", counted_run)
     return doctored
 
 

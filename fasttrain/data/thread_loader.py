@@ -48,9 +48,10 @@ calls of a few microseconds keep the GIL, as TurboJPEG's header calls do through
 handing it over and taking it back costs a thread more), against about 0.75 ms of decode and
 0.17 ms of resize. Each thread reads its own records, so reading parallelises with the rest. Each
 time a thread drops the GIL it may have to wait for it back behind the others, so the drops per
-image count too: 3.89 (perf's count of take_gil per image, one thread, ResNet train transform with
-row checkpoints: the record's read, the doctored stream, the decode, the resize), down from 5.89
-when the crop search's kernel and the JPEG header read (simplejpeg's) dropped it as well.
+image count too: 2.04 (perf's count of take_gil per image, one thread, ResNet train transform with
+row checkpoints: the record's read, then the doctored stream, the decode and the resize in one call,
+fasttrain.data.jpeg.fused; the vgg transform likewise 2.05), down from 3.88 with those three as
+separate calls and 5.89 when the crop search's kernel and the JPEG header read dropped it as well.
 
 Errors, as in the process loader: a bad record raises DataError naming shard and offset when the
 consumer reaches its batch (one line); with skip_corrupt it is counted, reported on stderr, and a

@@ -43,6 +43,8 @@ from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
 from fasttrain.data.jpeg.decode import decode_jpeg, jpeg_size
 from fasttrain.data.jpeg.doctor import decode_full_window_rows, decode_window_rows
+from fasttrain.data.jpeg.fused import crop_resize
+from fasttrain.data.jpeg.fused import warm_up as fused_warm_up
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
 
@@ -292,6 +294,10 @@ def train_transform(
         height, width = jpeg_size(jpeg, file, offset)
         crop = sample_distorted_bounding_box(rng, height, width, boxes)
         flip = rng.random() < 0.5
+        # Decode and resize in one call without the GIL (fasttrain.data.jpeg.fused), where it can.
+        out = _output(image_size, out)
+        if crop_resize(jpeg, checkpoints, crop, flip, out):
+            return out
         # Decoded into this thread's reused buffer (no allocation per image), read at once by the resize.
         rows, x = decode_window_rows(jpeg, checkpoints, crop, file, offset)
         left = crop[1] - x
@@ -356,6 +362,7 @@ def warm_up() -> None:
     """
     resize_warm_up()
     vgg.warm_up()
+    fused_warm_up()
     work = np.zeros((2, 2, 3), np.float32)
     for ordering in (0, 1):
         for out in (None, np.empty((2, 2, 3), np.uint8)):

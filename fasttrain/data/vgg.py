@@ -56,6 +56,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.decode import jpeg_size
 from fasttrain.data.jpeg.doctor import decode_window_rows
 from fasttrain.data.resize import _lerp_row, resize  # TF's horizontal lerp of one source row
@@ -199,6 +200,22 @@ def _round(v):
 _NO_FLOATS = np.empty((0, 0), np.float32)
 
 
+@numba.njit(nogil=True, cache=True)
+def _fused(
+    fns, handle, data, cp, r0, c0, h, w, in_h, in_w, full_h, full_w, top, left, flip, stream, buf, out
+):
+    """(status, need, doctored): the source window's decode and `_window_bilinear` into out (S, S * 3)
+    uint8 in one call without the GIL (fasttrain.data.jpeg.fused); buf: the decode's buffer."""
+    status, need, x, doctored = fused.decode_window(fns, handle, data, cp, r0, c0, h, w, stream, buf)
+    if status != fused.DONE:
+        return status, need, doctored
+    span = w + c0 - x
+    rows = buf[: h * span * 3].reshape(h, span * 3)
+    no_floats = np.empty((0, 0), np.float32)
+    _window_bilinear(rows, r0, x, in_h, in_w, full_h, full_w, top, left, flip, out, no_floats)
+    return fused.DONE, 0, doctored
+
+
 def _window(
     jpeg: bytes,
     size: tuple[int, int],
@@ -215,6 +232,10 @@ def _window(
     height, width = size
     new_h, new_w = smallest_size_at_least(height, width, params.side)
     window = source_window(height, width, params, image_size)
+    if fout is _NO_FLOATS:  # the decode and the resample in one call without the GIL, where it can
+        geometry = (height, width, new_h, new_w, params.top, params.left, bool(params.flip))
+        if fused.run(_fused, jpeg, checkpoints, window, geometry, out):
+            return
     rows, col = decode_window_rows(jpeg, checkpoints, window, file, offset)
     _window_bilinear(
         rows, window[0], col, height, width, new_h, new_w, params.top, params.left, params.flip, out, fout
@@ -322,4 +343,8 @@ def warm_up() -> None:
     for flip in (False, True):
         for fout in (floats, _NO_FLOATS):
             _window_bilinear(src, 0, 0, 2, 2, 2, 2, 0, 0, flip, out, fout)
+    if fused.FUSED:  # the decode and the resample in one call (_fused), with and without checkpoints
+        jpeg, checkpoints = fused.warm_up_inputs()
+        for cp in checkpoints:
+            _window(jpeg, (32, 16), VggParams(9, 0, 0), 8, np.empty((8, 24), np.uint8), _NO_FLOATS, "", 0, cp)
     _store(floats.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))

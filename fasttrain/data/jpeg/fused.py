@@ -1,0 +1,214 @@
+"""A train crop's decode and its resize in one call that drops the GIL once per image.
+
+A loader thread drops the GIL at each call that runs without it and must take it back behind the
+other threads: each drop may cost a wait as long as the others' GIL-held work, and a wake-up. Before
+this, the ResNet and vgg train transforms dropped it three times per image (the doctored stream, the
+decode, the resize; the record's read is a fourth). Here the three are one numba call (nogil): the
+doctored stream (fasttrain.data.jpeg.doctor._doctor), TurboJPEG's header read, cropping region and
+decode, and the transform's resize kernel (fasttrain.data.resize._bilinear here; the vgg window's
+fasttrain.data.vgg._window_bilinear, in vgg._fused), so a thread drops the GIL twice per image: the
+read and this call. Counted with perf on CPython's take_gil (bench/loader_alone.py, one thread,
+photo shards with row checkpoints, 1,920 images): 2.04 takes per image against 3.88 with the separate
+calls (--no-fused) for ResNet v1.5's transform, 2.05 against 3.89 for vgg's.
+
+What that buys depends on how many threads wait for the GIL. On the project's 2-core VM it is within
+the noise with 1 or 2 threads (2 threads, R50 v1.5: 2,734 / 2,734 / 2,707 images/s fused against
+2,646 / 2,642 / 2,549; vgg: 2,891-2,993 against 2,869-2,936) and 0-8% with 8 threads on the 2 cores
+(2,464 / 2,350 / 2,475 against 2,277 / 2,344 / 2,379, 3% less CPU per image). On a GPU machine's 16
+cores the GPU run measures it (bench/gpu_e2e.py: loader-threads against loader-threads-unfused).
+
+TurboJPEG is called from the compiled code by the functions' addresses (`_call`, an LLVM call through
+a pointer): numba can call ctypes function objects too, but then refuses to cache the compiled code
+on disk (a "dynamic global"), and each process would compile it anew. tj3SetCroppingRegion takes its
+tjregion (four ints) by value: the SysV x86-64 and AAPCS64 ABIs pass a 16-byte struct of integers in
+two 64-bit registers, x | y << 32 and w | h << 32 on a little-endian machine, which is what `_call`
+passes. Elsewhere (Windows passes it by reference) `FUSED` is False and the usual calls run.
+
+Scope: exactly the pixels of fasttrain.data.jpeg.doctor.decode_window_rows followed by the transform's
+kernel (tests/test_jpeg_fused.py compares them bit for bit, and the TensorFlow fixtures' tests run
+through here). Whatever that path treats specially returns to it: CMYK, a sampling TurboJPEG cannot
+crop, any TurboJPEG error or warning (the usual path tolerates or reports it as before, with a fresh
+handle), a window outside the image. Then the image costs its usual calls and a header read more.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import sys
+import threading
+
+import numba
+import numpy as np
+import simplejpeg
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
+
+from fasttrain.data.jpeg import decode as _jpeg
+from fasttrain.data.jpeg.doctor import _doctor
+from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
+from fasttrain.data.resize import _bilinear
+
+__all__ = ["FUSED", "crop_resize", "decode_window", "run"]
+
+# Statuses of the compiled calls.
+DONE, USUAL, GROW_STREAM, GROW_BUFFER = 0, 1, 2, 3
+# turbojpeg.h: TJPARAM_SUBSAMP, JPEGWIDTH, JPEGHEIGHT, COLORSPACE; TJCS_CMYK, YCCK; TJPF_RGB.
+_SUBSAMP, _WIDTH, _HEIGHT, _COLORSPACE, _CMYK, _YCCK, _PF_RGB = 4, 5, 6, 8, 3, 4, 0
+_MCU_WIDTH = np.array(_jpeg._TurboJPEG.MCU_WIDTH, np.int64)
+_NAMES = ("tj3DecompressHeader", "tj3Get", "tj3SetCroppingRegion", "tj3Decompress8")
+
+
+@intrinsic
+def _call(typingctx, address, args):
+    """int f(args...) for the C function at `address`, args a tuple of integers passed as they are
+    typed (int32 for an int, 64-bit for a pointer, a size_t or half a 16-byte struct)."""
+    if not isinstance(address, types.Integer) or not isinstance(args, types.BaseTuple):
+        return None
+    if not all(isinstance(t, types.Integer) for t in args):
+        return None
+
+    def codegen(context, builder, signature, values):
+        pointer, packed = values
+        argv = [builder.extract_value(packed, i) for i in range(len(signature.args[1]))]
+        function = ir.FunctionType(ir.IntType(32), [v.type for v in argv])
+        return builder.call(builder.inttoptr(pointer, function.as_pointer()), argv)
+
+    return types.int32(address, args), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def decode_window(fns, handle, data, cp, top, left, h, w, stream, buffer):
+    """(status, need, x, doctored): the window's rows decoded into buffer as doctor.decode_window_rows
+    does, rows (h, span * 3) from image column x <= left on; need: the bytes a GROW_* status asks for;
+    doctored: whether through a doctored stream."""
+    header, get, crop, decompress = fns
+    address, size, doctored = data.ctypes.data, data.size, False
+    if cp.shape[0]:
+        n, new_top = _doctor(data, cp, top, left, h, w, stream, COLUMN_GROUP)
+        if n <= -2:
+            return GROW_STREAM, -2 - n, 0, False
+        if n >= 0:  # else nothing to drop: the stream as it is
+            address, size, top, doctored = stream.ctypes.data, n, new_top, True
+    if _call(header, (handle, address, size)) != 0:
+        return USUAL, 0, 0, doctored
+    width, height = _call(get, (handle, np.int32(_WIDTH))), _call(get, (handle, np.int32(_HEIGHT)))
+    if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= height and left + w <= width):
+        return USUAL, 0, 0, doctored
+    subsamp = _call(get, (handle, np.int32(_SUBSAMP)))
+    colorspace = _call(get, (handle, np.int32(_COLORSPACE)))
+    if colorspace == _CMYK or colorspace == _YCCK or not 0 <= subsamp < _MCU_WIDTH.size:
+        return USUAL, 0, 0, doctored
+    x = left - left % _MCU_WIDTH[subsamp]
+    span = w + left - x
+    if h * span * 3 > buffer.size:
+        return GROW_BUFFER, h * span * 3, 0, doctored
+    region = (np.int64(x) | (np.int64(top) << 32), np.int64(span) | (np.int64(h) << 32))
+    if _call(crop, (handle, region[0], region[1])) != 0:
+        return USUAL, 0, 0, doctored
+    pitch, pixel_format = np.int32(span * 3), np.int32(_PF_RGB)
+    if _call(decompress, (handle, address, size, buffer.ctypes.data, pitch, pixel_format)) != 0:
+        return USUAL, 0, 0, doctored
+    return DONE, 0, x, doctored
+
+
+@numba.njit(nogil=True, cache=True)
+def _resnet(fns, handle, data, cp, top, left, h, w, flip, stream, buffer, out):
+    """(status, need, doctored): the ResNet train transform's decode_and_crop and bilinear resize into out."""
+    status, need, x, doctored = decode_window(fns, handle, data, cp, top, left, h, w, stream, buffer)
+    if status != DONE:
+        return status, need, doctored
+    span = w + left - x
+    rows = buffer[: h * span * 3].reshape(h, span * 3)[:, 3 * (left - x) : 3 * (left - x + w)]
+    size_h, size_w = out.shape[0], out.shape[1]
+    levels = out.reshape(size_h, size_w * 3)
+    one = np.float32(1.0)
+    _bilinear(rows, flip, one, np.empty((0, 0), np.float32), levels, one, False, size_h, size_w, 0, 0)
+    return DONE, 0, doctored
+
+
+def _supported() -> bool:
+    """A 16-byte struct passed in two 64-bit registers, low half first (see the module docstring)."""
+    return (
+        _jpeg._turbo is not None
+        and sys.platform in ("linux", "darwin")
+        and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64")
+        and sys.byteorder == "little"
+    )
+
+
+def _address(name: str) -> int:
+    return ctypes.cast(getattr(_jpeg._turbo.lib, name), ctypes.c_void_p).value
+
+
+FUSED = _supported()
+# The TurboJPEG functions' addresses, in decode_window's order.
+_FNS = tuple(_address(name) for name in _NAMES) if FUSED else ()
+_NO_CHECKPOINTS = np.zeros((0, 5), np.int16)
+_NO_CHECKPOINTS.flags.writeable = False
+_local = threading.local()  # this thread's doctored-stream buffer (the decode's is TurboJPEG's)
+
+
+def run(kernel, jpeg, checkpoints, window, settings: tuple, out: np.ndarray) -> bool:
+    """kernel(fns, handle, data, cp, *window, *settings, stream, buffer, out) -> (status, need,
+    doctored), a compiled call that decodes `window` (top, left, h, w) of `jpeg` (decode_window) and
+    transforms it into `out`, run on this thread's buffers. False (nothing written) where the usual
+    path must make the image, or where the fused calls are off (FUSED)."""
+    if not FUSED:
+        return False
+    turbo = _jpeg._turbo
+    handle = turbo._handle()
+    reuse = turbo.local  # the thread's decode buffer, shared with decode_rows
+    buffer, stream = getattr(reuse, "buffer", None), getattr(_local, "stream", None)
+    if buffer is None:
+        buffer = reuse.buffer = np.empty(1 << 20, np.uint8)
+        reuse.address = buffer.ctypes.data
+    if stream is None:
+        stream = _local.stream = np.empty(1 << 18, np.uint8)
+    # Read-only views: one compiled kernel for bytes and record-buffer views, sidecar and built checkpoints.
+    data = np.frombuffer(jpeg, np.uint8)
+    data.flags.writeable = False
+    cp = _NO_CHECKPOINTS
+    if checkpoints is not None:
+        cp = checkpoints.view()
+        cp.flags.writeable = False
+    for _ in range(3):  # at most one growth of each buffer
+        status, need, _ = kernel(_FNS, handle, data, cp, *window, *settings, stream, buffer, out)
+        if status == DONE:
+            return True
+        if status == GROW_STREAM:
+            stream = _local.stream = np.empty(max(need, 2 * stream.size), np.uint8)
+        elif status == GROW_BUFFER:
+            buffer = reuse.buffer = np.empty(max(need, 2 * buffer.size), np.uint8)
+            reuse.address = buffer.ctypes.data
+        else:
+            break
+    # After a failed call TurboJPEG's decompressor may be left inside a header (decode._TurboJPEG._fail):
+    # the usual path starts on a fresh one.
+    turbo.local.handle = None
+    return False
+
+
+def crop_resize(jpeg, checkpoints, window, flip: bool, out: np.ndarray) -> bool:
+    """The ResNet train transform of `jpeg` into out (S, S, 3) uint8, C-contiguous: the crop `window`
+    (top, left, h, w) decoded (through `checkpoints` when given, else None), flipped left-right when
+    `flip`, resized bilinearly. True when done; False (nothing written) when the usual path must run."""
+    return run(_resnet, jpeg, checkpoints, window, (bool(flip),), out)
+
+
+def warm_up_inputs() -> tuple[bytes, list]:
+    """(jpeg, [None, its checkpoints]): a 32 x 16 JPEG of two MCU rows, for the kernels' warm-ups."""
+    jpeg = simplejpeg.encode_jpeg(np.full((32, 16, 3), 128, np.uint8), quality=90, colorsubsampling="420")
+    return jpeg, [None, row_checkpoints(jpeg)]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) the ResNet kernel in this process, before a loader
+    starts its threads (fasttrain.data.vgg.warm_up compiles vgg's), with and without checkpoints."""
+    if not FUSED:
+        return
+    jpeg, checkpoints = warm_up_inputs()
+    out = np.empty((2, 2, 3), np.uint8)
+    for cp in checkpoints:
+        crop_resize(jpeg, cp, (16, 0, 16, 16), False, out)

@@ -1,0 +1,208 @@
+"""The ResNet train transform's decode and resize in one call (fasttrain/data/jpeg/fused.py).
+
+References: TensorFlow's own train images (the committed fixture, tests/data/tf-images), TensorFlow's
+verdicts and pixels on damaged files (tests/data/tf-build/damaged), and the calls the fused one
+replaces (the doctored or cropped decode, then the resize), which those fixtures tie to TensorFlow:
+the fused call must equal them bit for bit, and must leave to them whatever it does not do.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import simplejpeg
+import skimage.data
+from test_jpeg_damaged import CROPS, DAMAGED, PIXELS, REFUSED, WINDOWS
+from test_jpeg_doctor import CASES as PHOTOS
+from test_jpeg_doctor import _windows
+from test_transforms_tf import CASES, FIXTURE, QUANTISATION, _levels, reference  # noqa: F401 (a fixture)
+
+from fasttrain.data import transforms
+from fasttrain.data.jpeg import decode, doctor, fused
+from fasttrain.data.transforms import _resnet_train, train_transform
+
+pytestmark = pytest.mark.skipif(not fused.FUSED, reason="needs libjpeg-turbo's TurboJPEG library")
+
+
+def _usual(jpeg, checkpoints, window, flip, size):
+    """What the transform computed before: the window's rows (doctored or cropped decode), the resize."""
+    rows, x = doctor.decode_window_rows(jpeg, checkpoints, window)
+    _, left, h, w = window
+    return _resnet_train(rows.reshape(h, -1, 3)[:, left - x : left - x + w], flip, size, None, None)
+
+
+def _fused(jpeg, checkpoints, window, flip, size):
+    out = np.full((size, size, 3), 7, np.uint8)
+    assert fused.crop_resize(jpeg, checkpoints, window, flip, out), window
+    return out
+
+
+def _in_a_thread(function):
+    """function() on a thread of its own: fresh buffers and a fresh TurboJPEG handle."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(function()))
+    thread.start()
+    thread.join()
+    assert result, "the thread raised"
+    return result[0]
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES["train"] if c["preprocess"] == "resnet"], ids=lambda c: c["key"]
+)
+def test_resnet_train_images_are_tensorflows(case, reference):  # noqa: F811 (the fixture)
+    jpeg = (FIXTURE / case["file"]).read_bytes()
+    ours = _fused(jpeg, doctor.row_checkpoints(jpeg), tuple(case["window"]), case["flip"], case["image_size"])
+    mean, worst = _levels(ours, np.clip(reference[case["key"]], 0, 255))
+    assert mean < 0.3, mean
+    assert worst <= QUANTISATION, worst
+
+
+@pytest.mark.parametrize("name,jpeg,mcu_h", PHOTOS, ids=[c[0] for c in PHOTOS])
+def test_equals_the_decode_and_resize_it_replaces(name, jpeg, mcu_h):
+    """Every sampling, restart layout and table kind of the doctor's tests, with and without row
+    checkpoints, both flips: the same bytes as the separate calls."""
+    checkpoints = doctor.row_checkpoints(jpeg)
+    height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+    rng = np.random.default_rng(len(jpeg))
+    windows = list(_windows(height, width, mcu_h))
+    for _ in range(20):
+        h, w = int(rng.integers(1, height + 1)), int(rng.integers(1, width + 1))
+        windows.append((int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w))
+    for i, window in enumerate(windows):
+        flip, size = bool(i % 2), (24, 56)[i % 3 == 0]
+        for cp in (checkpoints, None):
+            np.testing.assert_array_equal(
+                _fused(jpeg, cp, window, flip, size), _usual(jpeg, cp, window, flip, size), str(window)
+            )
+
+
+def test_train_transform_goes_through_the_fused_call(monkeypatch):
+    jpeg = (FIXTURE / "astronaut_q90.jpg").read_bytes()
+    boxes = np.zeros((0, 4), np.float32)
+    expected = [train_transform(jpeg, boxes, np.random.default_rng(s), 64) for s in range(6)]
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the separate decode ran")
+
+    monkeypatch.setattr(transforms, "decode_window_rows", refused)
+    for seed in range(6):
+        got = train_transform(jpeg, boxes, np.random.default_rng(seed), 64)
+        np.testing.assert_array_equal(got, expected[seed])
+    # CMYK is the usual path's (its conversion): the fused call hands it back and writes nothing.
+    cmyk = (FIXTURE / "coffee_cmyk.jpg").read_bytes()
+    out = np.full((64, 64, 3), 7, np.uint8)
+    assert not fused.crop_resize(cmyk, None, (5, 9, 40, 50), False, out)
+    assert (out == 7).all()
+    with pytest.raises(AssertionError, match="the separate decode ran"):
+        train_transform(cmyk, boxes, np.random.default_rng(0), 64)
+
+
+@pytest.mark.parametrize("name", sorted(CROPS["decodes"]))
+def test_damaged_files_decode_as_tensorflow_or_go_to_the_usual_path(name):
+    """Where TensorFlow refuses a window the fused call must hand the image back (the usual path then
+    refuses it with its message, tests/test_jpeg_damaged.py); where it returns an image, that image is
+    TensorFlow's window resized."""
+    jpeg = (DAMAGED / name).read_bytes()
+    refused = REFUSED.get((name, "crop"), [])
+    done = 0
+    for i, window in enumerate(WINDOWS):
+        out = np.full((32, 32, 3), 7, np.uint8)
+        flip = i % 2 == 1
+        if _in_a_thread(lambda w=window, o=out, f=flip: fused.crop_resize(jpeg, None, w, f, o)):
+            assert CROPS["decodes"][name][i] and i not in refused, window
+            expected = _resnet_train(PIXELS[f"{name}/crop{i}"], flip, 32, None, None)
+            np.testing.assert_array_equal(out, expected, str(window))
+            done += 1
+        else:
+            assert (out == 7).all()
+    if name == "sound.jpg":
+        assert done == len(WINDOWS)
+
+
+@pytest.mark.parametrize("bad", [n for n in sorted(CROPS["decodes"]) if not all(CROPS["decodes"][n])])
+def test_a_sound_image_after_a_refused_one_on_the_same_thread(bad):
+    """A failed TurboJPEG call may leave the thread's decompressor inside a header: the next image,
+    sound, must still decode, through the fused call and the usual ones."""
+    sound = (DAMAGED / "sound.jpg").read_bytes()
+    window = WINDOWS[1]
+
+    def run():
+        jpeg, out = (DAMAGED / bad).read_bytes(), np.empty((8, 8, 3), np.uint8)
+        for w in WINDOWS:
+            fused.crop_resize(jpeg, None, w, False, out)
+        return decode.jpeg_size(sound), _fused(sound, None, window, False, 16)
+
+    size, out = _in_a_thread(run)
+    assert size == (64, 64)
+    np.testing.assert_array_equal(out, _resnet_train(PIXELS[f"sound.jpg/crop{1}"], False, 16, None, None))
+
+
+def test_the_buffers_grow_for_large_images():
+    """A fresh thread's buffers (1 MiB decode, 256 KiB doctored stream) are too small for a 1500 x 1200
+    window of a high-quality JPEG: both grow, and the image is the same."""
+    photo = np.tile(skimage.data.astronaut(), (3, 3, 1))[:1500, :1300]
+    jpeg = simplejpeg.encode_jpeg(photo, quality=98, colorsubsampling="444")
+    checkpoints = doctor.row_checkpoints(jpeg)
+    window = (40, 60, 1450, 1200)
+    stream = doctor.doctor(jpeg, checkpoints, *window)[0]
+    assert stream.size > 1 << 18 and 1450 * 1208 * 3 > 1 << 20  # both past the fresh sizes
+    expected = _usual(jpeg, checkpoints, window, True, 40)
+    np.testing.assert_array_equal(_in_a_thread(lambda: _fused(jpeg, checkpoints, window, True, 40)), expected)
+
+
+def test_threads_use_their_own_buffers():
+    jobs = []
+    for _, jpeg, mcu_h in PHOTOS[:6]:
+        checkpoints = doctor.row_checkpoints(jpeg)
+        height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
+        for top in range(2 * mcu_h, height, 3 * mcu_h + 1):
+            jobs.append((jpeg, checkpoints, (top, width // 4, height - top, width // 2), top % 2 == 0, 24))
+    expected = [_usual(*job) for job in jobs]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda job: _fused(*job), jobs * 3))
+    for i, image in enumerate(got):
+        np.testing.assert_array_equal(image, expected[i % len(jobs)])
+
+
+def test_the_vgg_window_goes_through_the_fused_call(monkeypatch):
+    """The ResNet seed's vgg transform (fasttrain.data.vgg: train and eval) through the fused call, with
+    and without row checkpoints: the seed's steps on the whole decode, rounded in NumPy (what
+    tests/test_vgg_preprocessing.py ties to TensorFlow's images)."""
+    from test_vgg_preprocessing import CASES as VGG_CASES
+    from test_vgg_preprocessing import _jpeg, _params, _rounded
+
+    from fasttrain.data import vgg
+
+    expected = {
+        case["key"]: _rounded(
+            vgg.full_float(decode.decode_jpeg(_jpeg(case)), _params(case), case["image_size"])
+        )
+        for case in VGG_CASES
+    }
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the separate decode ran")
+
+    monkeypatch.setattr(vgg, "decode_window_rows", refused)
+    for case in VGG_CASES:
+        data, size = _jpeg(case), case["image_size"]
+        if case["file"] == "coffee_cmyk.jpg":  # the usual path's: see above
+            continue
+        for checkpoints in (None, doctor.row_checkpoints(data)):
+            out = np.full((size, size, 3), 7, np.uint8)
+            vgg._window(
+                data,
+                decode.jpeg_size(data),
+                _params(case),
+                size,
+                out.reshape(size, -1),
+                vgg._NO_FLOATS,
+                "",
+                0,
+                checkpoints,
+            )
+            np.testing.assert_array_equal(out, expected[case["key"]], case["key"])
