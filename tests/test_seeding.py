@@ -54,6 +54,15 @@ def test_colour_draws_are_generator_uniforms():
         expected = [ordering] + [float(np.float32(ref.uniform(lo, hi))) for lo, hi in ranges]
         got = sample_color(np.random.default_rng(seed))
         assert [got.ordering, got.brightness, got.saturation, got.hue, got.contrast] == expected
+        # A loader's generator draws them in one kernel from its PCG64 state (the GIL kept): the
+        # same four numbers and coin, and the state left where the uniforms leave it.
+        ours = SampleGenerator().seeded((seed, 1, 2))
+        ref = np.random.default_rng([seed, 1, 2])
+        ordering = int(ref.integers(0, 2))
+        expected = [ordering] + [float(np.float32(ref.uniform(lo, hi))) for lo, hi in ranges]
+        got = sample_color(ours)
+        assert [got.ordering, got.brightness, got.saturation, got.hue, got.contrast] == expected
+        assert ours.random() == ref.random() and ours.integers(0, 5) == ref.integers(0, 5)
 
 
 def test_the_kernels_draw_from_the_generators_state_as_it_does():

@@ -245,7 +245,7 @@ def test_the_hot_path_kernels_release_the_gil():
         for name in dir(module)
         if isinstance(getattr(module, name), numba.core.registry.CPUDispatcher)
     ]
-    quick = {transforms._sample_box}  # the crop search: about 1 us
+    quick = {transforms._sample_box, color._sample_color}  # the crop search, the colour draws: ~1 us
     assert len(kernels) >= 10 and quick <= set(kernels)
     assert all(k.targetoptions.get("nogil") for k in kernels if k not in quick), [
         k for k in kernels if not k.targetoptions.get("nogil") and k not in quick

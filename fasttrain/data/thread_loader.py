@@ -50,8 +50,9 @@ handing it over and taking it back costs a thread more), against about 0.75 ms o
 time a thread drops the GIL it may have to wait for it back behind the others, so the drops per
 image count too: 2.04 (perf's count of take_gil per image, one thread, ResNet train transform with
 row checkpoints: the record's read, then the doctored stream, the decode and the resize in one call,
-fasttrain.data.jpeg.fused; the vgg transform likewise 2.05), down from 3.88 with those three as
-separate calls and 5.89 when the crop search's kernel and the JPEG header read dropped it as well.
+fasttrain.data.jpeg.fused; vgg's 2.05, Inception's with colour 2.04), down from 3.88 with those three
+as separate calls (Inception's 4.89, 5.90 when its colour draws dropped it too) and 5.89 when the
+crop search's kernel and the JPEG header read dropped it as well.
 
 Errors, as in the process loader: a bad record raises DataError naming shard and offset when the
 consumer reaches its batch (one line); with skip_corrupt it is counted, reported on stderr, and a

@@ -43,7 +43,7 @@ from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
 from fasttrain.data.jpeg.decode import decode_jpeg, jpeg_size
 from fasttrain.data.jpeg.doctor import decode_full_window_rows, decode_window_rows
-from fasttrain.data.jpeg.fused import crop_resize
+from fasttrain.data.jpeg.fused import crop_resize, crop_resize_inception
 from fasttrain.data.jpeg.fused import warm_up as fused_warm_up
 from fasttrain.data.resize import METHODS, resize
 from fasttrain.data.resize import warm_up as resize_warm_up
@@ -307,6 +307,13 @@ def train_transform(
     # decoded here, the same pixels (decode_full_window_rows), into this thread's reused buffer.
     height, width = jpeg_size(jpeg, file, offset)
     params = sample_train_params(rng, height, width, boxes, preprocess, color_distort)
+    # Decode, resize and colour in one call without the GIL (fasttrain.data.jpeg.fused), where it can.
+    out = _output(image_size, out)
+    work = None if params.color is None else _scratch(image_size, scratch)
+    if crop_resize_inception(
+        jpeg, checkpoints, params.crop, width, params.method, params.flip, params.color, out, work
+    ):
+        return out
     top, left, h, w = params.crop
     rows, x = decode_full_window_rows(jpeg, checkpoints, params.crop, width, file, offset)
     window = TrainParams((0, left - x, h, w), params.flip, params.method, params.color)

@@ -234,7 +234,7 @@ def _window(
     window = source_window(height, width, params, image_size)
     if fout is _NO_FLOATS:  # the decode and the resample in one call without the GIL, where it can
         geometry = (height, width, new_h, new_w, params.top, params.left, bool(params.flip))
-        if fused.run(_fused, jpeg, checkpoints, window, geometry, out):
+        if fused.run(_fused, jpeg, checkpoints, window, geometry, (out,)):
             return
     rows, col = decode_window_rows(jpeg, checkpoints, window, file, offset)
     _window_bilinear(

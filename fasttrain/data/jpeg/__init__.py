@@ -8,7 +8,7 @@
                   the window and the columns beside it, the same pixels as the cropped decode
     synth.py      synthetic entropy-coded MCUs and bit-exact splicing, for the doctored streams
     restart.py    the doctored layouts of JPEGs with a restart marker after every MCU row
-    fused.py      a train crop's decode (doctored or not) and resize in one call that drops the GIL once
+    fused.py      a train crop's decode (doctored or not), resize and colour in one call that drops the GIL
     row_index.py  the per-shard sidecar files (<shard>.rows) that store the checkpoints, and their build
                   (python -m fasttrain.data row-checkpoints DATA_DIR)
 

@@ -1,21 +1,24 @@
-"""A train crop's decode and its resize in one call that drops the GIL once per image.
+"""A train crop's decode, resize and colour in one call that drops the GIL once per image.
 
 A loader thread drops the GIL at each call that runs without it and must take it back behind the
 other threads: each drop may cost a wait as long as the others' GIL-held work, and a wake-up. Before
-this, the ResNet and vgg train transforms dropped it three times per image (the doctored stream, the
-decode, the resize; the record's read is a fourth). Here the three are one numba call (nogil): the
-doctored stream (fasttrain.data.jpeg.doctor._doctor), TurboJPEG's header read, cropping region and
-decode, and the transform's resize kernel (fasttrain.data.resize._bilinear here; the vgg window's
-fasttrain.data.vgg._window_bilinear, in vgg._fused), so a thread drops the GIL twice per image: the
-read and this call. Counted with perf on CPython's take_gil (bench/loader_alone.py, one thread,
-photo shards with row checkpoints, 1,920 images): 2.04 takes per image against 3.88 with the separate
-calls (--no-fused) for ResNet v1.5's transform, 2.05 against 3.89 for vgg's.
+this, the train transforms dropped it three times per image (the doctored stream, the decode, the
+resize; the record's read is a fourth), Inception's four (its colour distortion). Here they are one
+numba call (nogil): the doctored stream (fasttrain.data.jpeg.doctor._doctor), TurboJPEG's header
+read, cropping region and decode, and the transform's kernels (ResNet v1.5: resize._bilinear; the
+Inception seed: the resize method drawn and color._distort; the ResNet seed's vgg window:
+vgg._window_bilinear, in vgg._fused), so a thread drops the GIL twice per image: the read and this
+call. Counted with perf on CPython's take_gil (bench/loader_alone.py, one thread, photo shards with
+row checkpoints, 1,920 images): 2.04 takes per image against 3.88 with the separate calls
+(--no-fused) for ResNet v1.5's transform, 2.05 against 3.89 for vgg's, 2.04 against 4.89 for
+Inception's (with color_distort; its colour draws keep the GIL too now, color._sample_color).
 
 What that buys depends on how many threads wait for the GIL. On the project's 2-core VM it is within
 the noise with 1 or 2 threads (2 threads, R50 v1.5: 2,734 / 2,734 / 2,707 images/s fused against
-2,646 / 2,642 / 2,549; vgg: 2,891-2,993 against 2,869-2,936) and 0-8% with 8 threads on the 2 cores
-(2,464 / 2,350 / 2,475 against 2,277 / 2,344 / 2,379, 3% less CPU per image). On a GPU machine's 16
-cores the GPU run measures it (bench/gpu_e2e.py: loader-threads against loader-threads-unfused).
+2,646 / 2,642 / 2,549; vgg: 2,891-2,993 against 2,869-2,936; Inception 299: 1,618-1,706 against
+1,588-1,665) and 0-8% with 8 threads on the 2 cores (R50 v1.5: 2,464 / 2,350 / 2,475 against
+2,277 / 2,344 / 2,379, 3% less CPU per image). On a GPU machine's 16 cores the GPU run measures it
+(bench/gpu_e2e.py: loader-threads against loader-threads-unfused).
 
 TurboJPEG is called from the compiled code by the functions' addresses (`_call`, an LLVM call through
 a pointer): numba can call ctypes function objects too, but then refuses to cache the compiled code
@@ -24,11 +27,12 @@ tjregion (four ints) by value: the SysV x86-64 and AAPCS64 ABIs pass a 16-byte s
 two 64-bit registers, x | y << 32 and w | h << 32 on a little-endian machine, which is what `_call`
 passes. Elsewhere (Windows passes it by reference) `FUSED` is False and the usual calls run.
 
-Scope: exactly the pixels of fasttrain.data.jpeg.doctor.decode_window_rows followed by the transform's
-kernel (tests/test_jpeg_fused.py compares them bit for bit, and the TensorFlow fixtures' tests run
-through here). Whatever that path treats specially returns to it: CMYK, a sampling TurboJPEG cannot
-crop, any TurboJPEG error or warning (the usual path tolerates or reports it as before, with a fresh
-handle), a window outside the image. Then the image costs its usual calls and a header read more.
+Scope: exactly the pixels of fasttrain.data.jpeg.doctor.decode_window_rows (decode_full_window_rows
+for Inception) followed by the transform's kernels (tests/test_jpeg_fused.py compares them bit for
+bit, and against TensorFlow's train images). Whatever that path treats specially returns to it:
+CMYK, a sampling TurboJPEG cannot crop, any TurboJPEG error or warning (the usual path tolerates or
+reports it as before, with a fresh handle), a window outside the image. Then the image costs its
+usual calls and a header read more.
 """
 
 from __future__ import annotations
@@ -45,12 +49,13 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
+from fasttrain.data.color import ColorParams, _distort
 from fasttrain.data.jpeg import decode as _jpeg
 from fasttrain.data.jpeg.doctor import _doctor
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
-from fasttrain.data.resize import _bilinear
+from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest
 
-__all__ = ["FUSED", "crop_resize", "decode_window", "run"]
+__all__ = ["FUSED", "crop_resize", "crop_resize_inception", "decode_window", "run"]
 
 # Statuses of the compiled calls.
 DONE, USUAL, GROW_STREAM, GROW_BUFFER = 0, 1, 2, 3
@@ -128,6 +133,39 @@ def _resnet(fns, handle, data, cp, top, left, h, w, flip, stream, buffer, out):
     return DONE, 0, doctored
 
 
+@numba.njit(nogil=True, cache=True)
+def _inception(fns, handle, data, cp, top, left, h, w, crop, method, flip, colour, stream, buffer, out, work):
+    """(status, need, doctored): the Inception train transform (fasttrain.data.transforms.apply_train)
+    into out (S, S, 3) uint8. (top, left, h, w): the decoded region, the crop's columns crop = (left,
+    width) and one more on each side where the image has them (doctor.decode_full_window_rows); method:
+    METHODS' index; colour: (on, ordering, brightness, saturation, hue, contrast), the float32 resize
+    into work (S, S, 3) and the seed's distort_color into out when on."""
+    status, need, x, doctored = decode_window(fns, handle, data, cp, top, left, h, w, stream, buffer)
+    if status != DONE:
+        return status, need, doctored
+    span, at = w + left - x, 3 * (crop[0] - x)
+    rows = buffer[: h * span * 3].reshape(h, span * 3)[:, at : at + 3 * crop[1]]
+    size_h, size_w = out.shape[0], out.shape[1]
+    no_floats, no_levels = np.empty((0, 0), np.float32), np.empty((0, 0), np.uint8)
+    if colour[0]:  # resize() into work's floats; else into out's levels, x 255 rounded
+        fout, uout, multiplier = work.reshape(size_h, size_w * 3), no_levels, np.float32(1)
+    else:
+        fout, uout, multiplier = no_floats, out.reshape(size_h, size_w * 3), np.float32(255)
+    scale = np.float32(1 / 255)  # convert_image_dtype's, as resize() is given it
+    if method == 0:
+        _bilinear(rows, False, scale, fout, uout, multiplier, flip, size_h, size_w, 0, 0)
+    elif method == 1:
+        _nearest(rows, False, scale, fout, uout, multiplier, flip)
+    elif method == 2:
+        _bicubic(rows, False, scale, fout, uout, multiplier, flip)
+    else:
+        _area(rows, False, scale, fout, uout, multiplier, flip)
+    if colour[0]:  # distort_color(work, ColorParams(*colour[1:]), out)
+        factors = np.float32(colour[2]), np.float32(colour[3]), np.float32(colour[4]), np.float32(colour[5])
+        _distort(work, int(colour[1]), factors[0], factors[1], factors[2], factors[3], out.reshape(-1))
+    return DONE, 0, doctored
+
+
 def _supported() -> bool:
     """A 16-byte struct passed in two 64-bit registers, low half first (see the module docstring)."""
     return (
@@ -150,14 +188,14 @@ _NO_CHECKPOINTS.flags.writeable = False
 _local = threading.local()  # this thread's doctored-stream buffer (the decode's is TurboJPEG's)
 
 
-def run(kernel, jpeg, checkpoints, window, settings: tuple, out: np.ndarray) -> bool:
-    """kernel(fns, handle, data, cp, *window, *settings, stream, buffer, out) -> (status, need,
+def run(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple) -> bool:
+    """kernel(fns, handle, data, cp, *window, *settings, stream, buffer, *outputs) -> (status, need,
     doctored), a compiled call that decodes `window` (top, left, h, w) of `jpeg` (decode_window) and
-    transforms it into `out`, run on this thread's buffers. False (nothing written) where the usual
+    transforms it into its outputs, run on this thread's buffers. False (nothing written) where the usual
     path must make the image, or where the fused calls are off (FUSED)."""
-    if not FUSED:
-        return False
     turbo = _jpeg._turbo
+    if not FUSED or turbo is None:  # (None: the library taken away, as the tests without it do)
+        return False
     handle = turbo._handle()
     reuse = turbo.local  # the thread's decode buffer, shared with decode_rows
     buffer, stream = getattr(reuse, "buffer", None), getattr(_local, "stream", None)
@@ -174,7 +212,7 @@ def run(kernel, jpeg, checkpoints, window, settings: tuple, out: np.ndarray) -> 
         cp = checkpoints.view()
         cp.flags.writeable = False
     for _ in range(3):  # at most one growth of each buffer
-        status, need, _ = kernel(_FNS, handle, data, cp, *window, *settings, stream, buffer, out)
+        status, need, _ = kernel(_FNS, handle, data, cp, *window, *settings, stream, buffer, *outputs)
         if status == DONE:
             return True
         if status == GROW_STREAM:
@@ -194,7 +232,27 @@ def crop_resize(jpeg, checkpoints, window, flip: bool, out: np.ndarray) -> bool:
     """The ResNet train transform of `jpeg` into out (S, S, 3) uint8, C-contiguous: the crop `window`
     (top, left, h, w) decoded (through `checkpoints` when given, else None), flipped left-right when
     `flip`, resized bilinearly. True when done; False (nothing written) when the usual path must run."""
-    return run(_resnet, jpeg, checkpoints, window, (bool(flip),), out)
+    return run(_resnet, jpeg, checkpoints, window, (bool(flip),), (out,))
+
+
+_NO_WORK = np.empty((0, 0, 3), np.float32)
+
+
+def crop_resize_inception(jpeg, checkpoints, window, width: int, method: str, flip: bool, color, out, work):
+    """The Inception train transform of `jpeg` into out (S, S, 3) uint8, C-contiguous: the crop `window`
+    (top, left, h, w) of the width-wide image decoded (through `checkpoints` when given) to the whole
+    decode's pixels, resized by `method` into out, or with `color` (a ColorParams, else None) into work
+    (S, S, 3) float32, C-contiguous, then colour-distorted into out; flipped left-right when `flip`.
+    True when done; False (nothing written to out) when the usual path must run."""
+    top, left, h, w = window
+    lo, hi = max(left - 1, 0), min(left + w + 1, width)  # the margin decode_full_window_rows decodes
+    if color is None:
+        colour, work = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0), _NO_WORK
+    else:
+        values = (color.ordering, color.brightness, color.saturation, color.hue, color.contrast)
+        colour = (1.0, *(float(v) for v in values))
+    settings = ((left, w), METHODS.index(method), bool(flip), colour)
+    return run(_inception, jpeg, checkpoints, (top, lo, h, hi - lo), settings, (out, work))
 
 
 def warm_up_inputs() -> tuple[bytes, list]:
@@ -204,11 +262,13 @@ def warm_up_inputs() -> tuple[bytes, list]:
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's disk cache) the ResNet kernel in this process, before a loader
-    starts its threads (fasttrain.data.vgg.warm_up compiles vgg's), with and without checkpoints."""
+    """Compile (or load from numba's disk cache) the ResNet and Inception kernels in this process,
+    before a loader starts its threads (fasttrain.data.vgg.warm_up compiles vgg's)."""
     if not FUSED:
         return
     jpeg, checkpoints = warm_up_inputs()
-    out = np.empty((2, 2, 3), np.uint8)
+    out, work = np.empty((2, 2, 3), np.uint8), np.empty((2, 2, 3), np.float32)
     for cp in checkpoints:
         crop_resize(jpeg, cp, (16, 0, 16, 16), False, out)
+        for color in (None, ColorParams(0, 0.0, 1.0, 0.0, 1.0)):
+            crop_resize_inception(jpeg, cp, (16, 0, 16, 16), 16, "bilinear", False, color, out, work)
