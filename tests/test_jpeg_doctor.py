@@ -318,16 +318,22 @@ def test_corrupt_and_truncated_jpegs_give_none_or_the_same_result():
             np.testing.assert_array_equal(jpeg_rows.decode_and_crop(data, checkpoints, window), expected)
 
 
-def test_threads_use_their_own_buffers():
-    # The loader decodes in threads: each thread's doctored stream and TurboJPEG handle are its own.
-    from concurrent.futures import ThreadPoolExecutor
-
+def thread_jobs() -> list[tuple]:
+    """(jpeg, checkpoints, window): doctored windows of six photos, for the tests of threads at once."""
     jobs = []
     for _, jpeg, mcu_h in CASES[:6]:
         checkpoints = jpeg_rows.row_checkpoints(jpeg)
         height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
         for top in range(2 * mcu_h, height, 3 * mcu_h + 1):
             jobs.append((jpeg, checkpoints, (top, width // 4, height - top, width // 2)))
+    return jobs
+
+
+def test_threads_use_their_own_buffers():
+    # The loader decodes in threads: each thread's doctored stream and TurboJPEG handle are its own.
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = thread_jobs()
     expected = [decode_and_crop_jpeg(jpeg, window) for jpeg, _, window in jobs]
     with ThreadPoolExecutor(2) as pool:
         got = list(pool.map(lambda job: jpeg_rows.decode_and_crop(*job).copy(), jobs * 3))

@@ -17,7 +17,7 @@ import simplejpeg
 import skimage.data
 from test_jpeg_damaged import CROPS, DAMAGED, PIXELS, REFUSED, WINDOWS
 from test_jpeg_doctor import CASES as PHOTOS
-from test_jpeg_doctor import _windows
+from test_jpeg_doctor import _windows, thread_jobs
 from test_transforms_tf import CASES, FIXTURE, QUANTISATION, _levels, _train_params, reference  # noqa: F401
 
 from fasttrain.data import transforms
@@ -157,12 +157,7 @@ def test_the_buffers_grow_for_large_images():
 
 
 def test_threads_use_their_own_buffers():
-    jobs = []
-    for _, jpeg, mcu_h in PHOTOS[:6]:
-        checkpoints = doctor.row_checkpoints(jpeg)
-        height, width = simplejpeg.decode_jpeg_header(jpeg)[:2]
-        for top in range(2 * mcu_h, height, 3 * mcu_h + 1):
-            jobs.append((jpeg, checkpoints, (top, width // 4, height - top, width // 2), top % 2 == 0, 24))
+    jobs = [(jpeg, cp, window, window[0] % 2 == 0, 24) for jpeg, cp, window in thread_jobs()]
     expected = [_usual(*job) for job in jobs]
     with ThreadPoolExecutor(2) as pool:
         got = list(pool.map(lambda job: _fused(*job), jobs * 3))
