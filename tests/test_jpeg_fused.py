@@ -288,3 +288,39 @@ def test_the_inception_transform_goes_through_the_fused_call(monkeypatch):
     monkeypatch.setattr(transforms, "decode_full_window_rows", refused)
     for got, want in zip(images(), expected, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("entry", ["warm-up", "first image"])
+@pytest.mark.parametrize("fault", ["gave other pixels", "declined"])
+def test_a_machine_where_the_fused_call_is_wrong_trains_on_the_separate_calls(
+    fault, entry, monkeypatch, capsys
+):
+    """The loaders' warm-up (or, in a process that skipped it, the first image) checks the fused call
+    against the separate ones (fused.check): where it differs (as a wrong guess of how the machine
+    passes TurboJPEG its cropping region would make it) or declines a sound JPEG, the fused calls are
+    turned off with one line, and the images are the separate calls'."""
+    assert fused.check() == "" and fused.FUSED
+    jpeg = (FIXTURE / "astronaut_q90.jpg").read_bytes()
+    boxes = np.zeros((0, 4), np.float32)
+    expected = train_transform(jpeg, boxes, np.random.default_rng(3), 40)
+    resnet = fused._resnet
+
+    def faulty(*args):
+        if fault == "declined":
+            return fused.USUAL, 0, False
+        result = resnet(*args)
+        args[-1][0, 0] ^= 1  # one level of one pixel
+        return result
+
+    monkeypatch.setattr(fused, "FUSED", True)  # restored after the test
+    monkeypatch.setattr(fused, "_resnet", faulty)
+    monkeypatch.setattr(fused, "_problem", [])  # this process has not checked yet
+    if entry == "warm-up":
+        fused.warm_up()
+    got = train_transform(jpeg, boxes, np.random.default_rng(3), 40)
+    line = capsys.readouterr().err
+    assert line.count("\n") == 1 and f"the fused decode {fault}" in line and "separate calls" in line
+    assert not fused.FUSED
+    np.testing.assert_array_equal(got, expected)
+    fused.warm_up()  # checked once per process: no second line
+    assert capsys.readouterr().err == ""

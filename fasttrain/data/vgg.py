@@ -346,5 +346,5 @@ def warm_up() -> None:
     if fused.FUSED:  # the decode and the resample in one call (_fused), with and without checkpoints
         jpeg, checkpoints = fused.warm_up_inputs()
         for cp in checkpoints:
-            _window(jpeg, (32, 16), VggParams(9, 0, 0), 8, np.empty((8, 24), np.uint8), _NO_FLOATS, "", 0, cp)
+            _window(jpeg, (48, 40), VggParams(9, 0, 0), 8, np.empty((8, 24), np.uint8), _NO_FLOATS, "", 0, cp)
     _store(floats.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))

@@ -25,7 +25,10 @@ a pointer): numba can call ctypes function objects too, but then refuses to cach
 on disk (a "dynamic global"), and each process would compile it anew. tj3SetCroppingRegion takes its
 tjregion (four ints) by value: the SysV x86-64 and AAPCS64 ABIs pass a 16-byte struct of integers in
 two 64-bit registers, x | y << 32 and w | h << 32 on a little-endian machine, which is what `_call`
-passes. Elsewhere (Windows passes it by reference) `FUSED` is False and the usual calls run.
+passes. Elsewhere (Windows passes it by reference) `FUSED` is False and the usual calls run. Where
+the guess is wrong all the same, `check` (run once per process, by the loaders' warm-up or the first
+image) finds other pixels than the separate calls' on a test JPEG, says so in one line on stderr and
+turns FUSED off: a loader never trains on other pixels.
 
 Scope: exactly the pixels of fasttrain.data.jpeg.doctor.decode_window_rows (decode_full_window_rows
 for Inception) followed by the transform's kernels (tests/test_jpeg_fused.py compares them bit for
@@ -51,11 +54,11 @@ from numba.extending import intrinsic
 
 from fasttrain.data.color import ColorParams, _distort
 from fasttrain.data.jpeg import decode as _jpeg
-from fasttrain.data.jpeg.doctor import _doctor
+from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
-from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest
+from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest, resize
 
-__all__ = ["FUSED", "crop_resize", "crop_resize_inception", "decode_window", "run"]
+__all__ = ["FUSED", "check", "crop_resize", "crop_resize_inception", "decode_window", "run"]
 
 # Statuses of the compiled calls.
 DONE, USUAL, GROW_STREAM, GROW_BUFFER = 0, 1, 2, 3
@@ -193,9 +196,16 @@ def run(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple) -> b
     doctored), a compiled call that decodes `window` (top, left, h, w) of `jpeg` (decode_window) and
     transforms it into its outputs, run on this thread's buffers. False (nothing written) where the usual
     path must make the image, or where the fused calls are off (FUSED)."""
-    turbo = _jpeg._turbo
-    if not FUSED or turbo is None:  # (None: the library taken away, as the tests without it do)
+    if not FUSED or _jpeg._turbo is None:  # (None: the library taken away, as the tests without it do)
         return False
+    if not _problem and not checked():  # a process that skipped the warm-up (a spawned worker)
+        return False
+    return _execute(kernel, jpeg, checkpoints, window, settings, outputs)
+
+
+def _execute(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple) -> bool:
+    """run's call, unchecked."""
+    turbo = _jpeg._turbo
     handle = turbo._handle()
     reuse = turbo.local  # the thread's decode buffer, shared with decode_rows
     buffer, stream = getattr(reuse, "buffer", None), getattr(_local, "stream", None)
@@ -256,19 +266,63 @@ def crop_resize_inception(jpeg, checkpoints, window, width: int, method: str, fl
 
 
 def warm_up_inputs() -> tuple[bytes, list]:
-    """(jpeg, [None, its checkpoints]): a 32 x 16 JPEG of two MCU rows, for the kernels' warm-ups."""
-    jpeg = simplejpeg.encode_jpeg(np.full((32, 16, 3), 128, np.uint8), quality=90, colorsubsampling="420")
+    """(jpeg, [None, its checkpoints]): a 40 x 48 JPEG of three MCU rows (4:2:0), every pixel different,
+    for the kernels' warm-ups and `check`."""
+    y, x = np.mgrid[0:48, 0:40]
+    image = np.stack([y * 5 + x, y * 3 + x * 7 % 64, (x * y) % 251], -1).astype(np.uint8)
+    jpeg = simplejpeg.encode_jpeg(image, quality=95, colorsubsampling="420")
     return jpeg, [None, row_checkpoints(jpeg)]
+
+
+def check() -> str:
+    """'' when the fused ResNet call gives the separate calls' bytes on this machine, else why not; then
+    FUSED is turned off, so the loaders take the separate calls. Windows off the MCU grid, with and
+    without checkpoints (a doctored stream and a plain one): the cropping region reaches TurboJPEG in
+    registers as this module assumes the machine's ABI passes it, and where that is wrong the loader
+    must not train on other pixels."""
+    global FUSED
+    jpeg, checkpoints = warm_up_inputs()
+    for cp in checkpoints:
+        for window, flip in (((17, 19, 29, 15), True), ((3, 0, 45, 40), False)):
+            got, expected = np.full((12, 12, 3), 7, np.uint8), np.empty((12, 12, 3), np.uint8)
+            done = _execute(_resnet, jpeg, cp, window, (flip,), (got,))
+            rows, x = decode_window_rows(jpeg, cp, window)
+            _, left, h, w = window
+            image = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
+            resize(image[:, ::-1] if flip else image, expected, "bilinear")
+            if not done or not np.array_equal(got, expected):
+                FUSED = False
+                return (
+                    f"the fused decode {'declined' if not done else 'gave other pixels than'} the "
+                    f"separate calls' window {window} of a test JPEG on this machine "
+                    f"({platform.machine()}): the loaders use the separate calls"
+                )
+    return ""
+
+
+_checked = threading.Lock()
+_problem: list[str] = []  # check()'s answer, once per process
+
+
+def checked() -> bool:
+    """FUSED after `check` has run once in this process (a line on stderr if it turned them off)."""
+    with _checked:
+        if FUSED and not _problem and _jpeg._turbo is not None:
+            _problem.append(check())
+            if _problem[0]:
+                print(f"fasttrain: {_problem[0]}", file=sys.stderr, flush=True)
+    return FUSED
 
 
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) the ResNet and Inception kernels in this process,
-    before a loader starts its threads (fasttrain.data.vgg.warm_up compiles vgg's)."""
+    before a loader starts its threads (fasttrain.data.vgg.warm_up compiles vgg's), and `check` the
+    fused calls (once per process)."""
+    checked()
     if not FUSED:
         return
     jpeg, checkpoints = warm_up_inputs()
     out, work = np.empty((2, 2, 3), np.uint8), np.empty((2, 2, 3), np.float32)
     for cp in checkpoints:
-        crop_resize(jpeg, cp, (16, 0, 16, 16), False, out)
         for color in (None, ColorParams(0, 0.0, 1.0, 0.0, 1.0)):
-            crop_resize_inception(jpeg, cp, (16, 0, 16, 16), 16, "bilinear", False, color, out, work)
+            crop_resize_inception(jpeg, cp, (16, 0, 16, 16), 40, "bilinear", False, color, out, work)
