@@ -40,7 +40,8 @@ wall-clock and two thread CPU-clock reads, about 1 us with the GIL held (a CPU-c
 call, 0.45 us on the project's VM), beside about 49 us of GIL-held work per image (perf, one thread).
 
 Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
-calls drop the GIL), the transforms' numba kernels (nogil=True) and file reads run without the GIL.
+calls drop the GIL, or from the train transforms' fused numba call, fasttrain.data.jpeg.fused), the
+transforms' numba kernels (nogil=True) and file reads run without the GIL.
 What holds it is small beside them: per image (ResNet 224, one thread, the benchmark's photos) the
 read into a reused buffer with both CRCs 0.015 ms, the Example scan 0.004 ms, the seeding and the
 crop search 0.001 ms each (one numba kernel each, fasttrain.data.example / seeding / transforms;
