@@ -13,11 +13,10 @@ row checkpoints, 1,920 images): 2.04 takes per image against 3.88 with the separ
 (--no-fused) for ResNet v1.5's transform, 2.05 against 3.89 for vgg's, 2.04 against 4.89 for
 Inception's (with color_distort; its colour draws keep the GIL too now, color._sample_color).
 
-What that buys depends on how many threads wait for the GIL. On the project's 2-core VM it is within
-the noise with 1 or 2 threads (2 threads, R50 v1.5: 2,734 / 2,734 / 2,707 images/s fused against
-2,646 / 2,642 / 2,549; vgg: 2,891-2,993 against 2,869-2,936; Inception 299: 1,618-1,706 against
-1,588-1,665) and 0-8% with 8 threads on the 2 cores (R50 v1.5: 2,464 / 2,350 / 2,475 against
-2,277 / 2,344 / 2,379, 3% less CPU per image). On a GPU machine's 16 cores the GPU run measures it
+What that buys depends on how many threads wait for the GIL. On the project's 2-core VM, where they
+rarely do (bench/fused_decode.py, bench/results/2026-11-27-cpu-fused-decode/: 3 interleaved rounds,
+2 and 8 threads), the medians are 1.03-1.05x the separate calls' images/s with 1-3% less CPU per
+image, for each of the three transforms. On a GPU machine's 16 cores the GPU run measures it
 (bench/gpu_e2e.py: loader-threads against loader-threads-unfused).
 
 TurboJPEG is called from the compiled code by the functions' addresses (`_call`, an LLVM call through
