@@ -94,6 +94,9 @@ class Config:
     row_checkpoints: bool = True
     """Torch backend: decode training crops through the shards' JPEG row checkpoints where
     `python -m fasttrain.data row-checkpoints DATA_DIR` built them (the same pixels, less decode CPU)."""
+    fused_decode: bool = True
+    """Torch backend: make each training image (the crop's decode, resize, colour) in one call that
+    drops the GIL once, where its check on this machine passes (the same pixels; false: separate calls)."""
     num_workers: int = 4
     """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
     threads."""

@@ -324,3 +324,53 @@ def test_a_machine_where_the_fused_call_is_wrong_trains_on_the_separate_calls(
     np.testing.assert_array_equal(got, expected)
     fused.warm_up()  # checked once per process: no second line
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("fault", [None, "resnet", "inception"])
+def test_selfchecks_row(fault, monkeypatch):
+    """`fasttrain selfcheck`'s fused-decode row: the three transforms through the fused calls against
+    the separate ones. A fused ResNet call that gives other pixels fails the row with the loaders' own
+    check's reason; a wrong Inception kernel, which that check does not run, fails it too."""
+    from fasttrain.selfcheck.data_checks import check_fused_decode
+
+    monkeypatch.setattr(fused, "FUSED", True)  # restored after the test
+    if fault is None:
+        assert "24 in all" in check_fused_decode(None) and fused.FUSED
+        return
+    name = "_resnet" if fault == "resnet" else "_inception"
+    kernel = getattr(fused, name)
+
+    def faulty(*args):
+        result = kernel(*args)
+        args[-2 if fault == "inception" else -1][0, 0] ^= 1  # one pixel of the uint8 image
+        return result
+
+    monkeypatch.setattr(fused, name, faulty)
+    reason = "the fused decode gave other pixels" if fault == "resnet" else "inception train image"
+    with pytest.raises(AssertionError, match=reason):
+        check_fused_decode(None)
+    assert fused.FUSED is (fault == "inception")  # the loaders' own check turned it off, or passed
+
+
+@pytest.mark.parametrize("preprocess", ["resnet", "vgg", "inception"])
+def test_the_fused_decode_flag(synthetic, monkeypatch, preprocess):
+    """--fused_decode=false: the loader's images through the separate calls, the same batches; the
+    fused calls made the default's images (counted)."""
+    from test_thread_loader import _cfg, _epoch, _same
+
+    from fasttrain.data.thread_loader import ThreadLoader
+
+    monkeypatch.setattr(fused, "FUSED", True)  # restored after the test
+    execute, taken = fused._execute, []
+
+    def counted(*args):
+        taken.append(execute(*args))
+        return taken[-1]
+
+    monkeypatch.setattr(fused, "_execute", counted)
+    default = _epoch(ThreadLoader(_cfg(synthetic, preprocess=preprocess), "train", True), 1)
+    assert taken and all(taken) and fused.FUSED
+    count = len(taken)
+    separate = ThreadLoader(_cfg(synthetic, preprocess=preprocess, fused_decode=False), "train", True)
+    _same(_epoch(separate, 1), default)
+    assert not fused.FUSED and len(taken) == count

@@ -34,6 +34,7 @@ from fasttrain.config import Config
 from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
+from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.row_index import RowIndexes
 from fasttrain.data.loader import EpochPosition
 from fasttrain.data.seeding import SampleGenerator
@@ -222,6 +223,8 @@ class ShardLoader(EpochPosition):
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size = rank, world_size
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
+        if not cfg.fused_decode:  # the separate decode and transform calls (fasttrain.data.jpeg.fused)
+            fused.FUSED = False
         warm_up()
         _warm_up_reader()
         self.num_records = len(self.table)

@@ -1,5 +1,6 @@
 """Every check of `python -m fasttrain selfcheck`, in the order of the table (one row each)."""
 
+from fasttrain.selfcheck.data_checks import check_fused_decode
 from fasttrain.selfcheck.step_checks import (
     check_compiled_graph,
     check_eager_step,
@@ -26,6 +27,7 @@ CHECKS = {
     "fp16-overflow": check_fp16_overflow,
     "no-host-sync": check_no_host_sync,
     "buckets-vs-ddp": check_buckets_vs_ddp,
+    "fused-decode": check_fused_decode,
     "dali-cpu": check_dali_cpu,
     "dali-mixed": check_dali_mixed,
     "throughput-eager": check_throughput_eager,
