@@ -317,7 +317,7 @@ def train_transform(
     top, left, h, w = params.crop
     rows, x = decode_full_window_rows(jpeg, checkpoints, params.crop, width, file, offset)
     window = TrainParams((0, left - x, h, w), params.flip, params.method, params.color)
-    return apply_train(rows.reshape(h, -1, 3), window, image_size, preprocess, out, scratch)
+    return apply_train(rows.reshape(h, -1, 3), window, image_size, preprocess, out, work)
 
 
 def inception_central_crop(height: int, width: int) -> tuple[int, int, int, int]:

@@ -345,6 +345,7 @@ def warm_up() -> None:
             _window_bilinear(src, 0, 0, 2, 2, 2, 2, 0, 0, flip, out, fout)
     if fused.FUSED:  # the decode and the resample in one call (_fused), with and without checkpoints
         jpeg, checkpoints = fused.warm_up_inputs()
+        size, levels = jpeg_size(jpeg), np.empty((8, 24), np.uint8)
         for cp in checkpoints:
-            _window(jpeg, (48, 40), VggParams(9, 0, 0), 8, np.empty((8, 24), np.uint8), _NO_FLOATS, "", 0, cp)
+            _window(jpeg, size, VggParams(9, 0, 0), 8, levels, _NO_FLOATS, "", 0, cp)
     _store(floats.reshape(1, 1, 3), np.empty((1, 1, 3), np.uint8))

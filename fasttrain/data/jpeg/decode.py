@@ -270,6 +270,16 @@ class _TurboJPEG:
             out = out.reshape(out.shape[0], -1)
         return out, x
 
+    def buffer(self, size: int) -> tuple[np.ndarray, int]:
+        """(array, address): this thread's decode buffer, at least `size` bytes, grown to the largest
+        region seen (at least 1 MiB): no allocation per image. Valid until the thread's next call."""
+        reuse = self.local
+        out = getattr(reuse, "buffer", None)
+        if out is None or out.size < size:
+            out = reuse.buffer = np.empty(max(size, 1 << 20), np.uint8)
+            reuse.address = out.ctypes.data  # (.ctypes builds an object: 10% of the GIL-held time)
+        return out, reuse.address
+
     def _decode(self, jpeg: bytes, top: int, left: int, h: int, w: int, reuse) -> tuple[np.ndarray, int, int]:
         """(out (h, span * channels) uint8, x, channels): rows top .. top + h - 1 from column x on."""
         get, handle, data, size = self.get, self._handle(), _address(jpeg), len(jpeg)
@@ -289,12 +299,8 @@ class _TurboJPEG:
         if reuse is None:
             out = np.empty(rows * pitch, np.uint8)
             address = out.ctypes.data
-        else:  # one buffer per thread, grown to the largest region seen: no allocation per image
-            out = getattr(reuse, "buffer", None)
-            if out is None or out.size < rows * pitch:
-                out = reuse.buffer = np.empty(max(rows * pitch, 1 << 20), np.uint8)
-                reuse.address = out.ctypes.data  # (.ctypes builds an object: 10% of the GIL-held time)
-            address = reuse.address
+        else:
+            out, address = self.buffer(rows * pitch)
         status = self.decompress(handle, data, size, address, pitch, pixel_format)
         # Not with sampling factors TurboJPEG cannot crop: decoded whole, such a file's window is not
         # TensorFlow's cropped decode at its edges, and a damaged one is refused rather than guessed.

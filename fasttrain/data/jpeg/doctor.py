@@ -75,7 +75,7 @@ from fasttrain.data.jpeg.scan import (
 )
 from fasttrain.data.jpeg.synth import bitpos, put, run, scratch, splice, write_header
 
-__all__ = ["decode_and_crop", "decode_window_rows", "doctor", "row_checkpoints"]
+__all__ = ["decode_and_crop", "decode_window_rows", "doctor", "full_window_region", "row_checkpoints"]
 
 
 @numba.njit(nogil=True, cache=True)
@@ -314,6 +314,12 @@ def decode_full_window_rows(jpeg: bytes, checkpoints, window, width: int, file="
     last rows see their true chroma neighbours. The Inception seed decodes the whole image and then
     slices its crop; this decodes only the crop (tests/test_transforms.py: equal to decode_jpeg's slice).
     """
+    return decode_window_rows(jpeg, checkpoints, full_window_region(window, width), file, offset)
+
+
+def full_window_region(window, width: int) -> tuple[int, int, int, int]:
+    """The region decode_full_window_rows decodes for `window` (top, left, h, w) of a width-wide image:
+    one column more on each side where the image has one."""
     top, left, h, w = window
     lo, hi = max(left - 1, 0), min(left + w + 1, width)
-    return decode_window_rows(jpeg, checkpoints, (top, lo, h, hi - lo), file, offset)
+    return top, lo, h, hi - lo

@@ -53,7 +53,7 @@ from numba.extending import intrinsic
 
 from fasttrain.data.color import ColorParams, _distort
 from fasttrain.data.jpeg import decode as _jpeg
-from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows
+from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows, full_window_region
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
 from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest, resize
 
@@ -206,11 +206,7 @@ def _execute(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple)
     """run's call, unchecked."""
     turbo = _jpeg._turbo
     handle = turbo._handle()
-    reuse = turbo.local  # the thread's decode buffer, shared with decode_rows
-    buffer, stream = getattr(reuse, "buffer", None), getattr(_local, "stream", None)
-    if buffer is None:
-        buffer = reuse.buffer = np.empty(1 << 20, np.uint8)
-        reuse.address = buffer.ctypes.data
+    buffer, stream = turbo.buffer(0)[0], getattr(_local, "stream", None)  # the decode's: decode_rows' too
     if stream is None:
         stream = _local.stream = np.empty(1 << 18, np.uint8)
     # Read-only views: one compiled kernel for bytes and record-buffer views, sidecar and built checkpoints.
@@ -227,8 +223,7 @@ def _execute(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple)
         if status == GROW_STREAM:
             stream = _local.stream = np.empty(max(need, 2 * stream.size), np.uint8)
         elif status == GROW_BUFFER:
-            buffer = reuse.buffer = np.empty(max(need, 2 * buffer.size), np.uint8)
-            reuse.address = buffer.ctypes.data
+            buffer = turbo.buffer(need)[0]
         else:
             break
     # After a failed call TurboJPEG's decompressor may be left inside a header (decode._TurboJPEG._fail):
@@ -253,15 +248,13 @@ def crop_resize_inception(jpeg, checkpoints, window, width: int, method: str, fl
     decode's pixels, resized by `method` into out, or with `color` (a ColorParams, else None) into work
     (S, S, 3) float32, C-contiguous, then colour-distorted into out; flipped left-right when `flip`.
     True when done; False (nothing written to out) when the usual path must run."""
-    top, left, h, w = window
-    lo, hi = max(left - 1, 0), min(left + w + 1, width)  # the margin decode_full_window_rows decodes
     if color is None:
         colour, work = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0), _NO_WORK
     else:
         values = (color.ordering, color.brightness, color.saturation, color.hue, color.contrast)
         colour = (1.0, *(float(v) for v in values))
-    settings = ((left, w), METHODS.index(method), bool(flip), colour)
-    return run(_inception, jpeg, checkpoints, (top, lo, h, hi - lo), settings, (out, work))
+    settings = ((window[1], window[3]), METHODS.index(method), bool(flip), colour)
+    return run(_inception, jpeg, checkpoints, full_window_region(window, width), settings, (out, work))
 
 
 def warm_up_inputs() -> tuple[bytes, list]:
