@@ -374,3 +374,33 @@ def test_the_fused_decode_flag(synthetic, monkeypatch, preprocess):
     separate = ThreadLoader(_cfg(synthetic, preprocess=preprocess, fused_decode=False), "train", True)
     _same(_epoch(separate, 1), default)
     assert not fused.FUSED and len(taken) == count
+
+
+def test_the_separate_calls_compile_one_doctor():
+    """The separate calls' doctored stream runs on the kernel the warm-up compiled whatever it is given:
+    bytes or a writable record buffer, sidecar (read-only) or built checkpoints. Before, a loader with
+    --fused_decode=false compiled _doctor again on its first image (27 s here, longer than the GPU run's
+    20 s for its loader-alone run): its record buffers are writable, the warm-up's bytes are not."""
+    jpeg, (_, checkpoints) = fused.warm_up_inputs()
+    writable = np.frombuffer(bytearray(jpeg), np.uint8)
+    assert writable.flags.writeable and checkpoints.flags.writeable
+    for data, cp in ((jpeg, checkpoints), (memoryview(writable), checkpoints.copy())):
+        rows, x = doctor.decode_window_rows(data, cp, (17, 19, 29, 15))
+        assert rows.shape[0] == 29
+    signatures = doctor._doctor.signatures
+    assert signatures and all(not sig[0].mutable and not sig[1].mutable for sig in signatures), signatures
+
+
+def test_the_warm_up_compiles_the_separate_calls_when_fused_is_off(monkeypatch):
+    """With the fused calls off, the warm-up makes the separate calls' doctored decode once, so the
+    loaders' threads do not compile it on their first images."""
+    monkeypatch.setattr(fused, "FUSED", False)  # restored after the test
+    made, separate = [], fused.decode_window_rows
+
+    def counted(jpeg, checkpoints, window, *rest):
+        made.append(checkpoints is not None)
+        return separate(jpeg, checkpoints, window, *rest)
+
+    monkeypatch.setattr(fused, "decode_window_rows", counted)
+    fused.warm_up()
+    assert made == [True]

@@ -264,7 +264,12 @@ def doctor(jpeg, checkpoints: np.ndarray, top: int, left: int = 0, h: int = -1, 
     the window or beside and below it (module docstring); None when there is nothing to drop (f = 0
     and the window spans every checkpoint group) or the tables cannot encode the synthetic MCUs.
     stream is this thread's reused buffer, valid until the thread's next call."""
+    # Read-only views, as fasttrain.data.jpeg.fused passes them: one compiled _doctor for bytes and
+    # record-buffer views, sidecar and built checkpoints, the one the loaders' warm-up compiled.
     data = np.frombuffer(jpeg, np.uint8)
+    data.flags.writeable = False
+    checkpoints = checkpoints.view()
+    checkpoints.flags.writeable = False
     out = getattr(_local, "buffer", None)
     if out is None:
         out = _local.buffer = np.empty(1 << 18, np.uint8)

@@ -309,11 +309,13 @@ def checked() -> bool:
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) the ResNet and Inception kernels in this process,
     before a loader starts its threads (fasttrain.data.vgg.warm_up compiles vgg's), and `check` the
-    fused calls (once per process)."""
+    fused calls (once per process); where they are off, compile the separate calls' doctored stream."""
     checked()
-    if not FUSED:
-        return
     jpeg, checkpoints = warm_up_inputs()
+    if not FUSED:  # (--fused_decode=false, or check() turned them off): else the first images compile it
+        if _jpeg._turbo is not None:
+            decode_window_rows(jpeg, checkpoints[1], (17, 19, 29, 15))
+        return
     out, work = np.empty((2, 2, 3), np.uint8), np.empty((2, 2, 3), np.float32)
     for cp in checkpoints:
         for color in (None, ColorParams(0, 0.0, 1.0, 0.0, 1.0)):
