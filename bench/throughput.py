@@ -7,7 +7,8 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     a  fasttrain: TrainStep + build_optimizer + create_model + resolve_precision, as train.py wires
        them: the whole step in a CUDA graph (eager on the CPU), the flat-buffer fused optimizer+EMA
        (Triton on sm70+, its torch reference elsewhere), channels_last and autocast by the precision
-       policy (bf16 on sm80+), LR and loss scale on the device
+       policy (bf16 on sm80+), LR and loss scale on the device; without --compile (the trainer's
+       default on CUDA since the second GPU run: that is (f))
     b  eager PyTorch, the best conventional recipe: autocast (the policy's dtype, GradScaler for fp16)
        + channels_last (by the same policy) + torch.optim with foreach=True (SGD momentum for ResNets,
        RMSprop for Inception) + an EMA by torch._foreach_lerp_
@@ -18,7 +19,8 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     e  (a) without the CUDA graph (the trainer's --no-cuda_graph): the step run eagerly, everything
        else as in (a); (a) / (e) is what the graph buys
     f  (a) with --compile: the model's blocks compiled by inductor (mode compile_mode, "default" or
-       "max-autotune-no-cudagraphs") inside the whole-step graph (fasttrain/compile.py)
+       "max-autotune-no-cudagraphs") inside the whole-step graph (fasttrain/compile.py); the trainer's
+       CLI as it runs on CUDA
 
 Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
 `repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
@@ -51,7 +53,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import one_line, summarize, synchronize, timed
-from fasttrain.compile import COMPILE_MODES, CompiledModel
+from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
 from fasttrain.data.normalize import normalize_images
@@ -64,12 +66,12 @@ from fasttrain.train import batch_stream
 
 ROWS = ("a", "b", "c", "d", "e", "f")
 ROW_TITLES = {
-    "a": "fasttrain (graph, fused optimizer+EMA, policy precision)",
+    "a": "fasttrain --no-compile (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
     "c": "plain eager PyTorch: fp32 NCHW, TF32 convolutions as PyTorch ships (the seeds' setting)",
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
-    "f": "fasttrain --compile (inductor regions inside the whole-step graph)",
+    "f": "fasttrain --compile (inductor regions inside the whole-step graph; the CLI's default on CUDA)",
 }
 # A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
 RECIPE_OF = {
@@ -155,7 +157,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
     precision = resolve_precision(cfg, device)
     model = _model(cfg, device, precision.channels_last)
     optimizer = build_optimizer(cfg, model)
-    compiled = CompiledModel(model, cfg.compile_mode) if cfg.compile else None
+    compiled = CompiledModel(model, cfg.compile_mode) if compile_wanted(cfg.compile, device) else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
     step_fn = TrainStep(
@@ -282,10 +284,10 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
     # cudnn.benchmark (per-shape algorithm search, untimed in warm-up) for the tuned rows; (c) keeps
     # PyTorch's default. fasttrain's train.py sets it too (unless --deterministic).
     torch.backends.cudnn.benchmark = spec.row != "c"
-    if spec.row == "a":
-        row = build_fasttrain_row(cfg, device)
+    if spec.row == "a":  # without --compile, the CLI's default on CUDA: (f) is that
+        row = build_fasttrain_row(dataclasses.replace(cfg, compile=False), device)
     elif spec.row == "e":
-        row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False), device)
+        row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False, compile=False), device)
     elif spec.row == "f":
         mode = spec.compile_mode if spec.compile_mode in COMPILE_MODES else "default"
         row = build_fasttrain_row(dataclasses.replace(cfg, compile=True, compile_mode=mode), device)

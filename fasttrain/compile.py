@@ -79,6 +79,13 @@ def why_not_compiled(device: torch.device) -> str | None:
     return None
 
 
+def compile_wanted(compile_flag: bool | None, device: torch.device) -> bool:
+    """--compile as set, else its default: on for CUDA, where the regions inside the whole-step graph
+    measured 1.09-1.40x the graph without them (bench/results/2026-11-27-h200-second-run/), off on the
+    CPU (inductor's CPU code is no faster there and its compile takes minutes)."""
+    return device.type == "cuda" if compile_flag is None else bool(compile_flag)
+
+
 class CompiledModel:
     """The regions of `model` compiled in place (model keeps its modules, names and state_dict)."""
 
@@ -110,6 +117,11 @@ class CompiledModel:
         if not self.active or self.warmed_up:
             return
         self.warmed_up = True
+        self.log(
+            f"fasttrain: compiling {len(self.regions)} regions of the model (inductor, mode {self.mode}): "
+            "about a minute the first time on a machine, seconds from inductor's cache after; "
+            "--no-compile runs the model eagerly"
+        )
         saved = [b.detach().clone() for b in buffers]
         cpu_rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None

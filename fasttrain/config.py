@@ -206,8 +206,9 @@ class Config:
     """NHWC memory layout (default: on for CUDA devices with tensor cores, off on the CPU)."""
     cuda_graph: bool | None = None
     """Capture the whole training step in a CUDA graph (default: on for CUDA)."""
-    compile: bool = False
-    """Compile the model's blocks with torch.compile (inductor) inside the step and its CUDA graph."""
+    compile: bool | None = None
+    """Compile the model's blocks with torch.compile (inductor) inside the step and its CUDA graph
+    (default: on for CUDA, off on the CPU)."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """inductor mode of --compile (the modes with CUDA graphs of their own do not fit the captured step)."""
     grad_sync: Literal["buckets", "ddp"] = "buckets"

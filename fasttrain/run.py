@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from fasttrain.buckets import GradBuckets
-from fasttrain.compile import CompiledModel
+from fasttrain.compile import CompiledModel, compile_wanted
 from fasttrain.config import Config
 from fasttrain.data import Loader
 from fasttrain.dist_info import DistInfo
@@ -95,7 +95,8 @@ def build_run(
     broadcast_module(model)
     optimizer = build_optimizer(cfg, model)
     # After the optimizer: the compiled regions see the parameters as views of its flat buffers.
-    compiled = CompiledModel(model, cfg.compile_mode, log) if cfg.compile else None
+    wanted = compile_wanted(cfg.compile, info.device)
+    compiled = CompiledModel(model, cfg.compile_mode, log) if wanted else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     buckets, ddp_model = None, None
     # The stream of the CUDA graph's warm-up and capture; DDP must be built on it too.

@@ -114,7 +114,9 @@ def train(cfg: Config) -> dict:
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
-        f"{' cuda-graph' if precision.cuda_graph else ''} | global batch {global_batch} | "
+        f"{' cuda-graph' if precision.cuda_graph else ''}"
+        f"{' compiled' if run.step.compiled is not None and run.step.compiled.active else ''}"
+        f" | global batch {global_batch} | "
         f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
     )
     if step >= max_steps:
