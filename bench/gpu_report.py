@@ -17,8 +17,8 @@ import json
 import sys
 
 COLUMN_TITLES = {
-    "a": "(a) fasttrain, graph",
-    "f": "(f) fasttrain --compile, graph",
+    "a": "(a) fasttrain, graph, --no-compile",
+    "f": "(f) fasttrain, graph + --compile (the CLI on CUDA)",
     "e": "(e) fasttrain, --no-cuda_graph",
     "b": "(b) eager PyTorch",
     "d": "(d) torch.compile default",
