@@ -231,3 +231,29 @@ def test_shuffle_buffer_order_is_tf_data_shuffle():
 def test_batches_are_pinned_with_cuda(Loader, data):
     images, labels = next(iter(Loader(_cfg(data, num_workers=1), "train", True, 0, 1)))
     assert images.is_pinned() and labels.is_pinned()
+
+
+def test_garbage_is_collected_before_the_workers_fork(data):
+    """A finalizer of garbage the parent left uncollected must not run in a forked worker: a dropped
+    DALI pipeline's __del__ hung a DataLoader worker in CI, waiting for threads the fork had not
+    copied. The loader collects before it forks, so such finalizers run in the trainer's process."""
+    import gc
+    import os
+
+    ran_in = []
+
+    class Cycle:
+        def __del__(self):
+            ran_in.append(os.getpid())
+
+    gc.disable()  # (as between the collector's automatic runs): the cycle stays until collected
+    try:
+        cycle = Cycle()
+        cycle.self = cycle
+        del cycle
+        batches = iter(TorchLoader(_cfg(data, num_workers=1), "train", True))
+        next(batches)
+        assert ran_in == [os.getpid()]
+        del batches
+    finally:
+        gc.enable()

@@ -23,6 +23,7 @@ batch to the main process moves a handle, not 4.8 MB (32 x 224 x 224 x 3).
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections import OrderedDict
 
@@ -273,6 +274,11 @@ class TorchLoader(ShardLoader):
             pin_memory=torch.cuda.is_available(),
             worker_init_fn=ignore_stop_signals,  # a preempted job's trainer saves; see stop_signals
         )
+        # The workers are forked here. Garbage the parent has not collected yet would be collected in a
+        # child instead, whatever its finalizers need: a dropped DALI pipeline's __del__ waits there for
+        # threads that the fork did not copy, and the worker hangs (seen in CI). Collected here, now.
+        if loader.num_workers:
+            gc.collect()
         with stop_signals_blocked():  # the workers start here
             batches = iter(loader)
         error = None
