@@ -6,6 +6,12 @@ number of bits (mod 8) pending, adjusted with up to 7 extra AC coefficients; `sp
 original's bits [begin, end) by copying whole bytes (stuffing and all). The bit writer (`put`) stuffs
 a 0x00 after every 0xFF byte it writes; `write_header` copies the kept header segments with SOF's
 size and DRI's interval set. fasttrain.data.jpeg.doctor's docstring gives the equations.
+
+Inlining: the small leaves (`put`, `bitpos`, `category`, `copy_bytes`) are inlined into their callers
+by numba (inline="always"); `run`, `_extras` and `splice` are not. Numba inlines by copying its IR at
+every call site, and these three, each called from several sites of the doctor and holding the
+leaves' copies, made the loaders' first cold warm-up 88 s on one core (a doctored stream 8.6 us), 45
+s without (10.9 us; bench/results/2026-11-27-cpu-numba-warm-up/).
 """
 
 from __future__ import annotations
@@ -105,7 +111,7 @@ def bitpos(cp, i):
     return (np.int64(cp[i, 0]) & 0xFFFF) | ((np.int64(cp[i, 1]) & 0xFFFF) << 16)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def splice(out, o, acc, nacc, data, begin, end):
     """Append the original's entropy-coded bits [begin, end) (bit positions as in the checkpoints; the
     writer's pending bits nacc == begin mod 8): whole bytes are copied as they are, stuffing and all;
@@ -125,7 +131,7 @@ def splice(out, o, acc, nacc, data, begin, end):
     return o, np.int64(0), np.int64(0)
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def run(out, o, acc, nacc, hdr, ecode, elen, per, m, dpred, target_bit, exact, ws):
     """Append m synthetic MCUs (each block: DC diff, EOB) whose DC diffs sum to dpred[j] per component
     and, when exact, end with target_bit bits pending (module docstring's (a) and (b)); (o, acc, nacc),
@@ -241,7 +247,7 @@ def scratch(hdr, elen):
     )
 
 
-@numba.njit(nogil=True, cache=True, inline="always")
+@numba.njit(nogil=True, cache=True)
 def _extras(per, m, want, ws):
     """Up to 7 extra AC coefficients (ex_comp, ex_sym, ex_block in ws) adding want bits (mod 8), along
     the table's shortest path; their count, or -1."""
