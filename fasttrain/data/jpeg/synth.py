@@ -10,8 +10,8 @@ size and DRI's interval set. fasttrain.data.jpeg.doctor's docstring gives the eq
 Inlining: the small leaves (`put`, `bitpos`, `category`, `copy_bytes`) are inlined into their callers
 by numba (inline="always"); `run`, `_extras` and `splice` are not. Numba inlines by copying its IR at
 every call site, and these three, each called from several sites of the doctor and holding the
-leaves' copies, made the loaders' first cold warm-up 88 s on one core (a doctored stream 8.6 us), 45
-s without (10.9 us; bench/results/2026-11-27-cpu-numba-warm-up/).
+leaves' copies, made the loaders' cold warm-up 100 s on one core of the 2-core VM (a doctored stream
+9.5 us), 55 s without (12.0 us; bench/results/2026-11-27-cpu-numba-warm-up/).
 """
 
 from __future__ import annotations
