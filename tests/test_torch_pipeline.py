@@ -257,3 +257,21 @@ def test_garbage_is_collected_before_the_workers_fork(data):
         del batches
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("seconds, rank, said", [(0.4, 0, True), (0.4, 1, False), (0.0, 0, False)])
+def test_a_long_kernel_warm_up_says_it_compiles(monkeypatch, capsys, seconds, rank, said):
+    """A cold numba compile keeps the trainer silent for about a minute before its first step; past
+    COMPILE_NOTE_AFTER_S rank 0 says why on stderr (other ranks would repeat it); from the cache (about
+    1 s) nothing is said."""
+    import time
+
+    from fasttrain.data import torch_pipeline
+
+    monkeypatch.setattr(torch_pipeline, "COMPILE_NOTE_AFTER_S", 0.1)
+    monkeypatch.setattr(torch_pipeline, "warm_up", lambda: time.sleep(seconds))
+    monkeypatch.setattr(torch_pipeline, "_warm_up_reader", lambda: None)
+    torch_pipeline.warm_up_kernels(rank)
+    time.sleep(0.2)  # a note not cancelled in time would print now
+    err = capsys.readouterr().err
+    assert ("compiling the input pipeline's numba kernels" in err) is said, err

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -192,6 +193,34 @@ def _warm_up_reader() -> None:
     SampleDecoder(0, 1).decode(buffer, buffer.view[12 : 12 + len(payload)], "(warm-up)", 0)
 
 
+# Seconds after which a warm-up still running says that it compiles (from numba's disk cache it takes
+# about 1 s; a cold compile about a minute, bench/results/2026-11-27-cpu-numba-warm-up/).
+COMPILE_NOTE_AFTER_S = 5.0
+
+
+def warm_up_kernels(rank: int = 0) -> None:
+    """warm_up() and _warm_up_reader(); where they take longer than COMPILE_NOTE_AFTER_S (a cold compile:
+    the first run on a machine or of a new fasttrain version), rank 0 says so on stderr meanwhile,
+    rather than leaving the trainer silent for a minute before its first step."""
+    note = threading.Timer(
+        COMPILE_NOTE_AFTER_S,
+        lambda: print(
+            "fasttrain: compiling the input pipeline's numba kernels (the first run on this machine or "
+            "of this fasttrain version: about a minute; cached for the runs after it) ...",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
+    note.daemon = True
+    if rank == 0:
+        note.start()
+    try:
+        warm_up()
+        _warm_up_reader()
+    finally:
+        note.cancel()
+
+
 def all_corrupt(j: int) -> DataError:
     return DataError(
         f"every record of training batch {j} is corrupt; run python -m fasttrain.data verify on the "
@@ -226,8 +255,7 @@ class ShardLoader(EpochPosition):
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
         if not cfg.fused_decode:  # the separate decode and transform calls (fasttrain.data.jpeg.fused)
             fused.FUSED = False
-        warm_up()
-        _warm_up_reader()
+        warm_up_kernels(rank)
         self.num_records = len(self.table)
         # The train decodes read the shards' JPEG row checkpoints where they were built (opened lazily).
         self.row_indexes = None

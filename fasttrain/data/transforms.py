@@ -364,8 +364,9 @@ def eval_transform(
 def warm_up() -> None:
     """Compile (or load from numba's disk cache) every kernel the transforms use, in this process.
 
-    A loader calls it before starting its workers, which then inherit the compiled code (about 10 s
-    of compilation the first time on 2 cores, about 1 s from the cache after that).
+    A loader calls it before starting its workers, which then inherit the compiled code (55 s of
+    compilation the first time on the 2-core VM, bench/results/2026-11-27-cpu-numba-warm-up/; about
+    1 s from the cache after that).
     """
     resize_warm_up()
     vgg.warm_up()
