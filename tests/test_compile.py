@@ -40,18 +40,23 @@ def _model(name):
     return create_model(name, 5, base_channels=8)
 
 
-def _step(model, compiled=None, buckets=None, world=1, precision=FP32):
+def _step(model, compiled=None, buckets=None, world=1, precision=FP32, ddp=None):
     cfg = make_config(initial_learning_rate=0.05, learning_rate_decay_factor=1.0)
     opt = FusedMomentum(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4, impl="torch")
     if compiled is not None:
         compiled = CompiledModel(model, "default", log=compiled.append)
+    ddp_model = None
+    if ddp is not None:  # torch DDP around the model (its blocks compiled first, as fasttrain.run does)
+        from fasttrain.distributed import wrap_ddp
+
+        ddp_model = wrap_ddp(model, ddp)
     if buckets is not None:
         buckets = GradBuckets(opt.flat, buckets, bucket_cap_mb=0.05, first_bucket_mb=0.01, enabled=True)
     return TrainStep(
         model, optimizer=opt, precision=precision, device=CPU, world_size=world, buckets=buckets,
         schedule=LRSchedule(cfg, steps_per_epoch=100, global_batch=2, device=CPU),
         loss_fn=lambda out, y: classification_loss(out, y, label_smoothing=0.1, aux_weight=0.4),
-        preprocess="inception", compiled=compiled,
+        preprocess="inception", compiled=compiled, ddp_model=ddp_model,
     )  # fmt: skip
 
 
@@ -242,6 +247,46 @@ def test_compiled_regions_hand_gradients_to_the_buckets_during_backward(tmp_path
         assert result["buckets"] >= 3 and events.count("all_reduce") == result["buckets"], result
         before = events[: events.index("layer1")].count("all_reduce")
         assert before >= 2, f"rank {rank}: {events}"  # layer4's and layer3's buckets at least
+
+
+def _ddp(info, out):
+    # --grad_sync ddp with the compiled blocks (the default on CUDA now): torch DDP around the model
+    # whose blocks inductor compiled, as fasttrain.run builds them, against the same DDP step eager.
+    model = _model("resnet18")
+    reference = copy.deepcopy(model)
+    log = []
+    compiled = _step(model, compiled=log, world=info.world_size, ddp=info)
+    eager = _step(reference, world=info.world_size, ddp=info)
+    for batch in _batches(3, size=64, batch=4, seed=info.rank):
+        compiled([batch])
+        eager([batch])
+    torch.save(
+        dict(
+            compiled={k: v.detach().clone() for k, v in model.state_dict().items()},
+            eager={k: v.detach().clone() for k, v in reference.state_dict().items()},
+            active=compiled.compiled.active,
+            log=log,
+        ),
+        f"{out}.{info.rank}",
+    )
+
+
+@pytest.mark.slow
+def test_compiled_blocks_under_torch_ddp_train_as_the_eager_ddp_step(tmp_path):
+    spawn(_ddp, 2, str(tmp_path / "ddp"))
+    results = [torch.load(tmp_path / f"ddp.{rank}") for rank in range(2)]
+    for rank, result in enumerate(results):
+        assert result["active"], result["log"]  # compiled, not fallen back to eager
+        for key, a in result["eager"].items():
+            b = result["compiled"][key]
+            if not a.is_floating_point():
+                assert torch.equal(a, b), key
+                continue
+            worst = (a - b).abs().max().item()  # the per-tensor bound of the single-process test above
+            assert worst <= 2e-4 * a.abs().max().item() + 1e-7, f"rank {rank}, {key}: {worst:.2e}"
+    for key, a in results[0]["compiled"].items():  # DDP averaged the gradients: the same weights
+        if key.endswith("weight") or key.endswith("bias"):
+            assert torch.equal(a, results[1]["compiled"][key]), key
 
 
 @pytest.mark.parametrize(
