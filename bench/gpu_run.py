@@ -20,8 +20,10 @@ whatever an earlier step did, except the preflight:
                (inductor's on-disk caches then hold them, so the timed rows compile in seconds); the
                cold compile time is recorded here. New compiles start only while a checks lane runs.
       shards   the loaders' numba kernels compiled into numba's disk cache (else each process that
-               loads JPEGs compiles them cold: 90 s on one core, 130 s on the busy machine), then the
-               JPEG TFRecord shards of the e2e step (bench.photo_shards) and their row checkpoints
+               loads JPEGs compiles them cold: 55-100 s on one core, 130 s on the busy machine), then
+               the JPEG TFRecord shards of the e2e step (bench.photo_shards), their row checkpoints,
+               and the e2e trainer's model compiled by inductor (bench.gpu_e2e --warm: two synthetic
+               steps), so that e2e's timed trainer runs compile from the cache
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
       rows     one configuration: (a) fasttrain as its CLI runs it, (e) with --no-cuda_graph and (b)
@@ -143,12 +145,14 @@ class Driver:
         limit = max(1.0, min(limit, self.remaining() - 5))
         log_path = self.work / (log_name or f"{name}.log")
         self.log(f"{name}: start (limit {limit:.0f} s)")
+        started = time.monotonic() - self.start
         run = run_limited(cmd, limit, log_path, env=self.env)
         status = "timed out" if run["timed_out"] else ("ok" if run["returncode"] == 0 else "failed")
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] if log_path.exists() else []
         record = dict(
-            status=status, seconds=round(run["seconds"], 1), limit_s=round(limit), log=log_path.name
-        )
+            status=status, started_s=round(started, 1), seconds=round(run["seconds"], 1),
+            limit_s=round(limit), log=log_path.name,
+        )  # fmt: skip
         record.update(returncode=run["returncode"], last_line=tail[0][:300] if tail else "")
         with self.lock:
             self.results["steps"][name] = record
@@ -257,6 +261,11 @@ class Driver:
                 workers = "2" if self.args.dry_run else "8"
                 cmd = self.py("-m", "fasttrain.data", "row-checkpoints", str(shards), "--workers", workers)
                 self.run("row checkpoints", cmd, self.limits["shards"], "row_checkpoints.log")
+        if not self.finished("e2e compile"):  # the trainer's model into inductor's caches, untimed
+            cmd = self.py("-m", "bench.gpu_e2e", "--warm", "--data_dir", str(shards), "--work")
+            cmd += [str(self.work / "e2e"), "--out", os.devnull, "--limit", str(self.limits["compile"] - 10)]
+            cmd += ["--dry-run"] if self.args.dry_run else []
+            self.run("e2e compile", cmd, self.limits["compile"], "e2e_compile.log")
 
     def _row_cmd(self, s: Setting, column: str, result: Path, warm: bool = False) -> list[str]:
         spec = dict(

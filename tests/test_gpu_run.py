@@ -48,10 +48,17 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "shards",
         "row checkpoints",
         "loader kernels",
+        "e2e compile",
         "compile resnet18-fp32-4 d",
     ]
     expected += ["rows resnet18-fp32-4", "d resnet18-fp32-4", "kernels", "e2e"]
     assert {name: steps.get(name, {}).get("status") for name in expected} == dict.fromkeys(expected, "ok")
+    # The checks start once the loaders' numba kernels are compiled (each would compile them cold at once:
+    # the second GPU run's selfcheck and GPU tests ran out of time so), and the shards come after them.
+    kernels = steps["loader kernels"]
+    kernels_done = kernels["started_s"] + kernels["seconds"]
+    for name in ("selfcheck", "gpu_tests", "shards"):
+        assert steps[name]["started_s"] >= kernels_done - 0.2, (name, steps[name], kernels)
     # The GPU tests were collected with DALI and tfrecord failing to import, and all skipped here.
     gpu_tests = (out / "gpu_tests.txt").read_text()
     assert " skipped" in gpu_tests and "error" not in gpu_tests.splitlines()[-1].lower()
