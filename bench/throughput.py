@@ -157,7 +157,8 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
     precision = resolve_precision(cfg, device)
     model = _model(cfg, device, precision.channels_last)
     optimizer = build_optimizer(cfg, model)
-    compiled = CompiledModel(model, cfg.compile_mode) if compile_wanted(cfg.compile, device) else None
+    wanted = compile_wanted(cfg.compile, device, cfg.deterministic)
+    compiled = CompiledModel(model, cfg.compile_mode) if wanted else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
     step_fn = TrainStep(

@@ -208,7 +208,7 @@ class Config:
     """Capture the whole training step in a CUDA graph (default: on for CUDA)."""
     compile: bool | None = None
     """Compile the model's blocks with torch.compile (inductor) inside the step and its CUDA graph
-    (default: on for CUDA, off on the CPU)."""
+    (default: on for CUDA, off on the CPU and with --deterministic)."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """inductor mode of --compile (the modes with CUDA graphs of their own do not fit the captured step)."""
     grad_sync: Literal["buckets", "ddp"] = "buckets"

@@ -95,7 +95,7 @@ def build_run(
     broadcast_module(model)
     optimizer = build_optimizer(cfg, model)
     # After the optimizer: the compiled regions see the parameters as views of its flat buffers.
-    wanted = compile_wanted(cfg.compile, info.device)
+    wanted = compile_wanted(cfg.compile, info.device, cfg.deterministic)
     compiled = CompiledModel(model, cfg.compile_mode, log) if wanted else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     buckets, ddp_model = None, None

@@ -290,18 +290,20 @@ def test_compiled_blocks_under_torch_ddp_train_as_the_eager_ddp_step(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flag, device, wanted",
+    "flag, device, deterministic, wanted",
     [
-        (None, "cuda", True),
-        (None, "cpu", False),
-        (False, "cuda", False),
-        (True, "cpu", True),
-        (True, "cuda", True),
+        (None, "cuda", False, True),
+        (None, "cpu", False, False),
+        (None, "cuda", True, False),
+        (False, "cuda", False, False),
+        (True, "cpu", False, True),
+        (True, "cuda", True, True),
     ],
 )
-def test_compile_is_the_default_on_cuda_only(flag, device, wanted):
+def test_compile_is_the_default_on_cuda_only(flag, device, deterministic, wanted):
     # Measured faster on CUDA (bench/results/2026-11-27-h200-second-run/); on the CPU inductor's code is
-    # no faster and compiles for minutes. --compile / --no-compile decide where given.
+    # no faster and compiles for minutes; --deterministic keeps the eager kernels unless --compile is
+    # given. --compile / --no-compile decide where given.
     from fasttrain.compile import compile_wanted
 
-    assert compile_wanted(flag, torch.device(device)) is wanted
+    assert compile_wanted(flag, torch.device(device), deterministic) is wanted
