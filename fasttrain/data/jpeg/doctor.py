@@ -258,18 +258,24 @@ def _tj_croppable(hdr):
 _local = threading.local()
 
 
+def read_only_views(jpeg, checkpoints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(data, checkpoints) as read-only arrays, as `_doctor` and the fused kernels that call it are
+    given them: one compiled kernel for bytes and writable record-buffer views, sidecar (read-only)
+    and built checkpoints, the one the loaders' warm-up compiled (a writable one compiles anew)."""
+    data = np.frombuffer(jpeg, np.uint8)
+    data.flags.writeable = False
+    checkpoints = checkpoints.view()
+    checkpoints.flags.writeable = False
+    return data, checkpoints
+
+
 def doctor(jpeg, checkpoints: np.ndarray, top: int, left: int = 0, h: int = -1, w: int = -1):
     """(stream, new_top) or None: a JPEG whose window (new_top, left, h, w) decodes as the window
     (top, left, h, w) of `jpeg` (default: whole rows from top down), without the entropy data above
     the window or beside and below it (module docstring); None when there is nothing to drop (f = 0
     and the window spans every checkpoint group) or the tables cannot encode the synthetic MCUs.
     stream is this thread's reused buffer, valid until the thread's next call."""
-    # Read-only views, as fasttrain.data.jpeg.fused passes them: one compiled _doctor for bytes and
-    # record-buffer views, sidecar and built checkpoints, the one the loaders' warm-up compiled.
-    data = np.frombuffer(jpeg, np.uint8)
-    data.flags.writeable = False
-    checkpoints = checkpoints.view()
-    checkpoints.flags.writeable = False
+    data, checkpoints = read_only_views(jpeg, checkpoints)
     out = getattr(_local, "buffer", None)
     if out is None:
         out = _local.buffer = np.empty(1 << 18, np.uint8)

@@ -53,7 +53,7 @@ from numba.extending import intrinsic
 
 from fasttrain.data.color import ColorParams, _distort
 from fasttrain.data.jpeg import decode as _jpeg
-from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows, full_window_region
+from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows, full_window_region, read_only_views
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
 from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest, resize
 
@@ -209,13 +209,7 @@ def _execute(kernel, jpeg, checkpoints, window, settings: tuple, outputs: tuple)
     buffer, stream = turbo.buffer(0)[0], getattr(_local, "stream", None)  # the decode's: decode_rows' too
     if stream is None:
         stream = _local.stream = np.empty(1 << 18, np.uint8)
-    # Read-only views: one compiled kernel for bytes and record-buffer views, sidecar and built checkpoints.
-    data = np.frombuffer(jpeg, np.uint8)
-    data.flags.writeable = False
-    cp = _NO_CHECKPOINTS
-    if checkpoints is not None:
-        cp = checkpoints.view()
-        cp.flags.writeable = False
+    data, cp = read_only_views(jpeg, _NO_CHECKPOINTS if checkpoints is None else checkpoints)
     for _ in range(3):  # at most one growth of each buffer
         status, need, _ = kernel(_FNS, handle, data, cp, *window, *settings, stream, buffer, *outputs)
         if status == DONE:
