@@ -19,6 +19,7 @@ import sys
 COLUMN_TITLES = {
     "a": "(a) fasttrain, graph, --no-compile",
     "f": "(f) fasttrain, graph + --compile (the CLI on CUDA)",
+    "g": "(g) (f) with --no-pad_stem",
     "e": "(e) fasttrain, --no-cuda_graph",
     "b": "(b) eager PyTorch",
     "d": "(d) torch.compile default",
@@ -66,7 +67,7 @@ def speed_table(results: dict) -> list[str]:
     if not columns:
         return ["No step-speed row ran."]
     head = ["setting", *(COLUMN_TITLES[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
-    head += ["f / b", "f / d", "f / d-max"]
+    head += ["f / b", "f / d", "f / d-max", "f / g"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
@@ -76,7 +77,7 @@ def speed_table(results: dict) -> list[str]:
         a = _rate(cols.get("a"))
         f = _rate(cols.get("f"))
         ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
-        ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max")]
+        ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max", "g")]
         cells = []
         for c in columns:
             # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".
@@ -95,7 +96,7 @@ def speed_table(results: dict) -> list[str]:
         cold = warm.get("compile_seconds")
         out.append(f"- {name}: {warm['status']}" + (f", cold {cold:.0f} s" if cold else ""))
     for row in results.get("rows", []):
-        if row["spec"]["row"] in ("d", "f") and row.get("status") == "ok":
+        if row["spec"]["row"] in ("d", "f", "g") and row.get("status") == "ok":
             out.append(f"- {setting_key(row['spec'])} {column_of(row)}: warm {row['warmup_seconds']:.0f} s")
     opt = [r for r in results.get("rows", []) if r.get("optimizer") and r["spec"]["row"] == "a"]
     if opt:

@@ -26,10 +26,11 @@ whatever an earlier step did, except the preflight:
                steps), so that e2e's timed trainer runs compile from the cache
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
-      rows     one configuration: (a) fasttrain as its CLI runs it, (e) with --no-cuda_graph and (b)
-               eager PyTorch in one process; then each in a process of its own: (f) fasttrain
-               --compile (inductor regions inside the whole-step graph), (d) torch.compile of (b),
-               default mode, and (d-max) mode max-autotune-no-cudagraphs where --columns asks for it
+      rows     one configuration: (a) fasttrain --no-compile, (e) with --no-cuda_graph and (b)
+               eager PyTorch in one process; then each in a process of its own: (f) fasttrain as its
+               CLI runs it on CUDA (inductor regions inside the whole-step graph, the 4-channel stem),
+               (g) (f) with --no-pad_stem, (d) torch.compile of (b), default mode, and (d-max) mode
+               max-autotune-no-cudagraphs, where --columns asks for them
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
                and bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)

@@ -21,6 +21,8 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     f  (a) with --compile: the model's blocks compiled by inductor (mode compile_mode, "default" or
        "max-autotune-no-cudagraphs") inside the whole-step graph (fasttrain/compile.py); the trainer's
        CLI as it runs on CUDA
+    g  (f) with --no-pad_stem: the model's first convolution on the images' 3 channels, not 4 with a
+       zero one (fasttrain/models/stem.py); (f) / (g) is what the 4-channel stem buys the whole step
 
 Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
 `repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
@@ -64,7 +66,7 @@ from fasttrain.schedule import LRSchedule
 from fasttrain.step import BufferEMA, TrainStep
 from fasttrain.train import batch_stream
 
-ROWS = ("a", "b", "c", "d", "e", "f")
+ROWS = ("a", "b", "c", "d", "e", "f", "g")
 ROW_TITLES = {
     "a": "fasttrain --no-compile (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
@@ -72,6 +74,7 @@ ROW_TITLES = {
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
     "f": "fasttrain --compile (inductor regions inside the whole-step graph; the CLI's default on CUDA)",
+    "g": "fasttrain --compile --no-pad_stem (the first convolution on 3 channels, not 4)",
 }
 # A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
 RECIPE_OF = {
@@ -185,6 +188,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
             cuda_graph=precision.cuda_graph,
             optimizer=f"{type(optimizer).__name__} (impl {optimizer.impl})",
             compile=f"{len(compiled.regions)} regions, mode {cfg.compile_mode}" if compiled else "no",
+            stem_channels=precision.stem_channels,
         ),
         num_params=sum(p.numel() for p in model.parameters()),
         optimizer_bytes=_update_bytes(states, ema=True),
@@ -289,9 +293,10 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
         row = build_fasttrain_row(dataclasses.replace(cfg, compile=False), device)
     elif spec.row == "e":
         row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False, compile=False), device)
-    elif spec.row == "f":
+    elif spec.row in ("f", "g"):
         mode = spec.compile_mode if spec.compile_mode in COMPILE_MODES else "default"
-        row = build_fasttrain_row(dataclasses.replace(cfg, compile=True, compile_mode=mode), device)
+        pad = {"pad_stem": False} if spec.row == "g" else {}  # (f): the policy's, as the CLI runs
+        row = build_fasttrain_row(dataclasses.replace(cfg, compile=True, compile_mode=mode, **pad), device)
     elif spec.row == "c":
         row = build_eager_row(cfg, device, Precision("fp32", False, False), foreach=False)
     else:

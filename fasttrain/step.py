@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fasttrain.data.normalize import normalize_images
+from fasttrain.data.normalize import normalize_images, pad_channels
 from fasttrain.precision import DynamicLossScaler, Precision, grads_not_finite
 from fasttrain.schedule import LRSchedule
 
@@ -58,11 +58,15 @@ def model_input(images: torch.Tensor, preprocess: str, precision: Precision) -> 
     """A loader batch (N, H, W, C) as the model's (N, C, H, W) input in the policy's layout.
 
     uint8 batches (torch pipeline) are normalised here on the device; float batches come normalised
-    from DALI, and their NHWC storage already is the channels_last layout: a permute, no copy.
+    from DALI, and their NHWC storage already is the channels_last layout: a permute, no copy. With
+    precision.stem_channels 4 (--pad_stem) a fourth, zero channel follows the image's three.
     """
+    channels = precision.stem_channels
     if not images.is_floating_point():
-        return normalize_images(images, preprocess, precision.dtype, precision.channels_last)
+        return normalize_images(images, preprocess, precision.dtype, precision.channels_last, channels)
     x = images.permute(0, 3, 1, 2)
+    if channels != x.shape[1]:
+        return pad_channels(x, channels, precision.channels_last)
     return x if precision.channels_last else x.contiguous()
 
 

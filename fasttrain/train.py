@@ -116,6 +116,7 @@ def train(cfg: Config) -> dict:
         f"{precision.name}{' channels_last' if precision.channels_last else ''}"
         f"{' cuda-graph' if precision.cuda_graph else ''}"
         f"{' compiled' if run.step.compiled is not None and run.step.compiled.active else ''}"
+        f"{' stem4' if precision.stem_channels == 4 else ''}"
         f" | global batch {global_batch} | "
         f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
     )

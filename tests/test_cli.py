@@ -174,7 +174,9 @@ def test_demo_on_cuda_captures_the_step_learns_and_resumes(tmp_path):
     out = run_cli("--train_dir", str(run_dir), cache=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     # --compile is the default on CUDA: the model's blocks compiled inside the captured step.
-    assert "1 x cuda" in out.stdout and "channels_last cuda-graph compiled" in out.stdout, out.stdout[:2000]
+    assert "1 x cuda" in out.stdout and "channels_last cuda-graph compiled stem4" in out.stdout, out.stdout[
+        :2000
+    ]
     top1 = float(re.search(r"validation top-1 ([0-9.]+)", out.stdout).group(1))
     assert top1 > 0.5, out.stdout[-2000:]  # chance is 0.1 (10 classes); the CPU run reaches 1.0
     again = run_cli("--train_dir", str(run_dir), "--max_steps=330", cache=tmp_path)

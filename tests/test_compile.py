@@ -2,6 +2,7 @@
 the fallback to eager in one line, and gradients reaching the buckets while backward runs (gloo)."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -78,14 +79,19 @@ _PER_TENSOR, _WHOLE = "max-abs per tensor", "L2 over the step's state"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name, size, images, bound",
-    [("resnet18", 64, 4, _PER_TENSOR), ("resnet18_v2", 64, 4, _PER_TENSOR), ("inception_v3", 299, 8, _WHOLE)],
+    "name, size, images, bound, stem",
+    [
+        ("resnet18", 64, 4, _PER_TENSOR, 3),
+        ("resnet18", 64, 4, _PER_TENSOR, 4),  # the compiled stem on 4 channels (--pad_stem), eager on 3
+        ("resnet18_v2", 64, 4, _PER_TENSOR, 3),
+        ("inception_v3", 299, 8, _WHOLE, 3),
+    ],
 )
-def test_compiled_step_equals_the_eager_step(name, size, images, bound):
+def test_compiled_step_equals_the_eager_step(name, size, images, bound, stem):
     eager_model = _model(name)
     compiled_model = copy.deepcopy(eager_model)
     eager, log = _step(eager_model), []
-    compiled = _step(compiled_model, compiled=log)
+    compiled = _step(compiled_model, compiled=log, precision=dataclasses.replace(FP32, stem_channels=stem))
     assert compiled.compiled.active and len(compiled.compiled.regions) == len(compile_regions(eager_model))
     for k, batch in enumerate(_batches(3, batch=images, size=size)):
         # Dropout (Inception) draws from torch's generator: both steps draw the same masks.
@@ -134,9 +140,11 @@ def _compiles() -> dict:
 def test_the_steps_after_the_warm_up_compile_nothing():
     """Every region's graph comes from the warm-up: a compile during the CUDA-graph capture would launch
     and synchronise, which the capture refuses. With the GPU policy's input (bf16 autocast,
-    channels_last), the non-graph step on the CPU runs the same forward and backward as the capture."""
+    channels_last, the 4-channel stem), the non-graph step on the CPU runs the same forward and backward
+    as the capture."""
     model = _model("resnet18")
-    step = _step(model, compiled=[], precision=Precision("bf16", channels_last=True, cuda_graph=False))
+    gpu_policy = Precision("bf16", channels_last=True, cuda_graph=False, stem_channels=4)
+    step = _step(model, compiled=[], precision=gpu_policy)
     after_warm_up, warm_up = [], step.compiled.warm_up
 
     def counted(*args):

@@ -64,12 +64,14 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert " skipped" in gpu_tests and "error" not in gpu_tests.splitlines()[-1].lower()
     # One row per column, each measured (3 windows), the compiled one too.
     rows = {r["spec"]["row"]: r for r in results["rows"]}
-    assert sorted(rows) == ["a", "b", "d", "e", "f"]
+    assert sorted(rows) == ["a", "b", "d", "e", "f", "g"]
     assert all(r["status"] == "ok" and len(r["seconds"]) == 3 for r in rows.values()), rows
     assert rows["d"]["spec"]["compile_mode"] == "default" and "compile" in rows["d"]["setting"]
     assert (
         rows["f"]["setting"]["compile"] == "9 regions, mode default"  # ResNet-18: its stem, 8 blocks
         and rows["a"]["setting"]["compile"] == "no"
+        and rows["g"]["setting"]["compile"] == "9 regions, mode default"  # (f) on 3 input channels
+        and rows["g"]["setting"]["stem_channels"] == 3
     )
     assert rows["a"]["optimizer"]["ms"] > 0
     assert results["compile_warm"]["resnet18-fp32-4 d"]["compile_seconds"] > 0
@@ -111,7 +113,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "rows resnet18-fp32-4: start" not in again.stdout and "e2e: start" not in again.stdout
     resumed = json.loads((out / "results.json").read_text())
-    assert resumed["part"] == 2 and len(resumed["rows"]) == 5 and resumed["steps"]["e2e"]["status"] == "ok"
+    assert resumed["part"] == 2 and len(resumed["rows"]) == 6 and resumed["steps"]["e2e"]["status"] == "ok"
 
 
 def test_without_cuda_it_stops_at_the_preflight_in_one_line(tmp_path):
@@ -141,7 +143,7 @@ def test_bad_flag_is_one_usage_line():
         [sys.executable, "-m", "bench.gpu_run", "--out", "/tmp/x", "--columns", "a,z"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
-    assert run.returncode == 2 and "--columns: 'z' is not one of a, f, e, b, d, d-max" in run.stderr
+    assert run.returncode == 2 and "--columns: 'z' is not one of a, f, g, e, b, d, d-max" in run.stderr
 
 
 def test_rows_first_puts_every_step_speed_row_before_kernels_and_e2e(tmp_path):

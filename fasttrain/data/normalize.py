@@ -37,15 +37,38 @@ def _affine(preprocess: str, device: torch.device) -> tuple[torch.Tensor, torch.
 
 
 def normalize_images(
-    images: torch.Tensor, preprocess: str, dtype: torch.dtype = torch.float32, channels_last: bool = True
+    images: torch.Tensor,
+    preprocess: str,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = True,
+    channels: int = 3,
 ) -> torch.Tensor:
-    """(N, H, W, 3) uint8 on any device -> (N, 3, H, W) `dtype`, channels_last unless told otherwise."""
+    """(N, H, W, 3) uint8 on any device -> (N, 3, H, W) `dtype`, channels_last unless told otherwise.
+
+    channels=4: (N, 4, H, W), the fourth channel zero (--pad_stem, fasttrain.models.stem); the first
+    three are the 3-channel result's, bit for bit."""
     if images.dim() != 4 or images.shape[-1] != 3:
         raise ValueError(f"expected (N, H, W, 3) images, got shape {tuple(images.shape)}")
     scale, bias = _affine(preprocess, images.device)
     x = images.permute(0, 3, 1, 2)  # (N, C, H, W) view of NHWC memory: channels_last strides
     # Elementwise ops keep the input's channels_last layout (TensorIterator follows the strides).
     y = torch.addcmul(bias, x.float(), scale).to(dtype)
+    if channels != 3:
+        return pad_channels(y, channels, channels_last)
     if not channels_last:
         y = y.contiguous()
     return y
+
+
+def pad_channels(x: torch.Tensor, channels: int, channels_last: bool = True) -> torch.Tensor:
+    """(N, 3, H, W) -> (N, channels, H, W) with zeros after the 3 (4: --pad_stem), in channels_last
+    unless told otherwise: one pass over the batch (at batch 256 and 224 px in bf16, 77 MB read and
+    103 MB written, against the 1.4 ms the 4-channel stem saves)."""
+    if channels < x.shape[1]:
+        raise ValueError(f"cannot pad {x.shape[1]} channels to {channels}")
+    n, c, h, w = x.shape
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.empty((n, channels, h, w), dtype=x.dtype, device=x.device, memory_format=layout)
+    out[:, c:].zero_()
+    out[:, :c].copy_(x)
+    return out

@@ -70,6 +70,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fasttrain.models.stem import StemConv2d
+
 BN_MOMENTUM = 1.0 - 0.9997
 BN_EPS = 0.001
 _CONV_STD = 0.1
@@ -129,10 +131,19 @@ class BasicConv2d(nn.Module):
     """conv (no bias) -> BN -> ReLU; `init_std` is the truncated-normal std of its weight."""
 
     def __init__(
-        self, cin, cout, kernel, stride=1, padding=0, init_std=_CONV_STD, *, bn: type = SlimBatchNorm
+        self,
+        cin,
+        cout,
+        kernel,
+        stride=1,
+        padding=0,
+        init_std=_CONV_STD,
+        *,
+        bn: type = SlimBatchNorm,
+        conv: type = nn.Conv2d,
     ):
         super().__init__()
-        self.conv = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, bias=False)
+        self.conv = conv(cin, cout, kernel, stride=stride, padding=padding, bias=False)
         self.bn = bn(cout)
         self.init_std = init_std
 
@@ -301,7 +312,7 @@ class Inception3(nn.Module):
         def d(channels: int) -> int:
             return max(1, int(channels * depth_multiplier))
 
-        self.Conv2d_1a_3x3 = conv(3, d(32), 3, stride=2)
+        self.Conv2d_1a_3x3 = conv(3, d(32), 3, stride=2, conv=StemConv2d)  # 3 channels, or 4 (stem.py)
         self.Conv2d_2a_3x3 = conv(d(32), d(32), 3)
         self.Conv2d_2b_3x3 = conv(d(32), d(64), 3, padding=1)
         self.maxpool1 = nn.MaxPool2d(3, stride=2)

@@ -39,6 +39,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fasttrain.models.stem import StemConv2d
+
 BN_MOMENTUM = 1.0 - 0.997
 BN_EPS = 1e-5
 
@@ -128,7 +130,7 @@ class ResNet(nn.Module):
         blocks, bottleneck = _ARCHS[depth]
         block = Bottleneck if bottleneck else BasicBlock
         w = base_channels
-        self.conv1 = nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False)
+        self.conv1 = StemConv2d(3, w, 7, stride=2, padding=3, bias=False)  # 3 channels, or 4 (stem.py)
         self.bn1 = nn.BatchNorm2d(w)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)

@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fasttrain.models.stem import StemConv2d
+
 BN_MOMENTUM = 1.0 - 0.997  # resnet_model.py _BATCH_NORM_DECAY = 0.997
 # resnet_model.py _BATCH_NORM_EPSILON = 1e-5, raised by TF 1.4's nn.fused_batch_norm to its floor
 # `min_epsilon = 1.001e-5` (a cuDNN requirement; TF 2 removed the floor).
@@ -181,7 +183,7 @@ class ResNetV2(nn.Module):
         blocks, bottleneck = _ARCHS[depth]
         block = PreActBottleneck if bottleneck else PreActBasicBlock
         w = base_channels
-        self.conv1 = nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False)  # fixed_padding(7): 3 and 3
+        self.conv1 = StemConv2d(3, w, 7, stride=2, padding=3, bias=False)  # fixed_padding(7): 3 and 3
         cin = w
         for stage, count in enumerate(blocks):
             width = w * 2**stage

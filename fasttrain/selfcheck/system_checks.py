@@ -5,6 +5,7 @@ and a short throughput figure (a sanity figure: python -m bench.run is the bench
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -190,7 +191,7 @@ def check_dali_mixed(ctx: Context) -> str:
 def _throughput(ctx: Context, graph: bool) -> str:
     from fasttrain.config import make_config
     from fasttrain.models import create_model
-    from fasttrain.precision import Precision, resolve_precision
+    from fasttrain.precision import resolve_precision
 
     chosen = resolve_precision(make_config(), ctx.device)
     if ctx.cuda:
@@ -201,7 +202,7 @@ def _throughput(ctx: Context, graph: bool) -> str:
     model = create_model(name, 1000, **kwargs).to(ctx.device)
     if chosen.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    precision = Precision(chosen.name, chosen.channels_last, cuda_graph=graph)
+    precision = dataclasses.replace(chosen, cuda_graph=graph)  # its --pad_stem too
     step = train_step(model, precision, ctx.device)
     batch_data = batches(1, ctx.device, batch=batch, size=size, classes=1000)[0]
     for _ in range(warmup):  # the graph's eager warm-up and capture, cuDNN autotuning: not timed
