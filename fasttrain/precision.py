@@ -77,13 +77,14 @@ def resolve_precision(cfg: Config, device: torch.device) -> Precision:
 
 
 def pad_stem_wanted(pad_stem: bool | None, device: torch.device, name: str, channels_last: bool) -> bool:
-    """--pad_stem as set, else its default: on for CUDA with bf16 or fp16 and channels_last, where a
-    3-channel NHWC input keeps the first convolution off cuDNN's tensor-core kernels (ResNet-50's conv1,
-    bf16, batch 256, H200: 6.147 ms with 3 channels, 4.705 ms with 4; fasttrain.models.stem); off in
-    fp32 and on the CPU, where nothing was measured to gain."""
+    """--pad_stem as set, else its default: on for CUDA with bf16 and channels_last, where a 3-channel
+    NHWC input keeps the first convolution off cuDNN's tensor-core kernels (ResNet-50's conv1, bf16,
+    batch 256, H200: 6.147 ms with 3 channels, 4.705 ms with 4; fasttrain.models.stem); off in fp16
+    (Volta's and Turing's default, whose tensor cores may want 8 channels: not measured), in fp32 and
+    on the CPU, where nothing was measured to gain."""
     if pad_stem is not None:
         return bool(pad_stem)
-    return device.type == "cuda" and name in ("bf16", "fp16") and channels_last
+    return device.type == "cuda" and name == "bf16" and channels_last
 
 
 class DynamicLossScaler:
