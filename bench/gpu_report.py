@@ -4,17 +4,22 @@
 
 Several files (parts of the same GPU run made at different chances) are merged: rows, steps and
 warm compiles of later files are added to the first's; the environment is the first's. Step-speed
-columns: (a) fasttrain as its CLI runs it (whole-step CUDA graph), (f) the same with --compile (the
-model's blocks compiled by inductor inside the graph), (e) --no-cuda_graph, (b) eager
-PyTorch (channels_last, autocast, torch.optim foreach + foreach EMA), (d) torch.compile of (b)'s
-model and optimizer step, default mode, (d-max) mode max-autotune-no-cudagraphs. A cell is the median
-images/s of the timed windows (min-max) and the peak memory; compile times are reported apart.
+columns: (f) fasttrain as its CLI runs it on CUDA (whole-step CUDA graph, the model's blocks compiled by
+inductor inside it, the 4-channel stem), (a) with --no-compile, (g) (f) with --no-pad_stem, (e)
+--no-cuda_graph --no-compile, (b) eager PyTorch (channels_last, autocast, torch.optim foreach +
+foreach EMA), (d) torch.compile of (b)'s model and optimizer step, default mode, (d-max) mode
+max-autotune-no-cudagraphs. A cell is the median images/s of the timed windows (min-max) and the peak
+memory; compile times are reported apart. Rows profiled after their timed windows get a table of their
+device time by kind of kernel (bench/step_profile.py).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+
+from bench.step_profile import breakdown_table
 
 COLUMN_TITLES = {
     "a": "(a) fasttrain, graph, --no-compile",
@@ -109,6 +114,28 @@ def speed_table(results: dict) -> list[str]:
     return out
 
 
+def profile_tables(results: dict) -> list[str]:
+    """Per setting, the profiled rows' device time by kind of kernel (bench/step_profile.py)."""
+    by_setting: dict[str, list[tuple[str, dict, float | None]]] = {}
+    for row in results.get("rows", []):
+        profile = row.get("profile")
+        if row.get("status") != "ok" or not profile:
+            continue
+        seconds, steps = row.get("seconds") or [], row.get("steps_per_repeat") or 0
+        timed_ms = statistics.median(seconds) / steps * 1e3 if seconds and steps else None
+        label = COLUMN_TITLES.get(column_of(row), column_of(row)).split(" ", 1)[0]
+        by_setting.setdefault(setting_key(row["spec"]), []).append((label, profile, timed_ms))
+    if not by_setting:
+        return ["No row was profiled."]
+    out = []
+    for key, rows in by_setting.items():
+        order = {COLUMN_TITLES[c].split(" ", 1)[0]: i for i, c in enumerate(COLUMN_TITLES)}
+        rows.sort(key=lambda r: order.get(r[0], len(order)))
+        out += [f"{key} ({rows[0][1]['source']}, {rows[0][1]['steps']} steps each):", ""]
+        out += [*breakdown_table(rows), ""]
+    return out
+
+
 def kernel_table(results: dict) -> list[str]:
     bench = results.get("bench_optim") or {}
     out = []
@@ -199,6 +226,8 @@ def render(results: dict) -> str:
         last = (s.get("last_line") or s.get("reason") or "").replace("|", "/")
         lines.append(f"| {name} | {s['status']} | {s.get('seconds', '-')} | {last[:160]} |")
     lines += ["", "## Step speed (images/s, synthetic data on the device)", "", *speed_table(results)]
+    lines += ["", "## Where the step's device time goes (profiled after the timed windows)", ""]
+    lines += profile_tables(results)
     lines += ["", "## Fused optimizer + EMA", "", *kernel_table(results)]
     lines += ["", "## Trainer end to end on JPEG TFRecords", "", *e2e_lines(results)]
     selfcheck = results.get("selfcheck") or {}

@@ -281,6 +281,8 @@ class Driver:
         else:  # at least 3 windows of about 0.3 s after warm-up, the median reported
             opts = dict(warmup=5, repeats=5, target_seconds=0.3)
         opts["optimizer"] = column == "aeb"  # the update alone, timed in the fasttrain row (a)
+        if not warm:  # then where the device time goes, by kind of kernel (bench/step_profile.py)
+            opts["profile"] = 1 if self.args.dry_run else 3
         cmd = self.py("-m", "bench.throughput", "--spec", json.dumps(spec), "--opts", json.dumps(opts))
         rows = ",".join(c for c in ("a", "e", "b") if c in self.args.column_list) if column == "aeb" else ""
         return cmd + (["--rows", rows] if rows else []) + ["--result", str(result)]

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import one_line, summarize, synchronize, timed
+from bench.step_profile import kernel_breakdown
 from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
@@ -115,6 +116,8 @@ class MeasureOptions:
     optimizer: bool = False
     """Also time the optimizer step alone."""
     optimizer_calls: int = 20
+    profile: int = 0
+    """Then profile this many steps (bench/step_profile.py: device time by kind of kernel; 0: none)."""
 
 
 @dataclass
@@ -356,6 +359,11 @@ def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> di
                 ms=sec * 1e3,
                 effective_gb_per_s=row.num_params * row.optimizer_bytes / sec / 1e9,
             )
+        if opts.profile:
+            try:  # after the timed windows: a profiler failure costs the breakdown, not the row
+                result["profile"] = kernel_breakdown(run, opts.profile, device)
+            except Exception as exc:
+                result["profile_error"] = one_line(exc)
     except Exception as exc:  # a row that cannot run is reported, not fatal (OOM, compile errors)
         result["status"] = "failed"
         result["error"] = one_line(exc)

@@ -1,0 +1,107 @@
+"""Where a training step's device time goes: a few steps under torch.profiler, the kernels grouped.
+
+    breakdown = kernel_breakdown(run, steps=3, device=device)
+    breakdown["ms_per_step"]   # {"convolution": 21.3, "inductor (Triton)": 9.8, ...}
+    breakdown["top"]           # the kernels that took most, [{"name", "ms_per_step", "calls_per_step"}]
+
+bench/throughput.py runs it after a row's timed windows (MeasureOptions.profile steps), so the rows of
+one setting, (f) fasttrain --compile beside (d) torch.compile say which kind of work one of them
+spends more on: the convolutions (cuDNN's choice of kernels, the stem), inductor's fused
+BatchNorm/ReLU/add kernels, ATen's own elementwise and reduction kernels, the optimizer, copies.
+The groups are by kernel name (GROUPS, first match wins); on a GPU the times are the kernels' own
+device times (a CUDA graph's replay included: CUPTI reports the kernels inside it), on the CPU the
+operators' self CPU times (the dry run's; only a check that it runs). Profiling slows the host side,
+not the kernels, and its steps are not the timed ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import torch
+
+from bench.common import synchronize
+
+# (group, pattern over the kernel's or operator's name, case-insensitive); the first that matches.
+GROUPS = (
+    ("optimizer (fasttrain Triton)", r"_rmsprop_tf_kernel|_momentum_kernel|rmsprop_tf_upd|momentum_upd"),
+    ("inductor (Triton)", r"^triton_|^triton"),
+    ("pooling", r"pool"),
+    ("convolution", r"conv|implicit|wgrad|dgrad|fprop|cudnn|nchwtonhwc|nhwctonchw"),  # before matmul
+    ("matmul", r"gemm|cutlass|matmul|aten::mm|aten::addmm|linear"),
+    ("batch norm (ATen)", r"batch_norm|batchnorm|bn_fw|bn_bw|welford"),
+    ("copy / fill", r"memcpy|memset|copy|fill|\bcat\b|catarray"),
+    ("elementwise / reduction (ATen)", r"elementwise|vectorized|reduce|unrolled|foreach|multi_tensor|lerp"),
+)
+TOP = 25
+
+
+def group_of(name: str) -> str:
+    for group, pattern in GROUPS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return group
+    return "other"
+
+
+def kernel_breakdown(run: Callable[[], object], steps: int, device: torch.device) -> dict:
+    """Profile `steps` calls of run() (warm: the caller has run it before); ms per step by group and
+    the TOP kernels. Device kernels on CUDA, operators' self CPU time elsewhere."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            run()
+        synchronize(device)
+    kernels: dict[str, list[float]] = {}  # name -> [microseconds, calls]
+    for event in prof.key_averages():
+        if cuda:
+            if str(event.device_type).rsplit(".", 1)[-1] != "CUDA":
+                continue
+            us = getattr(event, "self_device_time_total", None)
+            if us is None:
+                us = event.self_cuda_time_total
+        else:
+            us = event.self_cpu_time_total
+        if us <= 0:
+            continue
+        entry = kernels.setdefault(event.key, [0.0, 0])
+        entry[0] += us
+        entry[1] += event.count
+    by_group: dict[str, float] = {}
+    for name, (us, _) in kernels.items():
+        by_group[group_of(name)] = by_group.get(group_of(name), 0.0) + us / 1e3 / steps
+    top = sorted(kernels.items(), key=lambda item: -item[1][0])[:TOP]
+    return dict(
+        steps=steps,
+        source="CUDA kernels (device time)" if cuda else "CPU operators (self CPU time)",
+        total_ms_per_step=sum(by_group.values()),
+        ms_per_step=dict(sorted(by_group.items(), key=lambda item: -item[1])),
+        top=[
+            dict(
+                name=name[:160], group=group_of(name), ms_per_step=us / 1e3 / steps, calls_per_step=n / steps
+            )
+            for name, (us, n) in top
+        ],
+    )
+
+
+def breakdown_table(rows: list[tuple[str, dict, float | None]]) -> list[str]:
+    """Markdown: one column per (label, breakdown, the row's timed ms per step), one line per group."""
+    if not rows:
+        return []
+    groups = [g for g, _ in GROUPS] + ["other"]
+    groups = [g for g in groups if any(g in b["ms_per_step"] for _, b, _ in rows)]
+    out = ["| group (ms per step) | " + " | ".join(label for label, _, _ in rows) + " |"]
+    out.append("|" + " --- |" * (len(rows) + 1))
+    for g in groups:
+        cells = [f"{b['ms_per_step'].get(g, 0.0):.2f}" for _, b, _ in rows]
+        out.append(f"| {g} | " + " | ".join(cells) + " |")
+    totals = [f"**{b['total_ms_per_step']:.2f}**" for _, b, _ in rows]
+    out.append("| **all of them** | " + " | ".join(totals) + " |")
+    timed = [f"{ms:.2f}" if ms else "-" for _, _, ms in rows]
+    out.append("| the timed step (its windows' median) | " + " | ".join(timed) + " |")
+    return out
