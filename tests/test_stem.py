@@ -177,3 +177,35 @@ def test_pad_stem_default(flag, device, precision, channels_last, expected):
 def test_the_cpu_policy_leaves_three_channels_unless_asked():
     assert resolve_precision(make_config(), CPU).stem_channels == 3
     assert resolve_precision(make_config(pad_stem=True), CPU).stem_channels == 4
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_padded_stem_in_bf16_matches_float32():
+    # cuDNN picks other kernels for 4 channels than for 3 (the point of it): both are checked against
+    # the same convolution in float32 without TF32. bf16 keeps 8 bits of mantissa, so the inputs' and
+    # weights' rounding alone moves each output by about 2^-8 of the sum of |x * w| it is made of:
+    # the bound is 2% of the output's scale, far below what a wrong weight channel or a non-zero
+    # fourth channel would move it (the size of the output itself).
+    cuda = torch.device("cuda")
+    conv = _conv(7, 2, 3).to(cuda, memory_format=torch.channels_last)
+    gen = torch.Generator().manual_seed(4)
+    x3 = torch.randn(32, 3, 224, 224, generator=gen).to(cuda, memory_format=torch.channels_last)
+    grad_out = torch.randn(32, 16, 112, 112, generator=gen).to(cuda, memory_format=torch.channels_last)
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = False, True
+    try:
+        conv.zero_grad()
+        reference = conv(x3)
+        reference.backward(grad_out)
+        reference_grad = conv.weight.grad.clone()
+        for x in (x3, pad_channels(x3, 4)):
+            conv.zero_grad()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                y = conv(x.bfloat16())
+            y.float().backward(grad_out)
+            scale = reference.abs().max().item()
+            assert (y.float() - reference).abs().max().item() <= 2e-2 * scale, x.shape[1]
+            worst = (conv.weight.grad - reference_grad).abs().max().item()
+            assert worst <= 2e-2 * reference_grad.abs().max().item(), x.shape[1]
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
