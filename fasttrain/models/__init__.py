@@ -10,7 +10,8 @@ A classifier name is a state_dict key prefix: the layer's keys are f"{name}.weig
 f"{name}.bias", so `key.startswith(name + ".")` selects them.
 
 Forward: ResNets return logits (N, num_classes); Inception v3 returns (logits, aux_logits) in train
-mode with aux_logits=True and logits alone otherwise. Inputs are (N, 3, H, W), NCHW or channels_last;
+mode with aux_logits=True and logits alone otherwise. Inputs are (N, 3, H, W), NCHW or channels_last
+(or (N, 4, H, W) with the fourth channel zero: fasttrain.models.stem);
 after `model.to(memory_format=torch.channels_last)` every activation stays NHWC.
 """
 

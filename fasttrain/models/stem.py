@@ -12,9 +12,9 @@ backward, bf16, batch 256, channels_last, on an H200: 6.147 ms with 3 channels, 
 checkpoint it maps to stay (out, 3, kh, kw). Given 4 channels, it convolves with its weight padded by
 a zero input channel (a (out, 4, kh, kw) tensor made in the forward, so the gradient of the real
 weight is the padded one's first 3 channels); the fourth channel of the input must be zero, and then
-the output is the 3-channel convolution's, up to the order of the summation. The step builds that
-input (fasttrain.data.normalize.normalize_images with channels=4); the model still takes 3 channels
-as before (evaluation, export, tests).
+the output is the 3-channel convolution's, up to the order of the summation. The step and the
+evaluator build that input (fasttrain.step.model_input: fasttrain.data.normalize.normalize_images
+with channels=4); the model still takes 3 channels as before (export, a caller's own batches).
 """
 
 from __future__ import annotations
