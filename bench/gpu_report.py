@@ -16,7 +16,6 @@ device time by kind of kernel (bench/step_profile.py).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 from bench.step_profile import breakdown_table
@@ -117,23 +116,24 @@ def speed_table(results: dict) -> list[str]:
 def profile_tables(results: dict) -> list[str]:
     """Per setting, the profiled rows' device time by kind of kernel (bench/step_profile.py)."""
     by_setting: dict[str, list[tuple[str, dict, float | None]]] = {}
-    for row in results.get("rows", []):
-        profile = row.get("profile")
-        if row.get("status") != "ok" or not profile:
-            continue
-        seconds, steps = row.get("seconds") or [], row.get("steps_per_repeat") or 0
-        timed_ms = statistics.median(seconds) / steps * 1e3 if seconds and steps else None
-        label = COLUMN_TITLES.get(column_of(row), column_of(row)).split(" ", 1)[0]
-        by_setting.setdefault(setting_key(row["spec"]), []).append((label, profile, timed_ms))
+    errors = []
+    for record in results.get("profiles", []):  # bench.throughput's profile_record, one per row
+        label = COLUMN_TITLES.get(column_of(record), column_of(record)).split(" ", 1)[0]
+        key = setting_key(record["spec"])
+        if record.get("profile"):
+            entry = (label, record["profile"], record.get("timed_ms_per_step"))
+            by_setting.setdefault(key, []).append(entry)
+        elif record.get("profile_error"):
+            errors.append(f"- {key} {label}: {record['profile_error'][:160]}")
     if not by_setting:
-        return ["No row was profiled."]
+        return ["No row was profiled.", *errors]
     out = []
     for key, rows in by_setting.items():
         order = {COLUMN_TITLES[c].split(" ", 1)[0]: i for i, c in enumerate(COLUMN_TITLES)}
         rows.sort(key=lambda r: order.get(r[0], len(order)))
         out += [f"{key} ({rows[0][1]['source']}, {rows[0][1]['steps']} steps each):", ""]
         out += [*breakdown_table(rows), ""]
-    return out
+    return out + errors
 
 
 def kernel_table(results: dict) -> list[str]:
@@ -242,6 +242,7 @@ def merge(parts: list[dict]) -> dict:
     merged = dict(parts[0])
     for later in parts[1:]:
         merged["rows"] = merged.get("rows", []) + later.get("rows", [])
+        merged["profiles"] = merged.get("profiles", []) + later.get("profiles", [])
         merged["steps"] = {**merged.get("steps", {}), **later.get("steps", {})}
         merged["compile_warm"] = {**merged.get("compile_warm", {}), **later.get("compile_warm", {})}
         for key in ("bench_optim", "e2e", "selfcheck"):

@@ -351,6 +351,7 @@ class Driver:
         with self.lock:
             self.results["elapsed_s"] = round(time.monotonic() - self.start, 1)
             self.results["rows"] = _read_jsonl(self.work / "rows.jsonl")
+            self.results["profiles"] = _read_jsonl(self.work / "rows.profile.jsonl")  # bench.throughput's
             for name in ("bench_optim.json", "e2e.json", "selfcheck.json"):
                 path = self.work / name
                 if path.exists():

@@ -26,7 +26,7 @@ from bench.common import synchronize
 # (group, pattern over the kernel's or operator's name, case-insensitive); the first that matches.
 GROUPS = (
     ("optimizer (fasttrain Triton)", r"_rmsprop_tf_kernel|_momentum_kernel|rmsprop_tf_upd|momentum_upd"),
-    ("inductor (Triton)", r"^triton_|^triton"),
+    ("inductor (Triton)", r"^triton|cpp_fused"),  # its CUDA kernels, its C++ ones on the CPU
     ("pooling", r"pool"),
     ("convolution", r"conv|implicit|wgrad|dgrad|fprop|cudnn|nchwtonhwc|nhwctonchw"),  # before matmul
     ("matmul", r"gemm|cutlass|matmul|aten::mm|aten::addmm|linear"),

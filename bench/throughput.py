@@ -323,8 +323,12 @@ def input_stream(spec: RowSpec, device: torch.device) -> Callable[[], tuple[torc
     return lambda: next(batches)[0]
 
 
-def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> dict:
-    """Build, warm up and time one row. Never raises: a failure is the result's status."""
+def measure_row(
+    spec: RowSpec, device: torch.device, opts: MeasureOptions, on_timed: Callable[[dict], None] | None = None
+) -> dict:
+    """Build, warm up and time one row. Never raises: a failure is the result's status. With
+    opts.profile, on_timed (if given) gets the timed result before the profile starts, so a profiler
+    that hangs (CUPTI with CUDA graphs has, on older CUDA) costs the breakdown, not the row."""
     result = dict(spec=dataclasses.asdict(spec), title=ROW_TITLES[spec.row], status="ok")
     row = None
     try:
@@ -360,6 +364,8 @@ def measure_row(spec: RowSpec, device: torch.device, opts: MeasureOptions) -> di
                 effective_gb_per_s=row.num_params * row.optimizer_bytes / sec / 1e9,
             )
         if opts.profile:
+            if on_timed is not None:
+                on_timed(dict(result))
             try:  # after the timed windows: a profiler failure costs the breakdown, not the row
                 result["profile"] = kernel_breakdown(run, opts.profile, device)
             except Exception as exc:
@@ -392,13 +398,45 @@ def main(argv: list[str] | None = None) -> int:
     spec = RowSpec(**json.loads(args.spec))
     opts = MeasureOptions(**json.loads(args.opts))
     failed = 0
+
+    def append(path: str, record: dict) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
     for row in [r.strip() for r in args.rows.split(",") if r.strip()] or [spec.row]:
-        result = measure_row(dataclasses.replace(spec, row=row), torch.device(args.device), opts)
-        # Appended as each row ends, so that a process killed at its time limit keeps what it measured.
-        with open(args.result, "a", encoding="utf-8") as f:
-            f.write(json.dumps(result) + "\n")
+        # Appended as each row is timed, so that a process killed at its time limit keeps what it
+        # measured; its profile, after, goes to profile_path (profile_record).
+        timed: list[dict] = []
+
+        def on_timed(r: dict, timed: list[dict] = timed) -> None:
+            append(args.result, r)
+            timed.append(r)
+
+        result = measure_row(dataclasses.replace(spec, row=row), torch.device(args.device), opts, on_timed)
+        if timed:
+            append(profile_path(args.result), profile_record(result))
+        else:
+            append(args.result, result)
         failed += result["status"] != "ok"
     return 1 if failed else 0
+
+
+def profile_path(result_path: str) -> str:
+    """Where the profiles of the rows in `result_path` (a .jsonl file) go: NAME.profile.jsonl."""
+    path = str(result_path)
+    return path.removesuffix(".jsonl") + ".profile.jsonl"
+
+
+def profile_record(result: dict) -> dict:
+    """A profiled row's breakdown with what says which row it is and how long its timed step took."""
+    seconds, steps = result.get("seconds") or [], result.get("steps_per_repeat") or 0
+    record = dict(spec=result["spec"], timed_ms_per_step=None)
+    if seconds and steps:
+        record["timed_ms_per_step"] = sorted(seconds)[len(seconds) // 2] / steps * 1e3
+    for key in ("profile", "profile_error"):
+        if key in result:
+            record[key] = result[key]
+    return record
 
 
 if __name__ == "__main__":

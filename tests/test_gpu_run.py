@@ -74,8 +74,12 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         and rows["g"]["setting"]["stem_channels"] == 3
     )
     assert rows["a"]["optimizer"]["ms"] > 0
-    # Each timed row profiled after its windows: its CPU operators here, grouped by kind.
-    assert all(r["profile"]["ms_per_step"].get("convolution", 0) > 0 for r in rows.values()), rows
+    # Each timed row profiled after its windows (its CPU operators here, grouped by kind), the profile
+    # recorded apart from the row, which was written before the profiler started.
+    profiles = {p["spec"]["row"]: p for p in results["profiles"]}
+    assert sorted(profiles) == sorted(rows) and all("profile" not in r for r in rows.values())
+    assert all(p["profile"]["ms_per_step"].get("convolution", 0) > 0 for p in profiles.values()), profiles
+    assert all(p["timed_ms_per_step"] > 0 for p in profiles.values())
     assert results["compile_warm"]["resnet18-fp32-4 d"]["compile_seconds"] > 0
     infos = [b["extra_info"] for b in results["bench_optim"]["benchmarks"]]
     kernels, stems = [k for k in infos if "model" in k], [k for k in infos if "c3_over_c4" in k]

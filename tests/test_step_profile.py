@@ -60,3 +60,34 @@ def test_a_cpu_step_is_profiled_and_tabled():
     table = breakdown_table([("(f)", breakdown, 1.5), ("(d)", breakdown, None)])
     assert table[0] == "| group (ms per step) | (f) | (d) |"
     assert table[-1] == "| the timed step (its windows' median) | 1.50 | - |"
+
+
+def test_a_row_is_written_before_its_profile_starts(tmp_path, monkeypatch):
+    # A profiler that hangs (CUPTI with CUDA graphs has, on older CUDA) must not take the timed row
+    # with it: the row is in the results file before the profile begins.
+    import json
+
+    from bench import throughput
+
+    result = tmp_path / "rows.jsonl"
+    seen = []
+
+    def hanging(run, steps, device):
+        seen.append(result.read_text())  # what a kill at this moment would leave
+        raise RuntimeError("profiler stuck")
+
+    monkeypatch.setattr(throughput, "kernel_breakdown", hanging)
+    spec = dict(row="a", model="resnet18", batch=2, image_size=32, base_channels=8, precision="fp32")
+    opts = dict(warmup=1, repeats=3, steps=1, profile=1)
+    code = throughput.main(["--spec", json.dumps(spec), "--opts", json.dumps(opts), "--result", str(result)])
+    assert code == 0
+    assert len(seen) == 1 and json.loads(seen[0])["status"] == "ok"
+    rows = [json.loads(line) for line in result.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["images_per_s"]["median"] > 0
+    profiles = [json.loads(line) for line in (tmp_path / "rows.profile.jsonl").read_text().splitlines()]
+    assert len(profiles) == 1 and set(profiles[0]) == {"spec", "timed_ms_per_step", "profile_error"}
+    assert profiles[0]["spec"] == rows[0]["spec"]
+    assert (
+        profiles[0]["profile_error"] == "RuntimeError: profiler stuck"
+        and profiles[0]["timed_ms_per_step"] > 0
+    )
