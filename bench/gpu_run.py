@@ -30,7 +30,9 @@ whatever an earlier step did, except the preflight:
                eager PyTorch in one process; then each in a process of its own: (f) fasttrain as its
                CLI runs it on CUDA (inductor regions inside the whole-step graph, the 4-channel stem),
                (g) (f) with --no-pad_stem, (d) torch.compile of (b), default mode, and (d-max) mode
-               max-autotune-no-cudagraphs, where --columns asks for them
+               max-autotune-no-cudagraphs, where --columns asks for them; each row, once written,
+               profiled for 3 steps (bench/step_profile.py: device time by kind of kernel, in
+               rows.profile.jsonl; at most 30 s, else its process ends)
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
                and bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)

@@ -47,6 +47,9 @@ import dataclasses
 import gc
 import json
 import math
+import os
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -392,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", required=True, help="JSON lines file: one result appended per row")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument(
+        "--profile_limit", type=float, default=30.0, help="seconds a row's profile may take (default 30)"
+    )
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -407,18 +413,28 @@ def main(argv: list[str] | None = None) -> int:
         # Appended as each row is timed, so that a process killed at its time limit keeps what it
         # measured; its profile, after, goes to profile_path (profile_record).
         timed: list[dict] = []
+        watchdog = threading.Timer(args.profile_limit, _profile_stuck, args=(args.profile_limit,))
+        watchdog.daemon = True
 
-        def on_timed(r: dict, timed: list[dict] = timed) -> None:
+        def on_timed(r: dict, timed: list[dict] = timed, watchdog=watchdog) -> None:
             append(args.result, r)
             timed.append(r)
+            watchdog.start()  # the row is safe: a profile that never ends ends the process
 
         result = measure_row(dataclasses.replace(spec, row=row), torch.device(args.device), opts, on_timed)
+        watchdog.cancel()
         if timed:
             append(profile_path(args.result), profile_record(result))
         else:
             append(args.result, result)
         failed += result["status"] != "ok"
     return 1 if failed else 0
+
+
+def _profile_stuck(limit: float) -> None:
+    sys.stderr.write(f"throughput: the profile ran past {limit:.0f} s (its row is written); stopping\n")
+    sys.stderr.flush()
+    os._exit(5)
 
 
 def profile_path(result_path: str) -> str:

@@ -91,3 +91,28 @@ def test_a_row_is_written_before_its_profile_starts(tmp_path, monkeypatch):
         profiles[0]["profile_error"] == "RuntimeError: profiler stuck"
         and profiles[0]["timed_ms_per_step"] > 0
     )
+
+
+def test_a_profile_that_never_ends_ends_the_process_with_its_row_kept(tmp_path):
+    # The profiler stuck for good (sleeping here, in a process of its own): the watchdog ends the
+    # process after --profile_limit, and the row written before the profile is there.
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    result = tmp_path / "rows.jsonl"
+    spec = dict(row="a", model="resnet18", batch=2, image_size=32, base_channels=8, precision="fp32")
+    opts = dict(warmup=1, repeats=3, steps=1, profile=1)
+    code = textwrap.dedent(f"""
+        import sys, time
+        from bench import throughput
+        throughput.kernel_breakdown = lambda run, steps, device: time.sleep(600)
+        sys.exit(throughput.main(["--spec", {json.dumps(spec)!r}, "--opts", {json.dumps(opts)!r},
+                                  "--result", {str(result)!r}, "--profile_limit", "2"]))
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert run.returncode == 5, run.stderr[-2000:]
+    assert "the profile ran past 2 s (its row is written)" in run.stderr
+    rows = [json.loads(line) for line in result.read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["status"] == "ok" and rows[0]["images_per_s"]["median"] > 0
