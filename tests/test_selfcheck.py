@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 GPU_ROWS = (
     "graph-replay",
     "compiled-graph",
+    "padded-stem",
     "fp16-overflow",
     "no-host-sync",
     "dali-mixed",

@@ -9,6 +9,7 @@ from fasttrain.selfcheck.step_checks import (
     check_no_host_sync,
     check_optimizer_chunked,
     check_optimizer_triton,
+    check_padded_stem,
 )
 from fasttrain.selfcheck.system_checks import (
     check_buckets_vs_ddp,
@@ -24,6 +25,7 @@ CHECKS = {
     "eager-step": check_eager_step,
     "graph-replay": check_graph_replay,
     "compiled-graph": check_compiled_graph,
+    "padded-stem": check_padded_stem,
     "fp16-overflow": check_fp16_overflow,
     "no-host-sync": check_no_host_sync,
     "buckets-vs-ddp": check_buckets_vs_ddp,

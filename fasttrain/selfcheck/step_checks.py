@@ -202,6 +202,45 @@ def check_compiled_graph(ctx: Context) -> str:
     )
 
 
+def check_padded_stem(ctx: Context) -> str:
+    """cuDNN's first convolution on 4 channels, the fourth zero (--pad_stem; fasttrain.models.stem),
+    and on 3, each in the GPU's half precision against float32 without TF32 (tests/test_stem.py)."""
+    needs_cuda(ctx, "cuDNN's convolution on a padded 4-channel input")
+    from fasttrain.data.normalize import pad_channels
+    from fasttrain.models.stem import StemConv2d
+
+    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    torch.manual_seed(0)
+    conv = StemConv2d(3, 64, 7, stride=2, padding=3, bias=False)
+    conv = conv.to(ctx.device, memory_format=torch.channels_last)
+    gen = torch.Generator().manual_seed(1)
+    x3 = torch.randn(32, 3, 224, 224, generator=gen).to(ctx.device, memory_format=torch.channels_last)
+    grad_out = torch.randn(32, 64, 112, 112, generator=gen).to(ctx.device, memory_format=torch.channels_last)
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = False, True
+    try:
+        reference = conv(x3)
+        reference.backward(grad_out)
+        reference_grad, conv.weight.grad = conv.weight.grad, None
+        for x in (x3, pad_channels(x3, 4)):
+            with torch.autocast("cuda", dtype=dtype):
+                y = conv(x.to(dtype))
+            y.float().backward(grad_out)
+            # Half precision's rounding of inputs and weights alone: about 2^-8 of the output's scale.
+            worst = (y.float() - reference).abs().max().item() / reference.abs().max().item()
+            assert worst <= 2e-2, f"{x.shape[1]} channels: output off by {worst:.1e} of its scale"
+            worst = (conv.weight.grad - reference_grad).abs().max().item() / reference_grad.abs().max().item()
+            assert worst <= 2e-2, f"{x.shape[1]} channels: weight gradient off by {worst:.1e} of its scale"
+            conv.weight.grad = None
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark = flags
+    name = str(dtype).rsplit(".", 1)[-1]
+    return (
+        f"ResNet's conv1 (batch 32, 224 px, channels_last) in {name} on 3 channels and on 4 (the fourth "
+        "zero, --pad_stem): output and weight gradient within 2% of float32's scale"
+    )
+
+
 def check_fp16_overflow(ctx: Context) -> str:
     needs_cuda(ctx, "fp16 loss scaling under graph replay")
     model, step = _run_graphed(ctx, graph=True, steps=5, precision="fp16")
