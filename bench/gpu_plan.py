@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,25 @@ LIMITS = {
 }  # fmt: skip
 MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 200}
 DRY_LIMITS = {k: 600 for k in LIMITS}
+
+
+# The GPU tests' files in the order they run (pytest keeps the order of the files it is given): the
+# training step's (graph replay, the compiled step, the padded stem) and the kernels' first, the
+# trainer's demo on CUDA last (the slowest: a cold start of the CLI), so that a run cut off at its limit
+# has the core checks; then every other test file.
+GPU_TESTS_FIRST = (
+    "test_step.py", "test_stem.py", "test_optim.py", "test_momentum.py", "test_rmsprop_tf.py",
+    "test_transforms.py", "test_torch_pipeline.py", "test_torchrun.py", "test_dali_pipeline.py",
+)  # fmt: skip
+GPU_TESTS_LAST = ("test_bench_run.py", "test_cli.py")
+
+
+def gpu_test_files(root: Path = Path("tests")) -> list[str]:
+    names = sorted(p.name for p in root.glob("test_*.py"))
+    order = [n for n in GPU_TESTS_FIRST if n in names]
+    order += [n for n in names if n not in GPU_TESTS_FIRST and n not in GPU_TESTS_LAST]
+    order += [n for n in GPU_TESTS_LAST if n in names]
+    return [str(root / n) for n in order]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -43,12 +43,9 @@ brings back 8 files at most, none deeper than two folders).
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import shutil
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -56,6 +53,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import gpu_report
+from bench.gpu_output import read_jsonl, write_outputs
 from bench.gpu_plan import (
     COMPILE_MODES,
     COMPILED,
@@ -65,9 +63,9 @@ from bench.gpu_plan import (
     LIMITS,
     MIN_START,
     Setting,
+    gpu_test_files,
     parse_args,
 )
-from fasttrain.checkpoint import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -106,7 +104,7 @@ class Driver:
 
     def measured(self, s: Setting, columns: list[str]) -> bool:
         """With --resume: every column of `columns` has an ok row for this setting in rows.jsonl."""
-        done = {gpu_report.column_of(r) for r in _read_jsonl(self.work / "rows.jsonl") if r["status"] == "ok"
+        done = {gpu_report.column_of(r) for r in read_jsonl(self.work / "rows.jsonl") if r["status"] == "ok"
                 and gpu_report.setting_key(r["spec"]) == s.key}  # fmt: skip
         return self.args.resume and set(columns) <= done
 
@@ -194,7 +192,8 @@ class Driver:
 
     def gpu_tests(self) -> None:
         if "gpu_tests" in self.args.steps and not self.finished("gpu_tests"):
-            cmd = self.py("-m", "pytest", "-m", "gpu", "tests", "-v", "-rs", "-p", "no:cacheprovider")
+            cmd = self.py("-m", "pytest", "-m", "gpu", *gpu_test_files(), "-v", "-rs")
+            cmd += ["-p", "no:cacheprovider"]
             cmd += ["--durations=10", f"--junitxml={self.work / 'gpu_tests.xml'}"]
             self.run("gpu_tests", cmd, self.limits["gpu_tests"], "gpu_tests.txt")
 
@@ -233,7 +232,7 @@ class Driver:
             cmd = self._row_cmd(setting, column, result, warm=True)
             limit = self.limits["compile-max" if column == "d-max" else "compile"]
             record = self.run(name, cmd, limit, f"warm-{setting.key}-{column}.log")
-            rows = _read_jsonl(result)
+            rows = read_jsonl(result)
             if rows and rows[-1]["status"] == "ok":
                 record["compile_seconds"] = rows[-1].get("warmup_seconds")
             with self.lock:
@@ -352,53 +351,7 @@ class Driver:
     def save(self) -> None:
         with self.lock:
             self.results["elapsed_s"] = round(time.monotonic() - self.start, 1)
-            self.results["rows"] = _read_jsonl(self.work / "rows.jsonl")
-            self.results["profiles"] = _read_jsonl(self.work / "rows.profile.jsonl")  # bench.throughput's
-            for name in ("bench_optim.json", "e2e.json", "selfcheck.json"):
-                path = self.work / name
-                if path.exists():
-                    try:
-                        self.results[name.split(".")[0]] = json.loads(path.read_text())
-                    except ValueError:  # being written right now: the next save has it
-                        pass
-            text = json.dumps(self.results, indent=1, default=str)
-            _atomic_write(self.out / "results.json", text)
-            _atomic_write(self.work / "results.json", text)  # what --resume continues from
-            _atomic_write(self.out / "summary.md", gpu_report.render(self.results))
-            for name in ("selfcheck.json", "gpu_tests.txt"):
-                if (self.work / name).exists():
-                    shutil.copyfile(self.work / name, self.out / name)
-            _atomic_write(self.out / "logs.tar.gz", _bundle(self.work))
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a line cut off by a kill
-            pass
-    return rows
-
-
-def _bundle(work: Path) -> bytes:
-    """Every log and result in the work folder (not the shards or the trainers' checkpoints)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(work.rglob("*")):
-            keep = (
-                path.suffix in (".log", ".txt", ".json", ".jsonl", ".xml", ".md")
-                and "shards" not in path.parts
-            )
-            if path.is_file() and keep and path.stat().st_size < 4 * 2**20:
-                tar.add(path, arcname=str(path.relative_to(work)))
-    return buf.getvalue()
-
-
-def _atomic_write(path: Path, data: str | bytes) -> None:
-    write_atomic(path, lambda f: f.write(data.encode() if isinstance(data, str) else data))
+            write_outputs(self.results, self.work, self.out)
 
 
 def main(argv: list[str] | None = None) -> int:
