@@ -128,8 +128,8 @@ def profile_tables(results: dict) -> list[str]:
     if not by_setting:
         return ["No row was profiled.", *errors]
     out = []
+    order = {COLUMN_TITLES[c].split(" ", 1)[0]: i for i, c in enumerate(COLUMN_TITLES)}
     for key, rows in by_setting.items():
-        order = {COLUMN_TITLES[c].split(" ", 1)[0]: i for i, c in enumerate(COLUMN_TITLES)}
         rows.sort(key=lambda r: order.get(r[0], len(order)))
         out += [f"{key} ({rows[0][1]['source']}, {rows[0][1]['steps']} steps each):", ""]
         out += [*breakdown_table(rows), ""]

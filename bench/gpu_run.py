@@ -247,7 +247,7 @@ class Driver:
         try:
             wanted = "e2e" in self.args.steps or self.checks_pending()
             if wanted and not self.finished("loader kernels"):
-                warm = "import fasttrain.data.torch_pipeline as p; p.warm_up(); p._warm_up_reader()"
+                warm = "import fasttrain.data.torch_pipeline as p; p.warm_up_kernels()"
                 cmd, limit = self.py("-c", warm), self.limits["loader_kernels"]
                 self.run("loader kernels", cmd, limit, "loader_kernels.log")
         finally:

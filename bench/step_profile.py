@@ -11,12 +11,18 @@ BatchNorm/ReLU/add kernels, ATen's own elementwise and reduction kernels, the op
 The groups are by kernel name (GROUPS, first match wins); on a GPU the times are the kernels' own
 device times (a CUDA graph's replay included: CUPTI reports the kernels inside it), on the CPU the
 operators' self CPU times (the dry run's; only a check that it runs). Profiling slows the host side,
-not the kernels, and its steps are not the timed ones.
+not the kernels, and its steps are not the timed ones. bench/throughput.py writes a profiled row's
+breakdown apart from the row (profile_path, profile_record), after the row, under a time limit
+(profile_watchdog).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import statistics
+import sys
+import threading
 from collections.abc import Callable
 
 import torch
@@ -105,3 +111,37 @@ def breakdown_table(rows: list[tuple[str, dict, float | None]]) -> list[str]:
     timed = [f"{ms:.2f}" if ms else "-" for _, _, ms in rows]
     out.append("| the timed step (its windows' median) | " + " | ".join(timed) + " |")
     return out
+
+
+# --- bench.throughput's profiled rows: the record apart from the row, and the time limit ------------
+
+
+def profile_path(result_path: str) -> str:
+    """Where the profiles of the rows in `result_path` (a .jsonl file) go: NAME.profile.jsonl."""
+    return str(result_path).removesuffix(".jsonl") + ".profile.jsonl"
+
+
+def profile_record(result: dict) -> dict:
+    """A profiled row's breakdown with what says which row it is and how long its timed step took."""
+    seconds, steps = result.get("seconds") or [], result.get("steps_per_repeat") or 0
+    record = dict(spec=result["spec"], timed_ms_per_step=None)
+    if seconds and steps:
+        record["timed_ms_per_step"] = statistics.median(seconds) / steps * 1e3
+    for key in ("profile", "profile_error"):
+        if key in result:
+            record[key] = result[key]
+    return record
+
+
+def profile_watchdog(limit: float) -> threading.Timer:
+    """A timer (not started) that ends the process with exit code 5 after `limit` seconds: started once
+    a row is written, so that a profile that never ends (CUPTI stuck on a CUDA graph) costs seconds."""
+
+    def stuck() -> None:
+        sys.stderr.write(f"throughput: the profile ran past {limit:.0f} s (its row is written); stopping\n")
+        sys.stderr.flush()
+        os._exit(5)
+
+    timer = threading.Timer(limit, stuck)
+    timer.daemon = True
+    return timer

@@ -47,9 +47,6 @@ import dataclasses
 import gc
 import json
 import math
-import os
-import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -58,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import one_line, summarize, synchronize, timed
-from bench.step_profile import kernel_breakdown
+from bench.step_profile import kernel_breakdown, profile_path, profile_record, profile_watchdog
 from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
@@ -413,8 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         # Appended as each row is timed, so that a process killed at its time limit keeps what it
         # measured; its profile, after, goes to profile_path (profile_record).
         timed: list[dict] = []
-        watchdog = threading.Timer(args.profile_limit, _profile_stuck, args=(args.profile_limit,))
-        watchdog.daemon = True
+        watchdog = profile_watchdog(args.profile_limit)
 
         def on_timed(r: dict, timed: list[dict] = timed, watchdog=watchdog) -> None:
             append(args.result, r)
@@ -429,30 +425,6 @@ def main(argv: list[str] | None = None) -> int:
             append(args.result, result)
         failed += result["status"] != "ok"
     return 1 if failed else 0
-
-
-def _profile_stuck(limit: float) -> None:
-    sys.stderr.write(f"throughput: the profile ran past {limit:.0f} s (its row is written); stopping\n")
-    sys.stderr.flush()
-    os._exit(5)
-
-
-def profile_path(result_path: str) -> str:
-    """Where the profiles of the rows in `result_path` (a .jsonl file) go: NAME.profile.jsonl."""
-    path = str(result_path)
-    return path.removesuffix(".jsonl") + ".profile.jsonl"
-
-
-def profile_record(result: dict) -> dict:
-    """A profiled row's breakdown with what says which row it is and how long its timed step took."""
-    seconds, steps = result.get("seconds") or [], result.get("steps_per_repeat") or 0
-    record = dict(spec=result["spec"], timed_ms_per_step=None)
-    if seconds and steps:
-        record["timed_ms_per_step"] = sorted(seconds)[len(seconds) // 2] / steps * 1e3
-    for key in ("profile", "profile_error"):
-        if key in result:
-            record[key] = result[key]
-    return record
 
 
 if __name__ == "__main__":
