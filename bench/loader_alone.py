@@ -34,10 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     from bench.input_serve import tree_cpu_seconds  # noqa: PLC0415 (imports no torch)
     from fasttrain.flags import parse_args  # noqa: PLC0415
-    from fasttrain.threads import configure, input_workers  # noqa: PLC0415
+    from fasttrain.threads import configure  # noqa: PLC0415
 
     cfg = parse_args([f for f in args.flags if f != "--"])
-    configure(input_workers(cfg))  # the trainer's CPU thread policy, before torch loads (fasttrain.__main__)
+
+    def workers() -> int:  # the trainer's thread policy, before torch loads (fasttrain.__main__)
+        from fasttrain.data import startup_workers  # noqa: PLC0415 (imports torch)
+
+        return startup_workers(cfg)
+
+    configure(workers)
 
     from fasttrain.data import build_loader  # noqa: PLC0415
     from fasttrain.data.jpeg import fused  # noqa: PLC0415
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             marks.append((time.perf_counter(), tree_cpu_seconds(), count, threads() if threads else None))
         if count >= args.batches:
             break
+    cfg = getattr(loader, "cfg", cfg)  # --num_workers and --loader auto as the loader resolved them
     result = dict(loader=cfg.loader, workers=cfg.num_workers, batch=cfg.batch_size, cpu_count=os.cpu_count())
     result["fused"] = fused.FUSED
     if len(marks) == 2:

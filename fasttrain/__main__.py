@@ -38,9 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    from fasttrain.threads import configure, input_workers
+    from fasttrain.threads import configure
 
-    policy = configure(input_workers(cfg))
+    def workers() -> int:  # called by configure once torch is imported: --num_workers auto asks it
+        from fasttrain.data import startup_workers
+
+        return startup_workers(cfg)
+
+    policy = configure(workers)
     if os.environ.get("RANK", "0") == "0":  # stdout: stderr is kept for the one line of an error
         print(f"fasttrain: {policy.describe()}")
         if chosen:  # the recipe a seed's flags selected (fasttrain.flags.seed_recipe)

@@ -97,9 +97,9 @@ class Config:
     fused_decode: bool = True
     """Torch backend: make each training image (the crop's decode, resize, colour) in one call that
     drops the GIL once, where its check on this machine passes (the same pixels; false: separate calls)."""
-    num_workers: int = 4
+    num_workers: int | None = None
     """Torch backend: loader threads per rank (DataLoader processes with loader=processes); DALI: CPU
-    threads."""
+    threads. auto: on CUDA the rank's share of the cores less one (at most 16; DALI 4), 4 on the CPU."""
     shuffle_buffer: int = 2048
     """Records held in the shuffle buffer of each reader (shard order is shuffled too)."""
     input_order: Literal["rank_slices", "one_stream"] = "rank_slices"
@@ -122,11 +122,11 @@ class Config:
     """Training records per epoch for the LR schedule (0: counted from the data)."""
     skip_corrupt: bool = False
     """Skip corrupt records (counted in the log) instead of stopping with an error."""
-    loader: Literal["threads", "processes"] = "threads"
+    loader: Literal["auto", "threads", "processes"] = "auto"
     """torch backend: decode in num_workers threads of the training process (less CPU per image),
-    or in DataLoader processes, which can win with many workers per rank: the GIL-held part of an
-    image (crop sampling, Example parsing) caps threads near 1 / that fraction of a core's work
-    (bench/bench_input.py measures both)."""
+    or in DataLoader processes, which win with many workers per rank: the GIL-held part of an image
+    (crop sampling, Example parsing) caps threads near 1 / that fraction of a core's work
+    (bench/bench_input.py measures both). auto: processes above 6 workers, else threads."""
 
     # --- model -----------------------------------------------------------------------------
     model: Literal[
@@ -328,6 +328,8 @@ def _validate(cfg: Config) -> None:
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"--{name} must be positive, got {getattr(cfg, name)}")
     for name in _NON_NEGATIVE:
+        if name == "num_workers" and cfg.num_workers is None:  # auto
+            continue
         if not getattr(cfg, name) >= 0:
             raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
     for name in ("rmsprop_decay", "bn_momentum"):

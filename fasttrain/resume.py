@@ -37,7 +37,7 @@ _BOOKKEEPING = {
     "train_dir", "checkpoint_dir", "data_dir", "data_cache_dir", "max_steps", "train_epochs", "log_every",
     "checkpoint_every", "keep_checkpoints", "eval_at_end", "max_eval_batches", "max_nonfinite_steps",
     "num_workers", "profile_comm", "num_gpus", "device", "pretrained_model_checkpoint_path", "fine_tune",
-    "tensorboard", "histogram_every", "eval_every_epochs", "row_checkpoints", "fused_decode",
+    "tensorboard", "histogram_every", "eval_every_epochs", "row_checkpoints", "fused_decode", "loader",
 }  # fmt: skip
 # Settings that decide the shapes and names of what a checkpoint holds: a change makes the load fail.
 _STATE_SHAPING = {

@@ -53,7 +53,9 @@ def upgrade_saved_config(saved: dict) -> dict:
     input_order existed (the ResNet seed's recipes came with it), recipes resnet50/resnet101 were what
     resnet50_v1.5/resnet101_v1.5 are now, and "model" was saved as given, not after resnet_size
     (resnet_size 50 beside model "resnet101" trained resnet50). Before inception_bn_gamma existed,
-    inception_v3 always had a BN gamma (torchvision's structure), which is inception_bn_gamma=True now."""
+    inception_v3 always had a BN gamma (torchvision's structure), which is inception_bn_gamma=True now.
+    Before loader existed, the torch backend's only loader was DataLoader processes; before "auto", the
+    default was threads, and config.json has held the loader a run used since then."""
     saved = dict(saved)
     text = saved.get("lr_boundary_epochs")
     if isinstance(text, str):
@@ -69,6 +71,8 @@ def upgrade_saved_config(saved: dict) -> dict:
         size, model = saved.get("resnet_size"), saved.get("model")
         if size and isinstance(model, str) and model.startswith("resnet"):
             saved["model"] = f"resnet{size}"
+    if "loader" not in saved:
+        saved["loader"] = "processes"
     if "inception_bn_gamma" not in saved and saved.get("model") == "inception_v3":
         saved["inception_bn_gamma"] = True
     return saved

@@ -24,6 +24,20 @@ users who want it call `fasttrain.threads.configure(num_workers)` before importi
 fasttrain module that does (`fasttrain.train`, `fasttrain.run`, `fasttrain.data`); called later it
 still sets the thread count and says that the wait policy could not be applied.
 
+The input pipeline's own workers, where --num_workers and --loader are left to "auto"
+(`resolve_input`, applied by the trainer and by fasttrain.data.build_loader once the device is known):
+
+- on a CUDA device, the torch backend gets this rank's share of the cores less one for the trainer's
+  own thread, at most MAX_WORKERS, and DataLoader processes rather than threads above
+  THREADS_UP_TO workers. Measured on one H200 with 16 cores (bench/results/2026-11-27-h200-second-run/,
+  ResNet-50's train transform on photo shards): 14 loader threads made 4,215 images/s with 37% of
+  their busy time off the CPU (the GIL-held part of each image), 14 processes 9,831 at 1.47 CPU ms an
+  image; the step they feed trains at 6,609 images/s compiled. The old default, 4 threads a rank,
+  makes at most about 2,600-3,000 (4 cores at 1.35-1.56 CPU ms an image): the GPU would wait.
+- DALI keeps DALI_WORKERS CPU threads (its decode is the GPU's; more were not measured), and a CPU
+  run keeps CPU_WORKERS: there the model's intra-op threads need the cores, and its step, not its
+  input, is the slow part.
+
 The CPU optimizer (kernels/cpu.py) runs on torch.get_num_threads() threads of its own: a Python
 thread pool whose idle threads block on a queue (no spinning); numba's threading layer is not used
 (no parallel=True), so NUMBA_NUM_THREADS and its workqueue/omp/tbb layers play no part.
@@ -31,10 +45,15 @@ thread pool whose idle threads block on a queue (no spinning); numba's threading
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
 
+CPU_WORKERS = 4  # "auto" on the CPU: the count before "auto" existed
+DALI_WORKERS = 4  # "auto" for DALI's CPU threads (at most the rank's share of the cores)
+MAX_WORKERS = 16  # 16 at 1.35-1.56 CPU ms an image make 10,000-11,800 images/s: 1.5x the H200's step
+THREADS_UP_TO = 6  # 14 threads did the work of 6.4 cores (the GIL): above 6, processes
 OFF_VARIABLE = "FASTTRAIN_THREADS"  # "off": torch's own defaults
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
@@ -65,6 +84,44 @@ def intra_op_threads(input_workers: int, cores: int, local_ranks: int = 1) -> in
     return max(1, cores // max(1, local_ranks) - max(0, input_workers))
 
 
+def local_ranks(environ=None) -> int:
+    """This node's ranks (torchrun's LOCAL_WORLD_SIZE; 1 when not launched by torchrun)."""
+    env = os.environ if environ is None else environ
+    try:
+        return max(1, int(env.get("LOCAL_WORLD_SIZE", "1") or 1))
+    except ValueError:
+        return 1
+
+
+def auto_workers(backend: str, cuda: bool, cores: int, ranks: int = 1) -> int:
+    """--num_workers auto: the input workers a rank gets (the module docstring says why)."""
+    if not cuda:
+        return CPU_WORKERS
+    share = max(1, cores // max(1, ranks))
+    if backend == "dali":
+        return min(DALI_WORKERS, share)
+    return max(1, min(MAX_WORKERS, share - 1))
+
+
+def auto_loader(workers: int, deterministic: bool = False) -> str:
+    """--loader auto: threads (less CPU an image), processes above THREADS_UP_TO workers."""
+    return "processes" if workers > THREADS_UP_TO and not deterministic else "threads"
+
+
+def resolve_input(cfg, cuda: bool, backend: str | None = None, environ=None, cores: int | None = None):
+    """cfg with num_workers None ("auto") and loader "auto" made concrete for a `cuda` device and the
+    resolved `backend` (default cfg.data_backend); explicit values are kept."""
+    workers, loader = cfg.num_workers, cfg.loader
+    if workers is None:
+        cores = available_cores() if cores is None else cores
+        workers = auto_workers(backend or cfg.data_backend, cuda, cores, local_ranks(environ))
+    if loader == "auto":
+        loader = auto_loader(workers, cfg.deterministic)
+    if (workers, loader) == (cfg.num_workers, cfg.loader):
+        return cfg
+    return dataclasses.replace(cfg, num_workers=workers, loader=loader)
+
+
 def input_workers(cfg) -> int:
     """The CPU workers a run's input pipeline keeps busy beside the trainer: DataLoader processes
     (torch backend; one when deterministic), DALI's CPU threads, none for synthetic batches."""
@@ -73,8 +130,11 @@ def input_workers(cfg) -> int:
     return min(cfg.num_workers, 1) if cfg.deterministic and cfg.data_backend == "torch" else cfg.num_workers
 
 
-def configure(num_workers: int = 0, environ=None) -> ThreadPolicy:
-    """Apply the policy of the module docstring to this process; call it before `import torch`."""
+def configure(num_workers=0, environ=None) -> ThreadPolicy:
+    """Apply the policy of the module docstring to this process; call it before `import torch`.
+
+    num_workers: the input workers beside the trainer, or a function that returns them, called once
+    torch is imported (so that it may ask torch for the device, as --num_workers auto needs)."""
     env = os.environ if environ is None else environ
     if env.get(OFF_VARIABLE, "").lower() == "off":
         return ThreadPolicy(_torch_threads(), "the OpenMP runtime's", f"{OFF_VARIABLE}=off: torch's defaults")
@@ -88,10 +148,11 @@ def configure(num_workers: int = 0, environ=None) -> ThreadPolicy:
     if env.get("OMP_NUM_THREADS"):
         return ThreadPolicy(_torch_threads(), wait, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
     cores = available_cores()
-    ranks = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
-    threads = intra_op_threads(num_workers, cores, ranks)
+    ranks = local_ranks(env)
     import torch  # after the environment above: its OpenMP runtime reads it when it loads
 
+    num_workers = num_workers() if callable(num_workers) else num_workers
+    threads = intra_op_threads(num_workers, cores, ranks)
     torch.set_num_threads(threads)
     share = f"{cores} cores" + (f" / {ranks} ranks" if ranks > 1 else "")
     return ThreadPolicy(threads, wait, f"{share}, {num_workers} input workers")

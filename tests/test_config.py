@@ -300,6 +300,7 @@ def test_a_config_saved_before_lr_boundary_epochs_was_a_list_still_loads():
     saved = json.loads(_SAVED_BEFORE_LISTS)
     assert saved["lr_boundary_epochs"] == "30,60,80,90"
     now = make_config(recipe="resnet50_v1.5", data_dir="/data/imagenet", train_dir="runs/r50")
+    now = dataclasses.replace(now, num_workers=4, loader="processes")  # then the only loader
     assert Config(**upgrade_saved_config(saved)) == now  # as the evaluator reads config.json
     assert changed_settings(saved, now) == []  # as a resume compares a checkpoint's config
     assert changed_settings(saved, dataclasses.replace(now, lr_boundary_epochs=[30, 60])) == [

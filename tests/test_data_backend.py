@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import fasttrain.data
+import fasttrain.train
 from fasttrain.config import make_config
 from fasttrain.data import build_loader, dali_available, resolve_backend
 from fasttrain.data.synthetic import make_synthetic
@@ -79,6 +80,49 @@ def test_each_loader_describes_itself(shards):
     assert build_loader(deterministic, "train", training=True).description == "torch, 1 loader thread"
     synthetic = dataclasses.replace(cfg, data_backend="synthetic", image_size=8)
     assert build_loader(synthetic, "train", training=True).description == "synthetic"
+
+
+def test_build_loader_resolves_auto_workers_and_loader_for_its_device(shards, monkeypatch):
+    import fasttrain.threads
+
+    monkeypatch.setattr(fasttrain.threads, "available_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    cfg = make_config(data_dir=str(shards), data_backend="torch", batch_size=4, num_workers=None)
+    assert build_loader(cfg, "train", training=True).description == "torch, 4 loader threads"  # CPU
+    on_cuda = build_loader(cfg, "train", training=True, device=CUDA)  # (not started: no GPU needed)
+    assert on_cuda.description == "torch, 15 DataLoader processes"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    on_cuda = build_loader(cfg, "train", training=True, device=CUDA)
+    assert on_cuda.description == "torch, 3 loader threads"
+
+
+def test_the_command_line_counts_the_workers_auto_will_start(monkeypatch):
+    # fasttrain.__main__ sets torch's intra-op threads from this before the trainer builds its loader
+    import fasttrain.threads
+
+    monkeypatch.setattr(fasttrain.threads, "available_cores", lambda: 16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(fasttrain.data, "dali_available", lambda: False)
+    auto = make_config(num_workers=None, data_backend="auto")
+    assert fasttrain.data.startup_workers(auto) == 15  # torch backend, CUDA
+    assert fasttrain.data.startup_workers(dataclasses.replace(auto, device="cpu")) == 4
+    monkeypatch.setattr(fasttrain.data, "dali_available", lambda: True)
+    assert fasttrain.data.startup_workers(auto) == 4  # auto takes DALI's GPU decode: its 4 threads
+    assert fasttrain.data.startup_workers(dataclasses.replace(auto, data_backend="synthetic")) == 0
+
+
+def test_a_run_left_to_auto_says_so_and_saves_what_it_resolved(shards, tmp_path, capsys, monkeypatch):
+    import fasttrain.threads
+
+    monkeypatch.setattr(fasttrain.threads, "available_cores", lambda: 16)
+    monkeypatch.setattr(fasttrain.train, "available_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    train(_cfg(shards, tmp_path, num_workers=None, data_backend="torch"))
+    start_up = next(line for line in capsys.readouterr().out.splitlines() if "steps/epoch" in line)
+    assert f"| data {shards} (torch, 4 loader threads; auto for 16 cores, 1 rank) |" in start_up
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (saved["num_workers"], saved["loader"]) == (4, "threads")
 
 
 @pytest.mark.skipif(not dali_available(), reason="needs NVIDIA DALI (pip install 'fasttrain[dali]')")

@@ -1,5 +1,6 @@
 """The CPU thread policy (fasttrain/threads.py): the arithmetic, the environment it sets before torch
-loads, the explicit settings it keeps, and that the command line applies it before importing torch."""
+loads, the explicit settings it keeps, and that the command line applies it before importing torch;
+the input workers and loader that --num_workers / --loader auto give a device."""
 
 import os
 import subprocess
@@ -10,7 +11,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fasttrain.threads import available_cores, configure, input_workers, intra_op_threads
+from fasttrain.config import make_config
+from fasttrain.threads import (
+    MAX_WORKERS,
+    auto_loader,
+    auto_workers,
+    available_cores,
+    configure,
+    input_workers,
+    intra_op_threads,
+    resolve_input,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,6 +44,51 @@ def test_input_workers_follow_the_backend():
     assert input_workers(cfg("synthetic")) == 0
 
 
+@pytest.mark.parametrize(
+    "backend, cuda, cores, ranks, expected",
+    [
+        ("torch", True, 16, 1, 15),  # one H200 box: 15 workers beside the trainer's thread
+        ("torch", True, 16, 4, 3),  # four ranks share the 16 cores
+        ("torch", True, 96, 8, 11),
+        ("torch", True, 128, 1, MAX_WORKERS),  # more would only cost memory and start-up
+        ("torch", True, 2, 1, 1),
+        ("torch", True, 4, 8, 1),  # more ranks than cores: still one
+        ("dali", True, 16, 1, 4),  # DALI's CPU threads beside its GPU decode: as before
+        ("dali", True, 8, 4, 2),
+        ("torch", False, 16, 1, 4),  # the CPU: the model's threads need the cores
+        ("dali", False, 2, 1, 4),
+    ],
+)
+def test_auto_workers_are_the_ranks_share_of_the_cores_on_cuda(backend, cuda, cores, ranks, expected):
+    assert auto_workers(backend, cuda, cores, ranks) == expected
+
+
+def test_auto_loader_takes_processes_above_six_workers():
+    # 14 threads did the work of 6.4 cores on the H200 (the GIL), 14 processes of 14.4
+    assert [auto_loader(n) for n in (1, 4, 6, 7, 15)] == ["threads"] * 3 + ["processes"] * 2
+    assert auto_loader(15, deterministic=True) == "threads"  # one worker either way: no processes
+
+
+def test_resolve_input_fills_only_what_was_left_to_auto():
+    env = {"LOCAL_WORLD_SIZE": "1"}
+    auto = make_config(data_backend="torch", num_workers=None)  # the demo recipe's is 2
+    assert (auto.num_workers, auto.loader) == (None, "auto")
+    cuda = resolve_input(auto, True, environ=env, cores=16)
+    assert (cuda.num_workers, cuda.loader) == (15, "processes")
+    cpu = resolve_input(auto, False, environ=env, cores=16)
+    assert (cpu.num_workers, cpu.loader) == (4, "threads")
+    four_ranks = resolve_input(auto, True, environ={"LOCAL_WORLD_SIZE": "4"}, cores=16)
+    assert (four_ranks.num_workers, four_ranks.loader) == (3, "threads")
+    dali = resolve_input(auto, True, "dali", environ=env, cores=16)
+    assert dali.num_workers == 4
+    chosen = make_config(data_backend="torch", num_workers=12, loader="threads")
+    assert resolve_input(chosen, True, environ=env, cores=16) is chosen  # both kept
+    count = resolve_input(make_config(num_workers=12), True, environ=env, cores=2)
+    assert (count.num_workers, count.loader) == (12, "processes")  # the loader follows the count
+    loader = resolve_input(make_config(loader="threads", num_workers=None), True, environ=env, cores=16)
+    assert (loader.num_workers, loader.loader) == (15, "threads")
+
+
 def _child(code: str, **env_changes) -> list[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_", "KMP_", "FASTTRAIN_T"))}
     env.update(env_changes, PYTHONPATH=str(ROOT))
@@ -51,6 +107,17 @@ def test_configure_sets_a_passive_wait_before_torch_loads_and_threads_from_the_f
     assert wait == "PASSIVE"
     assert int(threads) == max(1, available_cores() - 1)
     assert "passive wait" in text
+
+
+def test_configure_asks_for_the_workers_once_torch_is_imported():
+    code = (
+        "import sys, fasttrain.threads as t; seen = []; "
+        "p = t.configure(lambda: seen.append('torch' in sys.modules) or 1); import torch; "
+        "print(seen, torch.get_num_threads(), sep='|')"
+    )
+    seen, threads = _child(code)
+    assert seen.strip() == "[True]"  # called once, after torch loaded (it may ask torch for CUDA)
+    assert int(threads) == max(1, available_cores() - 1)
 
 
 def test_an_explicit_setting_is_kept():

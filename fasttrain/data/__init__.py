@@ -9,6 +9,7 @@ see build_loader).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +17,8 @@ import torch
 from fasttrain.config import Config
 from fasttrain.data.errors import DataError, LabelRangeError
 from fasttrain.data.loader import EpochPosition, Loader
-from fasttrain.errors import SettingError
+from fasttrain.errors import FasttrainError, SettingError
+from fasttrain.threads import input_workers, resolve_input
 
 if TYPE_CHECKING:
     from fasttrain.precision import Precision
@@ -58,6 +60,18 @@ def resolve_backend(cfg: Config, device: torch.device | None = None) -> str:
     return cfg.data_backend
 
 
+def startup_workers(cfg: Config) -> int:
+    """The input workers a run of cfg keeps busy (fasttrain.threads.input_workers), known before its
+    device is set up: for fasttrain.threads.configure of a command line, which calls this once torch
+    is imported (torch says whether CUDA is there and so which backend and worker count "auto" take)."""
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    try:
+        backend = resolve_backend(cfg, torch.device("cuda") if cuda else None)
+    except FasttrainError:  # e.g. dali without DALI: the trainer says so in one line
+        backend = cfg.data_backend
+    return input_workers(resolve_input(dataclasses.replace(cfg, data_backend=backend), cuda))
+
+
 def build_loader(
     cfg: Config,
     split: str,
@@ -85,6 +99,8 @@ def build_loader(
         batch of 32 x 224 x 224 x 3 (+2.6-3.7% of the loader's CPU), the new pages' faults.
     """
     backend = resolve_backend(cfg, device)
+    # --num_workers and --loader "auto" for this device and backend (fasttrain.threads says how).
+    cfg = resolve_input(cfg, device is not None and torch.device(device).type == "cuda", backend)
     if backend == "synthetic":
         return SyntheticLoader(cfg, training, rank, device or torch.device("cpu"))
     if backend == "dali":

@@ -79,6 +79,7 @@ from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
 from fasttrain.errors import SettingError
+from fasttrain.threads import resolve_input
 
 # Decoder buffers sized for ImageNet's largest JPEGs, so nvJPEG does not reallocate mid-run (the
 # values of NVIDIA's DeepLearningExamples ResNet-50 DALI pipeline).
@@ -121,9 +122,10 @@ class DaliLoader(EpochPosition):
         if dtype not in _DALI_DTYPES:
             raise ValueError(f"DALI outputs float32 or float16, not {dtype} (cast to bf16 on the device)")
         check_dali_version()
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        cfg = resolve_input(cfg, self.device.type == "cuda", "dali")  # --num_workers auto
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size, self.dtype = rank, world_size, dtype
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
         mode = "GPU decode" if self.device.type == "cuda" else "CPU mode"
         self.description = f"dali, {mode}, {max(1, cfg.num_workers)} CPU threads"
         self.table, self._len = open_split(cfg, split, training, rank, world_size)

@@ -156,7 +156,7 @@ class ThreadLoader(ShardLoader):
         requested) instead of fresh tensors per batch."""
         super().__init__(cfg, split, training, rank, world_size)
         # num_workers 0 means "no helper processes" to the process loader: here one thread.
-        self.num_threads = 1 if cfg.deterministic else max(1, cfg.num_workers)
+        self.num_threads = 1 if cfg.deterministic else max(1, self.cfg.num_workers)
         self.hold = max(1, hold)
         self.reuse_buffers = reuse_buffers
         self.description = f"torch, {self.num_threads} loader thread{'s' if self.num_threads > 1 else ''}"

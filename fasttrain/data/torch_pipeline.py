@@ -44,6 +44,7 @@ from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer
 from fasttrain.data.transforms import eval_transform, sample_distorted_bounding_box, train_transform, warm_up
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
+from fasttrain.threads import resolve_input
 
 _MAX_OPEN_FILES = 16
 
@@ -250,6 +251,8 @@ class ShardLoader(EpochPosition):
     normalized = False
 
     def __init__(self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1):
+        # --num_workers auto, built directly rather than by build_loader: pinned (CUDA) or not.
+        cfg = resolve_input(cfg, torch.cuda.is_available(), "torch")
         self.cfg, self.split, self.training = cfg, split, training
         self.rank, self.world_size = rank, world_size
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
@@ -283,7 +286,7 @@ class TorchLoader(ShardLoader):
     def __init__(self, cfg: Config, split: str, training: bool, rank: int = 0, world_size: int = 1):
         super().__init__(cfg, split, training, rank, world_size)
         # Deterministic runs use one worker (the config's promise); the batches are identical anyway.
-        self.num_workers = min(cfg.num_workers, 1) if cfg.deterministic else cfg.num_workers
+        self.num_workers = min(self.cfg.num_workers, 1) if cfg.deterministic else self.cfg.num_workers
         n = self.num_workers
         self.description = f"torch, {n} DataLoader process{'es' * (n > 1)}" if n else "torch, in-process"
 
