@@ -5,21 +5,22 @@
 Three runs of the CLI, `python -m fasttrain --recipe resnet50_v1.5` (ResNet-50 v1.5, bf16 by the GPU
 policy, batch 256, the whole-step CUDA graph and, since the second GPU run, the model's blocks compiled
 inside it: the CLI's defaults on CUDA), each in a fresh run directory, alike but for the input:
-`--data_backend synthetic` (one batch made on the device), `--data_backend torch` (the thread loader:
---workers threads decoding into pinned batch buffers, the shards' row checkpoints) and the same with
-`--loader processes` (--workers DataLoader processes); then each loader alone, built from the same flags
-and drained with no model and no step (bench/loader_alone.py), which tells a loader that cannot go
-faster from one held back by the training process around it, and the threads once more with their decode
-and resize as separate calls (--no-fused: three GIL drops an image where the fused call makes one,
-fasttrain/data/jpeg/fused.py), the fused call's baseline on the same cores. Each prints the seeds' line
-every --log_every steps with its examples/sec over those steps; the rate is the median of those lines
-after the first two (start-up, capture, the loader filling up). At each line this reads the trainer's
-CPU time (utime + stime of the process, its loader threads included, /proc/PID/stat), so CPU seconds per
-image = CPU time / images between the third line and the last. From each run's metrics.jsonl: the
-trainer's own input_stall (the GPU idle between steps, fasttrain/input_stall.py) and its loader threads'
-loader_busy and loader_off_cpu (medians after the first two log steps). Cores one GPU would need for its
-input = (jpeg CPU s/image - synthetic CPU s/image) x the synthetic rate: the CPU the loader adds per
-image at the rate the GPU trains without it.
+`--data_backend synthetic` (one batch made on the device), `--data_backend torch --loader threads` (the
+thread loader: threads decoding into pinned batch buffers, the shards' row checkpoints) and the same with
+`--loader processes` (DataLoader processes), as many as the CLI's --num_workers auto gives this machine
+(fasttrain/threads.py; --workers N sets them), each run's count read from its start-up line; then each
+loader alone, built from the same flags and drained with no model and no step (bench/loader_alone.py),
+which tells a loader that cannot go faster from one held back by the training process around it, and the
+threads once more with their decode and resize as separate calls (--no-fused: three GIL drops an image
+where the fused call makes one, fasttrain/data/jpeg/fused.py), the fused call's baseline on the same
+cores. Each prints the seeds' line every --log_every steps with its examples/sec over those steps; the
+rate is the median of those lines after the first two (start-up, capture, the loader filling up). At each
+line this reads the trainer's CPU time (utime + stime of the process, its loader threads included,
+/proc/PID/stat), so CPU seconds per image = CPU time / images between the third line and the last. From
+each run's metrics.jsonl: the trainer's own input_stall (the GPU idle between steps,
+fasttrain/input_stall.py) and its loader threads' loader_busy and loader_off_cpu (medians after the first
+two log steps). Cores one GPU would need for its input = (jpeg CPU s/image - synthetic CPU s/image) x the
+synthetic rate: the CPU the loader adds per image at the rate the GPU trains without it.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import time
 from pathlib import Path
 
 LINE = re.compile(r"step (\d+), loss = \S+ \(([\d.]+) examples/sec")
+INPUT = re.compile(r"\| data .*? \((.*)\) \| run dir ")  # the start-up line's input, e.g. "torch, 15 ..."
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -65,7 +67,7 @@ def input_fields(run_dir: Path) -> dict:
 def train(argv: list[str], log_path: Path, limit: float, batch: int, run_dir: Path | None = None) -> dict:
     """One trainer run; its lines, rates and CPU time per line (and its input measures, from run_dir)."""
     cmd = [sys.executable, "-m", "fasttrain", *argv]
-    lines = []
+    lines, result = [], {}
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
         log.write(" ".join(cmd) + "\n")
@@ -73,6 +75,8 @@ def train(argv: list[str], log_path: Path, limit: float, batch: int, run_dir: Pa
         timed_out = False
         for text in proc.stdout:
             log.write(text)
+            if (said := INPUT.search(text)) and "input" not in result:
+                result["input"] = said.group(1)
             match = LINE.search(text)
             if match:
                 lines.append(
@@ -88,7 +92,7 @@ def train(argv: list[str], log_path: Path, limit: float, batch: int, run_dir: Pa
                 timed_out = True
                 break
         returncode = proc.wait()
-    result = dict(command=" ".join(cmd), returncode=returncode, timed_out=timed_out, lines=lines)
+    result = dict(command=" ".join(cmd), returncode=returncode, timed_out=timed_out, lines=lines, **result)
     steady = lines[2:]
     if len(steady) >= 2:
         result["images_per_s"] = statistics.median(x["examples_per_sec"] for x in steady)
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data_dir", required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--workers", type=int, default=0, help="loader threads (default: CPUs - 2)")
+    p.add_argument("--workers", type=int, default=0, help="loader workers (default: the CLI's auto)")
     p.add_argument("--limit", type=float, default=120.0, help="seconds for both runs")
     p.add_argument("--dry-run", action="store_true", help="tiny: ResNet-18 at 32 px, batch 8, on the CPU")
     p.add_argument(
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    workers = args.workers or (2 if args.dry_run else max(1, (os.cpu_count() or 4) - 2))
+    workers = args.workers or (2 if args.dry_run else None)  # None: the CLI's --num_workers auto
+    count = [] if workers is None else ["--num_workers", str(workers)]
     if args.dry_run:
         batch, steps, every = 8, 12, 2
         size = ["--model", "resnet18", "--image_size", "32", "--base_channels", "8", "--device", "cpu"]
@@ -145,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     common = [
         "--recipe", "resnet50_v1.5", "--batch_size", str(batch), "--max_steps", str(steps),
         "--log_every", str(every), "--no-eval_at_end", "--eval_every_epochs", "0", "--no-tensorboard",
-        "--checkpoint_every", "100000", "--num_workers", str(workers), *size,
+        "--checkpoint_every", "100000", *count, *size,
     ]  # fmt: skip
     if args.warm:  # the same model, batch and flags: the same compiled graphs as the timed runs
         shutil.rmtree(work / "warm", ignore_errors=True)
@@ -155,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in warm.items() if k != "lines"}))
         return 0 if warm["returncode"] == 0 else 1
     deadline = time.monotonic() + args.limit
-    result = dict(batch=batch, steps=steps, log_every=every, workers=workers, cpu_count=os.cpu_count())
+    result = dict(batch=batch, steps=steps, log_every=every, workers=workers or "auto")
+    result["cpu_count"] = os.cpu_count()
     runs = [
         ("synthetic", ["--data_backend", "synthetic"]),
-        ("jpeg", ["--data_backend", "torch", "--data_dir", args.data_dir]),
+        ("jpeg", ["--data_backend", "torch", "--data_dir", args.data_dir, "--loader", "threads"]),
         # DataLoader processes instead of threads: no GIL shared by the decoders (bench/bench_input.py).
         ("jpeg-processes", ["--data_backend", "torch", "--data_dir", args.data_dir, "--loader", "processes"]),
     ]

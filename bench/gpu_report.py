@@ -178,7 +178,7 @@ def e2e_lines(results: dict) -> list[str]:
     if not e2e:
         return ["Not run."]
     out = [
-        f"Batch {e2e['batch']}, {e2e['steps']} steps, {e2e['workers']} loader threads "
+        f"Batch {e2e['batch']}, {e2e['steps']} steps, loader workers: {e2e['workers']} "
         f"on {e2e['cpu_count']} CPUs."
     ]
     loaders = ("loader-threads", "loader-threads-unfused", "loader-processes")
@@ -189,8 +189,9 @@ def e2e_lines(results: dict) -> list[str]:
         if "images_per_s" in run:
             cpu = run.get("cpu_ms_per_image")
             ratio = f" ({run['over_synthetic']:.2f}x synthetic)" if "over_synthetic" in run else ""
+            said = f" ({run['input']})" if "input" in run else ""  # its start-up line's loader
             out.append(
-                f"- {name}: {run['images_per_s']:,.0f} images/s{ratio}"
+                f"- {name}{said}: {run['images_per_s']:,.0f} images/s{ratio}"
                 + (f", {cpu:.3f} CPU ms/image, {run['cpu_cores_busy']:.1f} cores busy" if cpu else "")
                 + (f", input stall {run['input_stall']:.0%}" if "input_stall" in run else "")
                 + (f"; {run['threads_said']}" if "threads_said" in run else "")
