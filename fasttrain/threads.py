@@ -33,7 +33,10 @@ The input pipeline's own workers, where --num_workers and --loader are left to "
   ResNet-50's train transform on photo shards): 14 loader threads made 4,215 images/s with 37% of
   their busy time off the CPU (the GIL-held part of each image), 14 processes 9,831 at 1.47 CPU ms an
   image; the step they feed trains at 6,609 images/s compiled. The old default, 4 threads a rank,
-  makes at most about 2,600-3,000 (4 cores at 1.35-1.56 CPU ms an image): the GPU would wait.
+  makes at most about 2,600-3,000 (4 cores at 1.35-1.56 CPU ms an image): the GPU would wait. At
+  1-2 workers the threads win (2-core VM: 1.18-1.22x the processes' rate at 16-22% less CPU an
+  image, bench/results/2026-11-27-cpu-loader-threads-vs-processes/); the crossover between 2 and 14
+  workers is not measured, and 6 is a judgement from the two ends.
 - DALI keeps DALI_WORKERS CPU threads (its decode is the GPU's; more were not measured), and a CPU
   run keeps CPU_WORKERS: there the model's intra-op threads need the cores, and its step, not its
   input, is the slow part.
