@@ -126,7 +126,8 @@ class Config:
     """torch backend: decode in num_workers threads of the training process (less CPU per image),
     or in DataLoader processes, which win with many workers per rank: the GIL-held part of an image
     (crop sampling, Example parsing) caps threads near 1 / that fraction of a core's work
-    (bench/bench_input.py measures both). auto: processes above 6 workers, else threads."""
+    (bench/bench_input.py measures both). auto: processes above 6 workers where /dev/shm can hold
+    their batches, else threads."""
 
     # --- model -----------------------------------------------------------------------------
     model: Literal[

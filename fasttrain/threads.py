@@ -37,6 +37,10 @@ The input pipeline's own workers, where --num_workers and --loader are left to "
   1-2 workers the threads win (2-core VM: 1.18-1.22x the processes' rate at 16-22% less CPU an
   image, bench/results/2026-11-27-cpu-loader-threads-vs-processes/); the crossover between 2 and 14
   workers is not measured, and 6 is a judgement from the two ends.
+- the processes hand their batches over in shared memory (/dev/shm), each worker PREFETCH batches
+  ahead: where /dev/shm has too little free for that (a container's default is 64 MB; one ResNet
+  batch of 256 is 38.5 MB), a worker would die with a bus error, so auto keeps the threads there
+  and says why on the start-up line.
 - DALI keeps DALI_WORKERS CPU threads (its decode is the GPU's; more were not measured), and a CPU
   run keeps CPU_WORKERS: there the model's intra-op threads need the cores, and its step, not its
   input, is the slow part.
@@ -57,6 +61,8 @@ CPU_WORKERS = 4  # "auto" on the CPU: the count before "auto" existed
 DALI_WORKERS = 4  # "auto" for DALI's CPU threads (at most the rank's share of the cores)
 MAX_WORKERS = 16  # 16 at 1.35-1.56 CPU ms an image make 10,000-11,800 images/s: 1.5x the H200's step
 THREADS_UP_TO = 6  # 14 threads did the work of 6.4 cores (the GIL): above 6, processes
+SHM_DIR = "/dev/shm"  # where torch's DataLoader workers put the batches they hand over (Linux)
+PREFETCH = 2  # torch DataLoader's prefetch_factor: batches each worker makes ahead
 OFF_VARIABLE = "FASTTRAIN_THREADS"  # "off": torch's own defaults
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
@@ -106,23 +112,94 @@ def auto_workers(backend: str, cuda: bool, cores: int, ranks: int = 1) -> int:
     return max(1, min(MAX_WORKERS, share - 1))
 
 
-def auto_loader(workers: int, deterministic: bool = False) -> str:
-    """--loader auto: threads (less CPU an image), processes above THREADS_UP_TO workers."""
-    return "processes" if workers > THREADS_UP_TO and not deterministic else "threads"
+def auto_loader(workers: int, deterministic: bool = False, shm_short: bool = False) -> str:
+    """--loader auto: threads (less CPU an image), processes above THREADS_UP_TO workers where
+    /dev/shm can hold their batches (shm_short: it cannot)."""
+    return "processes" if workers > THREADS_UP_TO and not deterministic and not shm_short else "threads"
 
 
-def resolve_input(cfg, cuda: bool, backend: str | None = None, environ=None, cores: int | None = None):
-    """cfg with num_workers None ("auto") and loader "auto" made concrete for a `cuda` device and the
-    resolved `backend` (default cfg.data_backend); explicit values are kept."""
-    workers, loader = cfg.num_workers, cfg.loader
+def shared_memory_free(path: str = SHM_DIR) -> int | None:
+    """Bytes free in `path` (None where there is no such file system)."""
+    try:
+        stat = os.statvfs(path)
+    except (OSError, AttributeError):
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def processes_shm_bytes(cfg, workers: int, ranks: int = 1) -> int:
+    """Shared memory the DataLoader processes' batches may hold at once on this node: PREFETCH
+    batches ahead per worker and two that the trainer holds, on each rank (uint8 NHWC, 3 channels)."""
+    batch = max(cfg.batch_size, cfg.eval_batch_per_process)
+    return (PREFETCH * workers + 2) * batch * cfg.image_size**2 * 3 * max(1, ranks)
+
+
+def shm_shortage(cfg, workers: int, ranks: int, free: int | None) -> str:
+    """ "" when `free` bytes of /dev/shm hold the batches of `workers` DataLoader processes, else why
+    not, in words for the start-up line."""
+    need = processes_shm_bytes(cfg, workers, ranks)
+    if free is None or free >= need:
+        return ""
+    return (
+        f"{SHM_DIR} has {_size(free)} free, {workers} DataLoader processes' batches may need "
+        f"{_size(need)} (a worker short of it dies with a bus error; docker run --ipc=host or --shm-size)"
+    )
+
+
+def _size(n: int) -> str:
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
+
+
+@dataclass(frozen=True)
+class InputChoice:
+    """What --num_workers / --loader auto chose, and why the processes were not taken ("": they were,
+    or were not wanted)."""
+
+    workers: int
+    loader: str
+    why: str = ""
+
+
+def choose_input(
+    cfg,
+    cuda: bool,
+    backend: str | None = None,
+    environ=None,
+    cores: int | None = None,
+    shm_free: int | None = -1,
+) -> InputChoice:
+    """The InputChoice for cfg's num_workers (None: auto) and loader ("auto") on a `cuda` device and
+    the resolved `backend` (default cfg.data_backend); shm_free -1: read /dev/shm."""
+    workers, loader, why = cfg.num_workers, cfg.loader, ""
+    ranks = local_ranks(environ)
     if workers is None:
         cores = available_cores() if cores is None else cores
-        workers = auto_workers(backend or cfg.data_backend, cuda, cores, local_ranks(environ))
+        workers = auto_workers(backend or cfg.data_backend, cuda, cores, ranks)
     if loader == "auto":
         loader = auto_loader(workers, cfg.deterministic)
-    if (workers, loader) == (cfg.num_workers, cfg.loader):
+        if loader == "processes":
+            free = shared_memory_free() if shm_free == -1 else shm_free
+            if why := shm_shortage(cfg, workers, ranks, free):
+                loader, why = "threads", f"threads, not processes: {why}"
+    return InputChoice(workers, loader, why)
+
+
+def resolve_input(
+    cfg,
+    cuda: bool,
+    backend: str | None = None,
+    environ=None,
+    cores: int | None = None,
+    shm_free: int | None = -1,
+):
+    """cfg with num_workers None ("auto") and loader "auto" made concrete (choose_input); explicit
+    values are kept."""
+    choice = choose_input(cfg, cuda, backend, environ, cores, shm_free)
+    if (choice.workers, choice.loader) == (cfg.num_workers, cfg.loader):
         return cfg
-    return dataclasses.replace(cfg, num_workers=workers, loader=loader)
+    return dataclasses.replace(cfg, num_workers=choice.workers, loader=choice.loader)
 
 
 def input_workers(cfg) -> int:

@@ -38,7 +38,7 @@ from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.run import build_run
 from fasttrain.run_config import processes_per_node, resolve_node_batch
 from fasttrain.schedule import LRSchedule
-from fasttrain.threads import available_cores, local_ranks, resolve_input
+from fasttrain.threads import available_cores, choose_input, local_ranks
 
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
 # demo's 300 steps see each image a few times) and 1,280 validation images; a fixed seed, so every
@@ -70,8 +70,14 @@ def train(cfg: Config) -> dict:
     # The backend "auto" resolves to on this device: what config.json and the start-up line name.
     backend = resolve_backend(cfg, info.device)
     cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""), data_backend=backend)
-    auto_workers = cfg.num_workers is None and backend != "synthetic"
-    cfg = resolve_input(cfg, info.device.type == "cuda", backend)  # --num_workers, --loader auto
+    # --num_workers and --loader auto: what they chose is on the start-up line, and why where it matters.
+    choice = choose_input(cfg, info.device.type == "cuda", backend)
+    auto = ""
+    if backend != "synthetic" and cfg.num_workers is None:
+        ranks = local_ranks()
+        auto = f"; auto for {available_cores()} cores, {ranks} rank{'s' * (ranks > 1)}"
+    auto += f"; {choice.why}" if choice.why else ""
+    cfg = dataclasses.replace(cfg, num_workers=choice.workers, loader=choice.loader)
     train_loader = build_loader(
         cfg,
         cfg.subset,
@@ -113,8 +119,6 @@ def train(cfg: Config) -> dict:
     if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
         resume_lines.append(dropped)
     # The input as the loader built it: the resolved backend and its loader (e.g. "torch, 4 loader threads").
-    ranks = local_ranks()
-    auto = f"; auto for {available_cores()} cores, {ranks} rank{'s' * (ranks > 1)}" if auto_workers else ""
     data = f"{data_dir} ({train_loader.description}{auto})" if data_dir else "synthetic"
     log(
         f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "

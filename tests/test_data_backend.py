@@ -112,6 +112,31 @@ def test_the_command_line_counts_the_workers_auto_will_start(monkeypatch):
     assert fasttrain.data.startup_workers(dataclasses.replace(auto, data_backend="synthetic")) == 0
 
 
+def test_processes_asked_for_with_too_little_shared_memory_get_a_note(shards, monkeypatch):
+    import fasttrain.data.torch_pipeline
+
+    monkeypatch.setattr(fasttrain.data.torch_pipeline, "shared_memory_free", lambda: 2**20)
+    cfg = make_config(data_dir=str(shards), data_backend="torch", batch_size=4, num_workers=3, image_size=224)
+    loader = build_loader(dataclasses.replace(cfg, loader="processes"), "train", training=True)
+    assert loader.description == "torch, 3 DataLoader processes"  # as asked
+    assert any(n.startswith("note: /dev/shm has 1 MiB free, 3 DataLoader processes") for n in loader.notes)
+    monkeypatch.setattr(fasttrain.data.torch_pipeline, "shared_memory_free", lambda: 2**30)
+    loader = build_loader(dataclasses.replace(cfg, loader="processes"), "train", training=True)
+    assert not any("/dev/shm" in n for n in loader.notes)
+
+
+def test_a_run_whose_auto_loader_lacks_shared_memory_says_why(shards, tmp_path, capsys, monkeypatch):
+    import fasttrain.threads
+
+    monkeypatch.setattr(fasttrain.threads, "shared_memory_free", lambda: 2**10)
+    train(_cfg(shards, tmp_path, num_workers=8, data_backend="torch", loader="auto"))
+    start_up = next(line for line in capsys.readouterr().out.splitlines() if "steps/epoch" in line)
+    said = "(torch, 8 loader threads; threads, not processes: /dev/shm has 1 KiB free, 8 DataLoader"
+    assert said in start_up
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (saved["num_workers"], saved["loader"]) == (8, "threads")
+
+
 def test_a_run_left_to_auto_says_so_and_saves_what_it_resolved(shards, tmp_path, capsys, monkeypatch):
     import fasttrain.threads
 

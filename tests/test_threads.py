@@ -17,9 +17,11 @@ from fasttrain.threads import (
     auto_loader,
     auto_workers,
     available_cores,
+    choose_input,
     configure,
     input_workers,
     intra_op_threads,
+    processes_shm_bytes,
     resolve_input,
 )
 
@@ -73,7 +75,7 @@ def test_resolve_input_fills_only_what_was_left_to_auto():
     env = {"LOCAL_WORLD_SIZE": "1"}
     auto = make_config(data_backend="torch", num_workers=None)  # the demo recipe's is 2
     assert (auto.num_workers, auto.loader) == (None, "auto")
-    cuda = resolve_input(auto, True, environ=env, cores=16)
+    cuda = resolve_input(auto, True, environ=env, cores=16, shm_free=None)
     assert (cuda.num_workers, cuda.loader) == (15, "processes")
     cpu = resolve_input(auto, False, environ=env, cores=16)
     assert (cpu.num_workers, cpu.loader) == (4, "threads")
@@ -83,10 +85,32 @@ def test_resolve_input_fills_only_what_was_left_to_auto():
     assert dali.num_workers == 4
     chosen = make_config(data_backend="torch", num_workers=12, loader="threads")
     assert resolve_input(chosen, True, environ=env, cores=16) is chosen  # both kept
-    count = resolve_input(make_config(num_workers=12), True, environ=env, cores=2)
+    count = resolve_input(make_config(num_workers=12), True, environ=env, cores=2, shm_free=None)
     assert (count.num_workers, count.loader) == (12, "processes")  # the loader follows the count
     loader = resolve_input(make_config(loader="threads", num_workers=None), True, environ=env, cores=16)
     assert (loader.num_workers, loader.loader) == (15, "threads")
+
+
+MiB = 2**20
+
+
+def test_auto_keeps_the_threads_where_shared_memory_cannot_hold_the_processes_batches():
+    # A container's default /dev/shm is 64 MB; a DataLoader worker short of it dies with a bus error.
+    env = {"LOCAL_WORLD_SIZE": "1"}
+    cfg = make_config(data_backend="torch", num_workers=None, batch_size=256, image_size=224)
+    batch = 256 * 224 * 224 * 3  # one uint8 NHWC batch, 38.5 MB
+    assert processes_shm_bytes(cfg, 15) == (2 * 15 + 2) * batch  # 2 ahead per worker, 2 held
+    assert processes_shm_bytes(cfg, 15, ranks=4) == 4 * (2 * 15 + 2) * batch  # one /dev/shm a node
+    small = choose_input(cfg, True, environ=env, cores=16, shm_free=64 * MiB)
+    assert (small.workers, small.loader) == (15, "threads")
+    assert small.why.startswith("threads, not processes: /dev/shm has 64 MiB free, 15 DataLoader")
+    assert "may need 1.1 GiB" in small.why and "docker run --ipc=host or --shm-size" in small.why
+    enough = choose_input(cfg, True, environ=env, cores=16, shm_free=32 * batch)
+    assert (enough.loader, enough.why) == ("processes", "")
+    assert choose_input(cfg, True, environ=env, cores=16, shm_free=32 * batch - 1).loader == "threads"
+    assert choose_input(cfg, True, environ=env, cores=16, shm_free=None).loader == "processes"  # no /dev/shm
+    chosen = make_config(data_backend="torch", num_workers=15, loader="processes")
+    assert choose_input(chosen, True, environ=env, shm_free=MiB).loader == "processes"  # as asked
 
 
 def _child(code: str, **env_changes) -> list[str]:

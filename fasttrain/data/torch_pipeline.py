@@ -44,7 +44,7 @@ from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer
 from fasttrain.data.transforms import eval_transform, sample_distorted_bounding_box, train_transform, warm_up
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
-from fasttrain.threads import resolve_input
+from fasttrain.threads import local_ranks, resolve_input, shared_memory_free, shm_shortage
 
 _MAX_OPEN_FILES = 16
 
@@ -289,6 +289,8 @@ class TorchLoader(ShardLoader):
         self.num_workers = min(self.cfg.num_workers, 1) if cfg.deterministic else self.cfg.num_workers
         n = self.num_workers
         self.description = f"torch, {n} DataLoader process{'es' * (n > 1)}" if n else "torch, in-process"
+        if n and (short := shm_shortage(self.cfg, n, local_ranks(), shared_memory_free())):
+            self.notes.append(f"note: {short}; or --loader threads")
 
     def __iter__(self):
         cfg = self.cfg
