@@ -112,10 +112,10 @@ def auto_workers(backend: str, cuda: bool, cores: int, ranks: int = 1) -> int:
     return max(1, min(MAX_WORKERS, share - 1))
 
 
-def auto_loader(workers: int, deterministic: bool = False, shm_short: bool = False) -> str:
-    """--loader auto: threads (less CPU an image), processes above THREADS_UP_TO workers where
-    /dev/shm can hold their batches (shm_short: it cannot)."""
-    return "processes" if workers > THREADS_UP_TO and not deterministic and not shm_short else "threads"
+def auto_loader(workers: int, deterministic: bool = False) -> str:
+    """--loader auto before /dev/shm is asked (choose_input): threads (less CPU an image), processes
+    above THREADS_UP_TO workers."""
+    return "processes" if workers > THREADS_UP_TO and not deterministic else "threads"
 
 
 def shared_memory_free(path: str = SHM_DIR) -> int | None:
@@ -186,17 +186,10 @@ def choose_input(
     return InputChoice(workers, loader, why)
 
 
-def resolve_input(
-    cfg,
-    cuda: bool,
-    backend: str | None = None,
-    environ=None,
-    cores: int | None = None,
-    shm_free: int | None = -1,
-):
-    """cfg with num_workers None ("auto") and loader "auto" made concrete (choose_input); explicit
-    values are kept."""
-    choice = choose_input(cfg, cuda, backend, environ, cores, shm_free)
+def resolve_input(cfg, cuda: bool, backend: str | None = None, **where):
+    """cfg with num_workers None ("auto") and loader "auto" made concrete by choose_input (`where`:
+    its environ, cores, shm_free); explicit values are kept."""
+    choice = choose_input(cfg, cuda, backend, **where)
     if (choice.workers, choice.loader) == (cfg.num_workers, cfg.loader):
         return cfg
     return dataclasses.replace(cfg, num_workers=choice.workers, loader=choice.loader)
