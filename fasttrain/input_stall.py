@@ -24,6 +24,8 @@ import time
 
 import torch
 
+from fasttrain.threads import SHM_DIR, available_cores, local_ranks, shared_memory_free, shm_shortage
+
 STALLED = 0.10  # a tenth of the time waiting for input: worth one line with what to change
 
 
@@ -79,9 +81,9 @@ class InputStall:
             where = "the GPU idled waiting" if self.cuda else "the step waited"
             why = f"; {spent.describe(seconds)}" if spent is not None and spent.work_s > 0 else ""
             description = self.loader.description
-            options = [f"more --num_workers (now {self.num_workers})"]
+            options = [self._more_workers()]
             if threads is not None:
-                options.append("--loader processes (no GIL shared)")
+                options.append(self._processes())
             if not description.startswith("dali"):
                 options.append("--data_backend dali")
             choices = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
@@ -91,6 +93,24 @@ class InputStall:
             )
         self._steps, self._waited, self._breaks, self._threads = 0, 0.0, set(), threads
         return out
+
+    def _more_workers(self) -> str:
+        """More workers; on CUDA, where they and the trainer have this rank's share of the cores
+        already, more cores (on the CPU the model's threads share them: more workers is the choice)."""
+        cores, ranks, n = available_cores(), local_ranks(), self.num_workers
+        if not self.cuda or n < cores // ranks - 1:
+            return f"more --num_workers (now {n})"
+        share = f"{cores} cores" + (f" / {ranks} ranks" if ranks > 1 else "")
+        return (
+            f"more CPU cores ({n} worker{'s' * (n != 1)} and the trainer have this rank's share of {share})"
+        )
+
+    def _processes(self) -> str:
+        """--loader processes, said with what they would need where /dev/shm is short of it."""
+        cfg = getattr(self.loader, "cfg", None)
+        if cfg is not None and shm_shortage(cfg, self.num_workers, local_ranks(), shared_memory_free()):
+            return f"--loader processes (no GIL shared; they need more {SHM_DIR})"
+        return "--loader processes (no GIL shared)"
 
     def _stall(self, seconds: float) -> float | None:
         if not self.cuda:

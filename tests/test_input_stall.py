@@ -114,6 +114,27 @@ def test_on_cuda_the_stall_is_the_streams_idle_time_between_steps(monkeypatch):
     assert "steps 11-15" in said[0]  # the first interval after the two start-up ones
 
 
+def test_the_line_asks_for_cores_where_the_workers_have_them_all(monkeypatch):
+    import fasttrain.input_stall as stall_module
+
+    monkeypatch.setattr(stall_module, "available_cores", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    loader = type("L", (), {"description": "torch, 4 loader threads"})()
+    assert InputStall(loader, True, print, 4)._more_workers() == "more --num_workers (now 4)"
+    said = InputStall(loader, True, print, 15)._more_workers()  # auto's count on 16 cores
+    assert said == "more CPU cores (15 workers and the trainer have this rank's share of 16 cores)"
+    assert InputStall(loader, False, print, 15)._more_workers() == "more --num_workers (now 15)"  # CPU
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    said = InputStall(loader, True, print, 3)._more_workers()
+    assert said == "more CPU cores (3 workers and the trainer have this rank's share of 16 cores / 4 ranks)"
+    # --loader processes, and what they would need where /dev/shm is short (fasttrain.threads)
+    loader.cfg = make_config(batch_size=256, image_size=224)
+    monkeypatch.setattr(stall_module, "shared_memory_free", lambda: 64 * 2**20)
+    assert "they need more /dev/shm" in InputStall(loader, False, print, 15)._processes()
+    monkeypatch.setattr(stall_module, "shared_memory_free", lambda: 2**40)
+    assert InputStall(loader, False, print, 15)._processes() == "--loader processes (no GIL shared)"
+
+
 def test_one_timed_step_says_nothing():
     stall = InputStall(loader=None, cuda=True, log=print, num_workers=0)
     assert stall.read(1, 1, 1.0) == {}  # no pair of steps, no gap to measure (and no CUDA touched)
