@@ -11,17 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from fasttrain.errors import SettingError
+from fasttrain.config_checks import INCEPTION_MIN_IMAGE_SIZE as INCEPTION_MIN_IMAGE_SIZE  # re-exported
+from fasttrain.config_checks import ConfigError as ConfigError  # re-exported: its long-standing home
+from fasttrain.config_checks import resolve_model, validate
 from fasttrain.recipes import RECIPE_SETTINGS
-
-
-class ConfigError(SettingError):
-    """A user error in flags or configuration; the CLI prints it in one line and exits 2."""
 
 
 @dataclass
@@ -224,8 +221,8 @@ class Config:
     """Synchronise BatchNorm statistics across ranks (default: per rank, as in the seeds)."""
 
     def __post_init__(self) -> None:
-        self.model = _resolve_model(self.model, self.resnet_size)
-        _validate(self)
+        self.model = resolve_model(self.model, self.resnet_size)
+        validate(self)
         # A copy, in floats: a Config made from a recipe must not share the recipe's list.
         self.lr_boundary_epochs = [float(b) for b in self.lr_boundary_epochs]
 
@@ -246,161 +243,6 @@ class Config:
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
-
-
-def _allowed(hint) -> tuple:
-    """The values a Literal[...] field type allows, None too for `Literal[...] | None` (() otherwise)."""
-    if typing.get_origin(hint) is Literal:
-        return typing.get_args(hint)
-    args = typing.get_args(hint)
-    literal = next((a for a in args if typing.get_origin(a) is Literal), None)
-    return (*typing.get_args(literal), None) if literal and type(None) in args else ()
-
-
-_HINTS = typing.get_type_hints(Config)
-
-_POSITIVE = (
-    "batch_size",
-    "log_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "image_size",
-    "num_classes",
-    "grad_accum_steps",
-    "base_channels",
-    "max_nonfinite_steps",
-    "num_epochs_per_decay",
-    "learning_rate_decay_factor",
-    "bucket_cap_mb",
-)
-_NON_NEGATIVE = (
-    "seed",
-    "max_steps",
-    "train_epochs",
-    "num_workers",
-    "shuffle_buffer",
-    "epoch_size",
-    "max_eval_batches",
-    "eval_every_epochs",
-    "histogram_every",
-    "num_gpus",
-    "node_batch_size",
-    "eval_batch_size",
-    "weight_decay",
-    "label_smoothing",
-    "aux_loss_weight",
-    "ema_decay",
-    "initial_learning_rate",
-    "momentum",
-    "rmsprop_epsilon",
-)
-
-
-RESNET_SIZES = (18, 34, 50, 101, 152, 200)
-
-
-def _resolve_model(model: str, resnet_size: int) -> str:
-    """The model --resnet_size selects, in the family of `model`: resnet<N>_v2 for a v2 model (the
-    ResNet seed's `imagenet_resnet_v2(resnet_size, ...)`), resnet<N> for v1.5."""
-    if not resnet_size:
-        return model
-    if resnet_size not in RESNET_SIZES:
-        raise ConfigError(f"--resnet_size={resnet_size} is not one of {', '.join(map(str, RESNET_SIZES))}")
-    if not model.startswith("resnet"):
-        raise ConfigError(f"--resnet_size={resnet_size} and --model={model} conflict; give one of them")
-    if model.endswith("_v2"):
-        return f"resnet{resnet_size}_v2"
-    if resnet_size == 200:
-        raise ConfigError(
-            f"--resnet_size=200 is a v2 model only (resnet200_v2, the resnet50/resnet101 recipes); "
-            f"--model={model} is v1.5, which goes up to 152"
-        )
-    return f"resnet{resnet_size}"
-
-
-def _validate(cfg: Config) -> None:
-    for name, hint in _HINTS.items():  # the choices are the Literal[...] field types
-        allowed = _allowed(hint)
-        if allowed and getattr(cfg, name) not in allowed:
-            names = ", ".join(a for a in allowed if a is not None)
-            raise ConfigError(f"--{name}={getattr(cfg, name)!r} is not one of {names}")
-    # Written as `not value > 0` so that a NaN (`--initial_learning_rate=nan`) is refused too.
-    for name in _POSITIVE:
-        if not getattr(cfg, name) > 0:
-            raise ConfigError(f"--{name} must be positive, got {getattr(cfg, name)}")
-    for name in _NON_NEGATIVE:
-        if name == "num_workers" and cfg.num_workers is None:  # auto
-            continue
-        if not getattr(cfg, name) >= 0:
-            raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
-    for name in ("rmsprop_decay", "bn_momentum"):
-        value = getattr(cfg, name)
-        if value is not None and not 0.0 <= value <= 1.0:
-            raise ConfigError(f"--{name} must be in [0, 1], got {value}")
-    if cfg.bn_eps is not None and not cfg.bn_eps > 0:
-        raise ConfigError(f"--bn_eps must be positive, got {cfg.bn_eps}")
-    if cfg.label_offset not in (0, -1):
-        raise ConfigError(f"--label_offset must be 0 (background class 0) or -1, got {cfg.label_offset}")
-    if not 0.0 <= cfg.ema_decay < 1.0:
-        raise ConfigError(f"--ema_decay must be in [0, 1), got {cfg.ema_decay}")
-    if cfg.label_smoothing >= 1.0:
-        raise ConfigError(f"--label_smoothing must be below 1, got {cfg.label_smoothing}")
-    if cfg.max_steps == 0 and cfg.train_epochs == 0:
-        raise ConfigError("set --max_steps or --train_epochs: both are 0")
-    if cfg.histogram_every % cfg.log_every:
-        raise ConfigError(
-            f"--histogram_every={cfg.histogram_every} must be a multiple of --log_every={cfg.log_every} "
-            "(histograms are written at log steps, where the trainer reads the device anyway)"
-        )
-    if cfg.seed >= _SEED_LIMIT:
-        raise ConfigError(f"--seed must be below 2**32, got {cfg.seed}")
-    if cfg.model_name == "inception_v3" and cfg.image_size < INCEPTION_MIN_IMAGE_SIZE:
-        raise ConfigError(
-            f"inception_v3 trains at --image_size of at least {INCEPTION_MIN_IMAGE_SIZE}, got "
-            f"{cfg.image_size} (its aux head's 5x5 VALID convolution needs the 17x17 map of a 299 px input)"
-        )
-    if cfg.optimizer_impl == "triton":
-        _check_triton(cfg.device)
-    if cfg.model_name == "inception_v3" and cfg.batch_size < 2:
-        raise ConfigError("inception_v3 needs --batch_size of at least 2 (the aux head's BN sees 1x1 maps)")
-    if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
-        raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
-    bounds = cfg.lr_boundary_epochs
-    if not isinstance(bounds, list) or not all(isinstance(b, (int, float)) for b in bounds):
-        raise ConfigError(f"lr_boundary_epochs must be a list of numbers, got {bounds!r}")
-    if any(b <= a for a, b in zip(bounds, bounds[1:])):
-        raise ConfigError(
-            f"--lr_boundary_epochs={','.join(f'{b:g}' for b in bounds)!r} is not a comma-separated "
-            "list of increasing numbers"
-        )
-
-
-# The aux head pools Mixed_6e's map 5x5/3 and then applies a 5x5 convolution without padding, so it
-# needs a map of 17x17 (5x5 after pooling): 299 px and up; at 298 px the map is 16x16 and training
-# stopped in avg_pool2d ("Output size is too small"). Eval mode alone would run down to 75 px.
-INCEPTION_MIN_IMAGE_SIZE = 299
-# The seed goes into NumPy SeedSequences and torch generators (as seed * 1000 + rank for synthetic
-# batches, which overflows torch's 64-bit seed above about 1.8e16): 32 bits is plenty and safe.
-_SEED_LIMIT = 2**32
-
-
-def _check_triton(device: str) -> None:
-    """--optimizer_impl=triton needs Triton and a CUDA device (or Triton's CPU interpreter, for tests)."""
-    from fasttrain.kernels.common import HAVE_TRITON, interpreter_enabled
-
-    if not HAVE_TRITON:
-        raise ConfigError(
-            "--optimizer_impl=triton needs the triton package; use --optimizer_impl=auto or torch"
-        )
-    if interpreter_enabled():
-        return
-    import torch
-
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        raise ConfigError(
-            "--optimizer_impl=triton needs a CUDA device and this run is on the CPU; use "
-            "--optimizer_impl=auto or torch (TRITON_INTERPRET=1 runs the kernels on the CPU, for tests)"
-        )
 
 
 # The seeds' spellings that are not field names (the ResNet seed's imagenet_main.py flags; fasttrain/

@@ -161,6 +161,12 @@ class InputChoice:
     loader: str
     why: str = ""
 
+    def apply(self, cfg):
+        """cfg with this count and loader (cfg itself where they are its own)."""
+        if (self.workers, self.loader) == (cfg.num_workers, cfg.loader):
+            return cfg
+        return dataclasses.replace(cfg, num_workers=self.workers, loader=self.loader)
+
 
 def choose_input(
     cfg,
@@ -189,10 +195,7 @@ def choose_input(
 def resolve_input(cfg, cuda: bool, backend: str | None = None, **where):
     """cfg with num_workers None ("auto") and loader "auto" made concrete by choose_input (`where`:
     its environ, cores, shm_free); explicit values are kept."""
-    choice = choose_input(cfg, cuda, backend, **where)
-    if (choice.workers, choice.loader) == (cfg.num_workers, cfg.loader):
-        return cfg
-    return dataclasses.replace(cfg, num_workers=choice.workers, loader=choice.loader)
+    return choose_input(cfg, cuda, backend, **where).apply(cfg)
 
 
 def input_workers(cfg) -> int:

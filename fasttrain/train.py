@@ -77,7 +77,7 @@ def train(cfg: Config) -> dict:
         ranks = local_ranks()
         auto = f"; auto for {available_cores()} cores, {ranks} rank{'s' * (ranks > 1)}"
     auto += f"; {choice.why}" if choice.why else ""
-    cfg = dataclasses.replace(cfg, num_workers=choice.workers, loader=choice.loader)
+    cfg = choice.apply(cfg)
     train_loader = build_loader(
         cfg,
         cfg.subset,
