@@ -11,7 +11,7 @@ import json
 import os
 import signal
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,19 +98,35 @@ def reference(data, tmp_path_factory):
     return run_dir
 
 
-@pytest.mark.parametrize("kill_at", [3, 8, 13])
-def test_sigkill_and_restart_is_bit_exact(data, reference, tmp_path, kill_at):
-    # 14 steps over 2 x 24 records at batch 4 crosses an epoch boundary (12 steps per epoch).
+SELFKILL = Path(__file__).with_name("selfkill.py")
+
+
+@pytest.mark.parametrize(
+    ("where", "kill_at"),
+    [("log", 3), ("save", 8), ("rename", 12), ("log", 13)],
+    ids=["after-step-3", "mid-save-of-ckpt-8", "ckpt-12-sum-before-data", "after-step-13"],
+)
+def test_sigkill_and_restart_is_bit_exact(data, reference, tmp_path, where, kill_at):
+    # 14 steps over 2 x 24 records at batch 4 crosses an epoch boundary (12 steps per epoch); a
+    # checkpoint every 2 steps. The run SIGKILLs itself (tests/selfkill.py) at a chosen point: between
+    # checkpoints, in the middle of a checkpoint's data file, between its checksum file and its data
+    # file, and one step before the end.
     run_dir = tmp_path / "killed"
-    proc = subprocess.Popen(
-        command(data, run_dir, "--max_steps=14"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    killed = subprocess.run(
+        [sys.executable, str(SELFKILL), where, str(kill_at), *command(data, run_dir, "--max_steps=14")[3:]],
+        env=ENV,
+        capture_output=True,
+        text=True,
     )
-    deadline = time.time() + 120
-    while reached_step(run_dir) < kill_at and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert reached_step(run_dir) < 14, "the run finished before it could be killed"
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    names = {p.name for p in run_dir.iterdir()}
+    if where == "log":
+        assert reached_step(run_dir) == kill_at
+    elif where == "save":  # the partial file the kill left; the checkpoint before it is whole
+        assert f".ckpt-{kill_at}.pt.tmp" in names and f"ckpt-{kill_at}.pt" not in names, names
+        assert f"ckpt-{kill_at - 2}.pt" in names, names
+    else:  # the checksum file landed, the data file did not
+        assert f"ckpt-{kill_at}.pt.sha256" in names and f"ckpt-{kill_at}.pt" not in names, names
     again = subprocess.run(command(data, run_dir, "--max_steps=14"), env=ENV, capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert losses(run_dir) == losses(reference)
