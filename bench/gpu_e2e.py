@@ -6,21 +6,23 @@ Three runs of the CLI, `python -m fasttrain --recipe resnet50_v1.5` (ResNet-50 v
 policy, batch 256, the whole-step CUDA graph and, since the second GPU run, the model's blocks compiled
 inside it: the CLI's defaults on CUDA), each in a fresh run directory, alike but for the input:
 `--data_backend synthetic` (one batch made on the device), `--data_backend torch --loader threads` (the
-thread loader: threads decoding into pinned batch buffers, the shards' row checkpoints) and the same with
-`--loader processes` (DataLoader processes), as many as the CLI's --num_workers auto gives this machine
-(fasttrain/threads.py; --workers N sets them), each run's count read from its start-up line; then each
-loader alone, built from the same flags and drained with no model and no step (bench/loader_alone.py),
-which tells a loader that cannot go faster from one held back by the training process around it, and the
-threads once more with their decode and resize as separate calls (--no-fused: three GIL drops an image
-where the fused call makes one, fasttrain/data/jpeg/fused.py), the fused call's baseline on the same
-cores. Each prints the seeds' line every --log_every steps with its examples/sec over those steps; the
-rate is the median of those lines after the first two (start-up, capture, the loader filling up). At each
-line this reads the trainer's CPU time (utime + stime of the process, its loader threads included,
+thread loader: threads decoding into pinned batch buffers, the shards' row checkpoints) and the same
+with `--loader processes` (DataLoader processes), as many as the CLI's --num_workers auto gives this
+machine (fasttrain/threads.py; --workers N sets them), each run's count read from its start-up line;
+then each loader alone, built from the same flags and drained with no model and no step
+(bench/loader_alone.py), which tells a loader that cannot go faster from one held back by the training
+process around it, and the threads once more with their decode and resize as separate calls (--no-fused:
+three GIL drops an image where the fused call makes one, fasttrain/data/jpeg/fused.py), the fused call's
+baseline on the same cores, and, in the time left, both loaders alone at 6 workers (THREADS_UP_TO, where
+--loader auto changes from threads to processes), which says whether that threshold holds on this
+machine. Each prints the seeds' line every --log_every steps with its examples/sec over those steps; the
+rate is the median of those lines after the first two (start-up, capture, the loader filling up). At
+each line this reads the trainer's CPU time (utime + stime of the process, its loader threads included,
 /proc/PID/stat), so CPU seconds per image = CPU time / images between the third line and the last. From
 each run's metrics.jsonl: the trainer's own input_stall (the GPU idle between steps,
-fasttrain/input_stall.py) and its loader threads' loader_busy and loader_off_cpu (medians after the first
-two log steps). Cores one GPU would need for its input = (jpeg CPU s/image - synthetic CPU s/image) x the
-synthetic rate: the CPU the loader adds per image at the rate the GPU trains without it.
+fasttrain/input_stall.py) and its loader threads' loader_busy and loader_off_cpu (medians after the
+first two log steps). Cores one GPU would need for its input = (jpeg CPU s/image - synthetic CPU
+s/image) x the synthetic rate: the CPU the loader adds per image at the rate the GPU trains without it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fasttrain.threads import THREADS_UP_TO
 
 LINE = re.compile(r"step (\d+), loss = \S+ \(([\d.]+) examples/sec")
 INPUT = re.compile(r"\| data .*? \((.*)\) \| run dir ")  # the start-up line's input, e.g. "torch, 15 ..."
@@ -177,8 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         ("loader-threads-unfused", runs[1][1], ("--no-fused",)),
         ("loader-processes", runs[2][1], ()),
     ]
+    # Last, in what time is left: both loaders at the count where --loader auto changes from threads
+    # to processes (fasttrain/threads.py's THREADS_UP_TO), to say whether that threshold holds here.
+    few = 2 if args.dry_run else THREADS_UP_TO
+    at_threshold = [
+        (f"loader-{kind}-{few}", [*runs[k][1], "--num_workers", str(few)], ())
+        for k, kind in ((1, "threads"), (2, "processes"))
+    ]
     alone_limit = 20.0 if not args.dry_run else 60.0
-    for k, (name, extra, *options) in enumerate(runs + alone_runs):
+    for k, (name, extra, *options) in enumerate(runs + alone_runs + at_threshold):
         left = deadline - time.monotonic()
         if left < 10:
             result[name] = dict(status="not run", reason="time limit")
@@ -207,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             result["cores_for_synthetic_rate"] = input_ms / 1e3 * syn["images_per_s"]
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
-    names = [run[0] for run in runs + alone_runs]
+    names = [run[0] for run in runs + alone_runs]  # the threshold pair is extra: its time is what is left
     ok = all(result.get(n, {}).get("returncode") == 0 for n in names)
     print(json.dumps({k: v for k, v in result.items() if k not in names}))
     return 0 if ok else 1

@@ -181,7 +181,8 @@ def e2e_lines(results: dict) -> list[str]:
         f"Batch {e2e['batch']}, {e2e['steps']} steps, loader workers: {e2e['workers']} "
         f"on {e2e['cpu_count']} CPUs."
     ]
-    loaders = ("loader-threads", "loader-threads-unfused", "loader-processes")
+    loaders = ["loader-threads", "loader-threads-unfused", "loader-processes"]
+    loaders += sorted(k for k in e2e if k.startswith("loader-") and k not in loaders)  # at the threshold
     for name in ("synthetic", "jpeg", "jpeg-processes", *loaders):
         run = e2e.get(name, {})
         if name.startswith("loader") and not run:
@@ -190,6 +191,8 @@ def e2e_lines(results: dict) -> list[str]:
             cpu = run.get("cpu_ms_per_image")
             ratio = f" ({run['over_synthetic']:.2f}x synthetic)" if "over_synthetic" in run else ""
             said = f" ({run['input']})" if "input" in run else ""  # its start-up line's loader
+            if not said and "loader" in run:  # a loader alone (bench/loader_alone.py)
+                said = f" ({run['workers']} {run['loader']})"
             out.append(
                 f"- {name}{said}: {run['images_per_s']:,.0f} images/s{ratio}"
                 + (f", {cpu:.3f} CPU ms/image, {run['cpu_cores_busy']:.1f} cores busy" if cpu else "")

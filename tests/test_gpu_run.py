@@ -88,8 +88,11 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert "4-channel stem would save" in (out / "summary.md").read_text()
     e2e = results["e2e"]
     runs = ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes")
-    runs += ("loader-threads-unfused",)
+    runs += ("loader-threads-unfused", "loader-threads-2", "loader-processes-2")
     assert all(e2e[name]["images_per_s"] > 0 for name in runs)
+    # Both loaders at the count where --loader auto changes (2 in the dry run), as they said it.
+    assert (e2e["loader-threads-2"]["loader"], e2e["loader-threads-2"]["workers"]) == ("threads", 2)
+    assert (e2e["loader-processes-2"]["loader"], e2e["loader-processes-2"]["workers"]) == ("processes", 2)
     # The threads' fused decode + resize (fasttrain/data/jpeg/fused.py) beside its baseline.
     assert e2e["loader-threads"]["fused"] is True and e2e["loader-threads-unfused"]["fused"] is False
     # The dry run drains 12 batches; the clock runs from the 3rd's arrival to the 12th's: 9 batches.
@@ -108,6 +111,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "| the timed step (its windows' median) |",
         "x synthetic)",
         "input stall",
+        "- loader-processes-2 (2 processes): ",  # the threshold pair, reported after the other loaders alone
     ):
         assert heading in summary
     with tarfile.open(out / "logs.tar.gz") as tar:
