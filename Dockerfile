@@ -17,12 +17,16 @@ COPY bench ./bench
 COPY tests ./tests
 # --no-deps: torch, triton, numpy and DALI come with the container and must not be replaced by
 # PyPI builds. The rest of the small dependencies are installed explicitly. A base without DALI gets
-# the PyPI build for its torch's CUDA major version (nvidia-dali-cuda120 or -cuda130).
+# the PyPI build for its torch's CUDA major version (nvidia-dali-cuda120 or -cuda130). The check and the
+# numba warm-up run from / so that they import the installed fasttrain, whose __pycache__ folders
+# then hold the compiled kernels the runs load (from /opt/fasttrain they would import ./fasttrain).
 RUN pip install --no-cache-dir google-crc32c protobuf tqdm tensorboard pytest-benchmark simplejpeg numba \
  && pip install --no-cache-dir --no-deps . \
  && (python -c "import nvidia.dali" 2>/dev/null \
      || pip install --no-cache-dir "nvidia-dali-cuda$(python -c 'import torch; print(torch.version.cuda.split(".")[0])')0") \
- && python -c "import fasttrain, fasttrain.kernels, fasttrain.train, nvidia.dali; from fasttrain.data.transforms import warm_up; warm_up(); print('fasttrain ok')"
+ && cd / \
+ && python -c "import fasttrain, fasttrain.kernels, fasttrain.train, nvidia.dali; print('fasttrain ok')" \
+ && python -m fasttrain.data warm-up
 
 WORKDIR /workspace
 ENV PYTHONUNBUFFERED=1

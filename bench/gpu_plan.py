@@ -54,8 +54,10 @@ STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
 # Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
 # The second run (bench/results/2026-11-27-h200-second-run/): the loaders' kernels took 132 s cold under
 # the compile lanes' load; selfcheck (120 s) and the GPU tests (160 s) ran out of time while they compiled
-# those kernels themselves; e2e's trainers compile their model from inductor's cache (--compile, the
-# default on CUDA since that run), about 20 s each.
+# those kernels themselves (since then `python -m fasttrain.data warm-up` compiles them in nine parts,
+# several processes at once: about half the time where 4 or more cores are free, on the CPU VM's
+# figures); e2e's trainers compile their model from inductor's cache (--compile, the default on CUDA
+# since that run), about 20 s each.
 LIMITS = {
     "preflight": 90, "loader_kernels": 180, "selfcheck": 150, "gpu_tests": 240, "shards": 150,
     "compile": 200, "compile-max": 420, "rows": 100, "d": 70, "kernels": 60, "e2e": 240,

@@ -247,8 +247,11 @@ class Driver:
         try:
             wanted = "e2e" in self.args.steps or self.checks_pending()
             if wanted and not self.finished("loader kernels"):
-                warm = "import fasttrain.data.torch_pipeline as p; p.warm_up_kernels()"
-                cmd, limit = self.py("-c", warm), self.limits["loader_kernels"]
+                # The kernels' parts in processes of their own (fasttrain.data.warm), on half the
+                # cores: the compile lanes run beside them.
+                jobs = str(max(2, (os.cpu_count() or 2) // 2))
+                cmd = self.py("-m", "fasttrain.data", "warm-up", "--jobs", jobs)
+                limit = self.limits["loader_kernels"]
                 self.run("loader kernels", cmd, limit, "loader_kernels.log")
         finally:
             kernels_ready.set()  # the checks lanes start (they run whatever happened here)

@@ -56,6 +56,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     # The checks start once the loaders' numba kernels are compiled (each would compile them cold at once:
     # the second GPU run's selfcheck and GPU tests ran out of time so), and the shards come after them.
     kernels = steps["loader kernels"]
+    assert kernels["last_line"].startswith("warm-up: the parts in "), kernels  # fasttrain.data.warm's
     kernels_done = kernels["started_s"] + kernels["seconds"]
     for name in ("selfcheck", "gpu_tests", "shards"):
         assert steps[name]["started_s"] >= kernels_done - 0.2, (name, steps[name], kernels)

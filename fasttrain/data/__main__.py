@@ -1,4 +1,4 @@
-"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, row-checkpoints, build}.
+"""Data tools: python -m fasttrain.data {verify, ls, make-synthetic, row-checkpoints, build, warm-up}.
 
     verify DIR [--decode] [--split S] [--workers N] [--label-offset 0] [--num-classes 1001]
                [--cache-dir D] [--no-index]
@@ -17,6 +17,10 @@
         runs the same build)
     build --train_directory D --validation_directory D --output_directory D --labels_file F ...
         ImageNet JPEG folders to the shards build_imagenet_data.py writes (see fasttrain.data.build)
+    warm-up [--jobs N]
+        compile the loaders' numba kernels into numba's disk cache, N processes at once (default: the
+        cores this process may use), so that the first run on a machine does not spend a minute or
+        two compiling them on one core (see fasttrain.data.warm)
 
 Exit status: 0 fine, 1 bad data (one line, no traceback), 2 bad arguments (a DIR that is not a
 directory too, as for the trainer's --data_dir). Messages name settings as the trainer's flags
@@ -32,6 +36,7 @@ import sys
 import time
 from pathlib import Path
 
+from fasttrain.data import warm
 from fasttrain.data.build import add_arguments as add_build_arguments
 from fasttrain.data.build import build
 from fasttrain.data.errors import DataError
@@ -102,6 +107,19 @@ def _parser() -> argparse.ArgumentParser:
     row_index.add_arguments(p)
     add_build_arguments(
         commands.add_parser("build", help="JPEG folders to TFRecord shards, as TF's converter")
+    )
+    p = commands.add_parser(
+        "warm-up",
+        help="compile the loaders' numba kernels into numba's cache, several processes at once",
+        description=(
+            "Compile the loaders' numba kernels into numba's disk cache (the __pycache__ folders, or "
+            "NUMBA_CACHE_DIR), split into parts that compile in processes of their own, several at once. "
+            "The first run on a machine, or of a new fasttrain version, otherwise compiles them on one core "
+            "before its first step. Run it once per machine (or in a Docker image's build)."
+        ),
+    )
+    p.add_argument(
+        "--jobs", type=_count(1), default=None, help="processes at once (default: the cores this one may use)"
     )
     return parser
 
@@ -217,6 +235,21 @@ def _row_checkpoints(args) -> int:
     return 0
 
 
+def _warm_up(args) -> int:
+    jobs = args.jobs or warm.default_jobs()
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"warm-up: {len(warm.PARTS)} parts of the loaders' numba kernels, {jobs} at once")
+    result = warm.warm_up_parallel(jobs, say=say)
+    here = result["compiled_here"]
+    how = "every kernel from numba's cache"
+    if here:
+        names = ", ".join(here[:10]) + (", ..." if len(here) > 10 else "")
+        how = f"compiling {len(here)} kernel{'s' * (len(here) != 1)} the parts left: {names}"
+    parts_s, here_s = result["parts_s"], result["here_s"]
+    print(f"warm-up: the parts in {parts_s:.1f} s, then {here_s:.1f} s in this process ({how})")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -232,6 +265,7 @@ def main(argv=None) -> int:
         "make-synthetic": _make_synthetic,
         "row-checkpoints": _row_checkpoints,
         "build": build,
+        "warm-up": _warm_up,
     }[args.command]
     try:
         return command(args)

@@ -207,7 +207,8 @@ def warm_up_kernels(rank: int = 0) -> None:
         COMPILE_NOTE_AFTER_S,
         lambda: print(
             "fasttrain: compiling the input pipeline's numba kernels (the first run on this machine or "
-            "of this fasttrain version: about a minute; cached for the runs after it) ...",
+            "of this fasttrain version: about a minute; cached for the runs after it; `python -m "
+            "fasttrain.data warm-up` compiles them ahead, on several cores) ...",
             file=sys.stderr,
             flush=True,
         ),
