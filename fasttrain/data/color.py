@@ -370,3 +370,11 @@ def distort_color(image: np.ndarray, params: ColorParams, out: np.ndarray | None
         _NO_LEVELS if out is None else out.reshape(-1),
     )
     return image if out is None else out
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's disk cache) distort_color's kernels: both orderings, float32 and
+    rounded uint8 out."""
+    for ordering in (0, 1):
+        for out in (None, np.empty((2, 2, 3), np.uint8)):
+            distort_color(np.zeros((2, 2, 3), np.float32), ColorParams(ordering, 0.0, 1.0, 0.0, 1.0), out)

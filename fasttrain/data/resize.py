@@ -425,12 +425,12 @@ def resize(
     return out
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel for the input and output types the pipelines
-    use (uint8 or float32 images; float32 or rounded uint8 out)."""
+def warm_up(methods: tuple[str, ...] = METHODS) -> None:
+    """Compile (or load from numba's cache) every kernel of `methods` for the input and output types the
+    pipelines use (uint8 or float32 images; float32 or rounded uint8 out)."""
     for dtype in (np.uint8, np.float32):
         image = np.zeros((3, 4, 3), dtype)
         for out in (np.empty((2, 2, 3), np.float32), np.empty((2, 2, 3), np.uint8)):
-            for method in METHODS:
+            for method in methods:
                 resize(image, out, method)  # C-contiguous rows
                 resize(image[:, 1:], out, method)  # a crop's rows (any row stride)

@@ -41,6 +41,7 @@ import numpy as np
 
 from fasttrain.data import seeding, vgg
 from fasttrain.data.color import ColorParams, distort_color, sample_color
+from fasttrain.data.color import warm_up as color_warm_up
 from fasttrain.data.jpeg.decode import decode_jpeg, jpeg_size
 from fasttrain.data.jpeg.doctor import decode_full_window_rows, decode_window_rows
 from fasttrain.data.jpeg.fused import crop_resize, crop_resize_inception
@@ -371,7 +372,4 @@ def warm_up() -> None:
     resize_warm_up()
     vgg.warm_up()
     fused_warm_up()
-    work = np.zeros((2, 2, 3), np.float32)
-    for ordering in (0, 1):
-        for out in (None, np.empty((2, 2, 3), np.uint8)):
-            distort_color(work, ColorParams(ordering, 0.0, 1.0, 0.0, 1.0), out)
+    color_warm_up()

@@ -27,7 +27,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import numpy as np
 from numba.core import event
 
 
@@ -40,16 +39,9 @@ def _resnet() -> None:
 
 
 def _inception() -> None:
-    from fasttrain.data.color import ColorParams
     from fasttrain.data.jpeg import fused
 
-    if not fused.FUSED:
-        return
-    jpeg, checkpoints = fused.warm_up_inputs()
-    out, work = np.empty((2, 2, 3), np.uint8), np.empty((2, 2, 3), np.float32)
-    for cp in checkpoints:
-        for color in (None, ColorParams(0, 0.0, 1.0, 0.0, 1.0)):
-            fused.crop_resize_inception(jpeg, cp, (16, 0, 16, 16), 40, "bilinear", False, color, out, work)
+    fused.warm_up_inception()
 
 
 def _vgg() -> None:
@@ -60,23 +52,17 @@ def _vgg() -> None:
 
 def _resize(method: str) -> Callable[[], None]:
     def part() -> None:
-        from fasttrain.data.resize import resize
+        from fasttrain.data import resize
 
-        for dtype in (np.uint8, np.float32):
-            image = np.zeros((3, 4, 3), dtype)
-            for out in (np.empty((2, 2, 3), np.float32), np.empty((2, 2, 3), np.uint8)):
-                resize(image, out, method)
-                resize(image[:, 1:], out, method)
+        resize.warm_up((method,))
 
     return part
 
 
 def _color() -> None:
-    from fasttrain.data.color import ColorParams, distort_color
+    from fasttrain.data import color
 
-    for ordering in (0, 1):
-        for out in (None, np.empty((2, 2, 3), np.uint8)):
-            distort_color(np.zeros((2, 2, 3), np.float32), ColorParams(ordering, 0.0, 1.0, 0.0, 1.0), out)
+    color.warm_up()
 
 
 def _reader() -> None:

@@ -305,11 +305,20 @@ def warm_up() -> None:
     before a loader starts its threads (fasttrain.data.vgg.warm_up compiles vgg's), and `check` the
     fused calls (once per process); where they are off, compile the separate calls' doctored stream."""
     checked()
-    jpeg, checkpoints = warm_up_inputs()
     if not FUSED:  # (--fused_decode=false, or check() turned them off): else the first images compile it
         if _jpeg._turbo is not None:
+            jpeg, checkpoints = warm_up_inputs()
             decode_window_rows(jpeg, checkpoints[1], (17, 19, 29, 15))
         return
+    warm_up_inception()
+
+
+def warm_up_inception() -> None:
+    """The fused Inception crop's kernels (with and without colour, with and without checkpoints); where
+    FUSED is off, nothing."""
+    if not FUSED:
+        return
+    jpeg, checkpoints = warm_up_inputs()
     out, work = np.empty((2, 2, 3), np.uint8), np.empty((2, 2, 3), np.float32)
     for cp in checkpoints:
         for color in (None, ColorParams(0, 0.0, 1.0, 0.0, 1.0)):
