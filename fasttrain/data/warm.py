@@ -24,8 +24,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from numba.core import event
 
@@ -71,8 +73,8 @@ def _reader() -> None:
     _warm_up_reader()
 
 
-# Longest first (each alone, cold, on the 2-core VM: vgg 25 s, inception and resnet about 15-20 s, the
-# others 2-7 s), so that the longest start at once.
+# Longest first, so that the longest start at once (cold, two at a time on the 2-core VM: vgg 24-28 s,
+# resnet 23-26 s, inception 12-14 s, the others 2-9 s).
 PARTS: dict[str, Callable[[], None]] = {
     "vgg": _vgg,
     "resnet": _resnet,
@@ -107,44 +109,53 @@ def warm_up_parallel(jobs: int, limit: float = 900.0, say: Callable[[str], None]
     the kernels it compiled, not loaded from the cache (none, unless a part failed)}. `say` gets a line
     as each part ends."""
     say = say or (lambda line: None)
+    # The parts run where this process's fasttrain is first on their path (a `python -c` puts its
+    # working directory first), so they compile the same sources into the same cache.
+    root = str(Path(__file__).resolve().parents[2])
     pending, running = list(PARTS), {}
     seconds: dict[str, float | None] = {}
     failed: list[str] = []
     started = time.monotonic()
-    while pending or running:
-        while pending and len(running) < max(1, jobs):
-            name = pending.pop(0)
-            code = f"from fasttrain.data.warm import run_part; run_part({name!r})"
-            proc = subprocess.Popen(
-                [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-            )
-            running[name] = (proc, time.monotonic())
-        time.sleep(0.05)
-        for name, (proc, t0) in list(running.items()):
-            late = time.monotonic() - started > limit
-            if proc.poll() is None and not late:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-            err = proc.communicate()[1]
-            del running[name]
-            took = time.monotonic() - t0
-            if proc.returncode == 0:
-                seconds[name] = took
-                say(f"warm-up: {name} {took:.1f} s")
-            else:
-                seconds[name] = None
-                failed.append(name)
-                last = (err or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
-                say(f"warm-up: {name} failed after {took:.1f} s ({last[0][:200]}); compiled here instead")
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, jobs):
+                name = pending.pop(0)
+                code = f"from fasttrain.data.warm import run_part; run_part({name!r})"
+                err = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty part never blocks
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", code], cwd=root, stdout=subprocess.DEVNULL, stderr=err
+                )
+                running[name] = (proc, time.monotonic(), err)
+            time.sleep(0.05)
+            for name, (proc, t0, err) in list(running.items()):
+                if proc.poll() is None and time.monotonic() - started <= limit:
+                    continue
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
+                del running[name]
+                err.seek(0)
+                last = err.read().strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+                err.close()
+                took = time.monotonic() - t0
+                seconds[name] = took if proc.returncode == 0 else None
+                if proc.returncode == 0:
+                    say(f"warm-up: {name} {took:.1f} s")
+                else:
+                    failed.append(name)
+                    say(f"warm-up: {name} failed after {took:.1f} s ({last[0][:200]}); compiled here instead")
+    finally:
+        for proc, _, err in running.values():  # an interrupt or an error here: no part outlives it
+            proc.kill()
+            proc.wait()
+            err.close()
     parts_s = time.monotonic() - started
     t0 = time.monotonic()
     with event.install_recorder("numba:compile") as compiles:  # a load from the cache is no compile
         warm_up_all()
     here = sorted({e.data["dispatcher"].py_func.__qualname__ for _, e in compiles.buffer})
-    return dict(
-        parts=seconds, failed=failed, parts_s=parts_s, here_s=time.monotonic() - t0, compiled_here=here
-    )
+    here_s = time.monotonic() - t0
+    return dict(parts=seconds, failed=failed, parts_s=parts_s, here_s=here_s, compiled_here=here)
 
 
 def default_jobs() -> int:
