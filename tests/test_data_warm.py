@@ -1,11 +1,14 @@
 """fasttrain.data.warm (`python -m fasttrain.data warm-up`): its parts, each compiled in a process of its
 own, leave every kernel the loaders run in numba's disk cache, and a part that fails is compiled by the
-caller instead, with a line that says so."""
+caller instead, with a line that says so; a loader's own warm-up (fasttrain.data.torch_pipeline) takes
+the parts only where the cache is cold and its node has one rank and 4 or more cores."""
 
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from fasttrain.data import warm
 
@@ -64,3 +67,46 @@ def test_jobs_below_one_is_a_usage_error():
         [sys.executable, "-m", "fasttrain.data", "warm-up", "--jobs", "0"], capture_output=True, text=True
     )
     assert out.returncode == 2 and "must be at least 1, got 0" in out.stderr, out.stderr
+
+
+def test_cold_is_true_where_colours_kernels_compile_and_false_where_they_load(tmp_path):
+    # A cache of its own: the first call compiles colour's kernels into it, the second finds them
+    # compiled; a new process then loads them from the disk cache.
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    code = "from fasttrain.data import warm; print(warm.cold(), warm.cold())"
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert (first.stdout.split(), again.stdout.split()) == (["True", "False"], ["False", "False"]), (
+        first.stderr[-2000:] + again.stderr[-2000:]
+    )
+
+
+@pytest.mark.parametrize(
+    "ranks, cores, cold, parts",
+    [
+        (1, 16, True, 9),  # one rank, 16 cores, a cold cache: the parts, one process each
+        (1, 4, True, 4),
+        (1, 16, False, None),  # a warm cache: loaded here (about a second)
+        (4, 16, True, None),  # 4 ranks warm up at once: each compiles here, on its own core
+        (1, 3, True, None),  # 2-3 cores: the parts would gain nothing
+    ],
+)
+def test_a_loaders_cold_warm_up_compiles_in_parts_where_it_has_the_cores(
+    monkeypatch, capsys, ranks, cores, cold, parts
+):
+    from fasttrain.data import torch_pipeline
+
+    calls = []
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    monkeypatch.setattr(warm, "default_jobs", lambda: cores)
+    monkeypatch.setattr(warm, "cold", lambda: cold)
+    monkeypatch.setattr(warm, "warm_up_parallel", lambda jobs: calls.append(("parts", jobs)))
+    monkeypatch.setattr(torch_pipeline, "warm_up", lambda: calls.append(("here",)))
+    monkeypatch.setattr(torch_pipeline, "_warm_up_reader", lambda: calls.append(("reader",)))
+    torch_pipeline.warm_up_kernels(0)
+    err = capsys.readouterr().err
+    if parts:
+        assert calls == [("parts", parts)], calls  # the parts end with this process's warm-up
+        assert "compiling the input pipeline's numba kernels" in err and f"{parts} processes at once" in err
+    else:
+        assert calls == [("here",), ("reader",)] and "processes at once" not in err, (calls, err)

@@ -33,8 +33,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
+from fasttrain.data import warm
 from fasttrain.data.errors import DataError, LabelRangeError
-from fasttrain.data.example import encode_example
 from fasttrain.data.imagenet import SampleDecoder
 from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.row_index import RowIndexes
@@ -42,7 +42,8 @@ from fasttrain.data.loader import EpochPosition
 from fasttrain.data.seeding import SampleGenerator
 from fasttrain.data.sharding import RecordTable, epoch_positions, open_split
 from fasttrain.data.tfrecord import RecordBuffer
-from fasttrain.data.transforms import eval_transform, sample_distorted_bounding_box, train_transform, warm_up
+from fasttrain.data.transforms import eval_transform, train_transform, warm_up
+from fasttrain.data.warm import warm_up_reader as _warm_up_reader
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
 from fasttrain.threads import local_ranks, resolve_input, shared_memory_free, shm_shortage
 
@@ -180,43 +181,44 @@ class SampleReader:
         return label
 
 
-def _warm_up_reader() -> None:
-    """Compile (or load from numba's disk cache) SampleReader's own kernels (the Example scan, the
-    seeding, the crop search) here, once, rather than in each worker's or thread's first sample."""
-    rng = SampleGenerator().seeded((0, 0, 0))
-    no_boxes = np.zeros((0, 4), np.float32)
-    for writeable in (False, True):  # read-only arrays (the shared "no boxes") compile apart
-        no_boxes.flags.writeable = writeable
-        sample_distorted_bounding_box(rng, 2, 2, no_boxes)
-    payload = encode_example({"image/encoded": b"", "image/class/label": 0})
-    buffer = RecordBuffer(len(payload) + 16)
-    buffer.data[12 : 12 + len(payload)] = payload  # where RecordBuffer.read puts it
-    SampleDecoder(0, 1).decode(buffer, buffer.view[12 : 12 + len(payload)], "(warm-up)", 0)
-
-
 # Seconds after which a warm-up still running says that it compiles (from numba's disk cache it takes
 # about 1 s; a cold compile about a minute, bench/results/2026-11-27-cpu-numba-warm-up/).
 COMPILE_NOTE_AFTER_S = 5.0
 
 
+COLD_NOTE = (
+    "compiling the input pipeline's numba kernels (the first run on this machine or of this fasttrain "
+    "version: about a minute; cached for the runs after it; `python -m fasttrain.data warm-up` compiles "
+    "them ahead, on several cores) ..."
+)
+
+
 def warm_up_kernels(rank: int = 0) -> None:
-    """warm_up() and _warm_up_reader(); where they take longer than COMPILE_NOTE_AFTER_S (a cold compile:
-    the first run on a machine or of a new fasttrain version), rank 0 says so on stderr meanwhile,
-    rather than leaving the trainer silent for a minute before its first step."""
-    note = threading.Timer(
-        COMPILE_NOTE_AFTER_S,
-        lambda: print(
-            "fasttrain: compiling the input pipeline's numba kernels (the first run on this machine or "
-            "of this fasttrain version: about a minute; cached for the runs after it; `python -m "
-            "fasttrain.data warm-up` compiles them ahead, on several cores) ...",
-            file=sys.stderr,
-            flush=True,
-        ),
-    )
+    """Compile (or load from numba's disk cache) every kernel the loaders run, here, before their
+    workers or threads call them.
+
+    Where the cache is cold (a first run on this machine or of a new fasttrain version: numba compiled
+    colour's small kernels just now, fasttrain.data.warm.cold) and this process is its node's only rank
+    with 4 or more cores, the kernels compile in fasttrain.data.warm's parts, several processes at once;
+    else here, on one core. Past COMPILE_NOTE_AFTER_S, or at once where the parts run, rank 0 says on
+    stderr that it compiles, rather than leaving the trainer silent for a minute before its first step."""
+    say = (lambda line: print(f"fasttrain: {line}", file=sys.stderr, flush=True)) if rank == 0 else None
+    note = threading.Timer(COMPILE_NOTE_AFTER_S, lambda: say(COLD_NOTE))
     note.daemon = True
-    if rank == 0:
+    if say is not None:
         note.start()
     try:
+        jobs = warm.parallel_jobs(local_ranks(), warm.default_jobs())
+        if jobs > 1 and warm.cold():
+            note.cancel()
+            if say is not None:
+                say(
+                    "compiling the input pipeline's numba kernels (the first run on this machine or of "
+                    f"this fasttrain version; cached for the runs after it) in {len(warm.PARTS)} parts, "
+                    f"{jobs} processes at once ..."
+                )
+            warm.warm_up_parallel(jobs)  # then this process's warm-up, from the cache they leave
+            return
         warm_up()
         _warm_up_reader()
     finally:

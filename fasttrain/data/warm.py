@@ -29,72 +29,74 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 from numba.core import event
 
-
-def _resnet() -> None:
-    # The fused ResNet v1.5 crop and its check against the separate calls (decode_window_rows, the
-    # bilinear resize), which compiles both.
-    from fasttrain.data.jpeg import fused
-
-    fused.checked()
-
-
-def _inception() -> None:
-    from fasttrain.data.jpeg import fused
-
-    fused.warm_up_inception()
-
-
-def _vgg() -> None:
-    from fasttrain.data import vgg
-
-    vgg.warm_up()
+from fasttrain.data import color, resize, vgg
+from fasttrain.data.example import encode_example
+from fasttrain.data.imagenet import SampleDecoder
+from fasttrain.data.jpeg import fused
+from fasttrain.data.seeding import SampleGenerator
+from fasttrain.data.tfrecord import RecordBuffer
+from fasttrain.data.transforms import sample_distorted_bounding_box
+from fasttrain.data.transforms import warm_up as transforms_warm_up
 
 
 def _resize(method: str) -> Callable[[], None]:
-    def part() -> None:
-        from fasttrain.data import resize
-
-        resize.warm_up((method,))
-
-    return part
+    return lambda: resize.warm_up((method,))
 
 
-def _color() -> None:
-    from fasttrain.data import color
-
-    color.warm_up()
-
-
-def _reader() -> None:
-    from fasttrain.data.torch_pipeline import _warm_up_reader
-
-    _warm_up_reader()
+def warm_up_reader() -> None:
+    """Compile (or load from numba's disk cache) SampleReader's own kernels (the Example scan, the
+    seeding, the crop search) here, once, rather than in each worker's or thread's first sample."""
+    rng = SampleGenerator().seeded((0, 0, 0))
+    no_boxes = np.zeros((0, 4), np.float32)
+    for writeable in (False, True):  # read-only arrays (the shared "no boxes") compile apart
+        no_boxes.flags.writeable = writeable
+        sample_distorted_bounding_box(rng, 2, 2, no_boxes)
+    payload = encode_example({"image/encoded": b"", "image/class/label": 0})
+    buffer = RecordBuffer(len(payload) + 16)
+    buffer.data[12 : 12 + len(payload)] = payload  # where RecordBuffer.read puts it
+    SampleDecoder(0, 1).decode(buffer, buffer.view[12 : 12 + len(payload)], "(warm-up)", 0)
 
 
 # Longest first, so that the longest start at once (cold, two at a time on the 2-core VM: vgg 24-28 s,
 # resnet 23-26 s, inception 12-14 s, the others 2-9 s).
 PARTS: dict[str, Callable[[], None]] = {
-    "vgg": _vgg,
-    "resnet": _resnet,
-    "inception": _inception,
+    "vgg": vgg.warm_up,
+    "resnet": fused.checked,  # the fused ResNet v1.5 crop and its check against the separate calls
+    "inception": fused.warm_up_inception,
     "resize-bicubic": _resize("bicubic"),
-    "reader": _reader,
+    "reader": warm_up_reader,
     "resize-area": _resize("area"),
     "resize-nearest": _resize("nearest"),
     "resize-bilinear": _resize("bilinear"),
-    "color": _color,
+    "color": color.warm_up,
 }
 
 
 def warm_up_all() -> None:
     """Compile (or load from numba's cache) every kernel the loaders run, in this process."""
-    from fasttrain.data.torch_pipeline import _warm_up_reader
-    from fasttrain.data.transforms import warm_up
+    transforms_warm_up()
+    warm_up_reader()
 
-    warm_up()
-    _warm_up_reader()
+
+def cold() -> bool:
+    """Whether numba's cache lacks this fasttrain's kernels: colour's small kernels (about 2 s to compile,
+    milliseconds to load) compiled just now rather than loaded. A cache stale for other modules only
+    (one source file edited) reads as warm, and those compile where the caller warms up."""
+    with event.install_recorder("numba:compile") as compiles:
+        color.warm_up()
+    return bool(compiles.buffer)
+
+
+def parallel_jobs(ranks: int, cores: int) -> int:
+    """Processes for the parts in a loader's warm-up: 1 (none: compile in the caller) where the node has
+    several ranks (each warms up; their parts would crowd the cores) or fewer than 4 cores (2 gain
+    nothing, bench/results/2026-11-27-cpu-numba-warm-up-parallel/), else the cores, at most one a part."""
+    if ranks > 1 or cores < 4:
+        return 1
+    return min(cores, len(PARTS))
 
 
 def run_part(name: str) -> None:
