@@ -155,7 +155,7 @@ def test_the_trainers_loader_names_the_converter_for_raw_images_too(tmp_path):
 
 # What `python -m fasttrain.data` runs: its subcommands, and the data modules with a command of their own
 # (`python -m fasttrain.data.<module>`), each under the subcommand that runs it too.
-DATA_COMMANDS = {"verify", "ls", "make-synthetic", "build", "row-checkpoints"}
+DATA_COMMANDS = {"verify", "ls", "make-synthetic", "build", "row-checkpoints", "warm-up"}
 MODULE_COMMANDS = {"jpeg_rows": "row-checkpoints"}
 
 
