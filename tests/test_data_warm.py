@@ -110,3 +110,23 @@ def test_a_loaders_cold_warm_up_compiles_in_parts_where_it_has_the_cores(
         assert "compiling the input pipeline's numba kernels" in err and f"{parts} processes at once" in err
     else:
         assert calls == [("here",), ("reader",)] and "processes at once" not in err, (calls, err)
+
+
+def test_parts_that_cannot_start_leave_the_compile_to_the_loader(monkeypatch, capsys):
+    from fasttrain.data import torch_pipeline
+
+    def no_processes(jobs):
+        raise OSError(11, "Resource temporarily unavailable")
+
+    calls = []
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setattr(warm, "default_jobs", lambda: 16)
+    monkeypatch.setattr(warm, "cold", lambda: True)
+    monkeypatch.setattr(warm, "warm_up_parallel", no_processes)
+    monkeypatch.setattr(torch_pipeline, "warm_up", lambda: calls.append("here"))
+    monkeypatch.setattr(torch_pipeline, "_warm_up_reader", lambda: calls.append("reader"))
+    torch_pipeline.warm_up_kernels(0)
+    assert calls == ["here", "reader"]
+    err = capsys.readouterr().err
+    said = "the parts could not start ([Errno 11] Resource temporarily unavailable); compiling here"
+    assert said in err, err

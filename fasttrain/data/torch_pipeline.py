@@ -217,8 +217,12 @@ def warm_up_kernels(rank: int = 0) -> None:
                     f"this fasttrain version; cached for the runs after it) in {len(warm.PARTS)} parts, "
                     f"{jobs} processes at once ..."
                 )
-            warm.warm_up_parallel(jobs)  # then this process's warm-up, from the cache they leave
-            return
+            try:
+                warm.warm_up_parallel(jobs)  # then this process's warm-up, from the cache they leave
+                return
+            except OSError as e:  # no process could start (a limit, no interpreter at sys.executable)
+                if say is not None:
+                    say(f"the parts could not start ({e}); compiling here, on one core ...")
         warm_up()
         _warm_up_reader()
     finally:
