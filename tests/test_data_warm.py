@@ -98,7 +98,7 @@ def test_a_loaders_cold_warm_up_compiles_in_parts_where_it_has_the_cores(
 
     calls = []
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
-    monkeypatch.setattr(warm, "default_jobs", lambda: cores)
+    monkeypatch.setattr(torch_pipeline, "available_cores", lambda: cores)
     monkeypatch.setattr(warm, "cold", lambda: cold)
     monkeypatch.setattr(warm, "warm_up_parallel", lambda jobs: calls.append(("parts", jobs)))
     monkeypatch.setattr(torch_pipeline, "warm_up", lambda: calls.append(("here",)))
@@ -120,7 +120,7 @@ def test_parts_that_cannot_start_leave_the_compile_to_the_loader(monkeypatch, ca
 
     calls = []
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    monkeypatch.setattr(warm, "default_jobs", lambda: 16)
+    monkeypatch.setattr(torch_pipeline, "available_cores", lambda: 16)
     monkeypatch.setattr(warm, "cold", lambda: True)
     monkeypatch.setattr(warm, "warm_up_parallel", no_processes)
     monkeypatch.setattr(torch_pipeline, "warm_up", lambda: calls.append("here"))

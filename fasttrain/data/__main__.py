@@ -46,6 +46,7 @@ from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
 from fasttrain.data.verify import verify_dataset
 from fasttrain.errors import flag_text
+from fasttrain.threads import available_cores
 
 
 def _count(minimum: int):
@@ -236,7 +237,7 @@ def _row_checkpoints(args) -> int:
 
 
 def _warm_up(args) -> int:
-    jobs = args.jobs or warm.default_jobs()
+    jobs = args.jobs or available_cores()
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"warm-up: {len(warm.PARTS)} parts of the loaders' numba kernels, {jobs} at once")
     result = warm.warm_up_parallel(jobs, say=say)

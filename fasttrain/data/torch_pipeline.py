@@ -45,7 +45,7 @@ from fasttrain.data.tfrecord import RecordBuffer
 from fasttrain.data.transforms import eval_transform, train_transform, warm_up
 from fasttrain.data.warm import warm_up_reader as _warm_up_reader
 from fasttrain.stop_signals import ignore_stop_signals, stop_signals_blocked
-from fasttrain.threads import local_ranks, resolve_input, shared_memory_free, shm_shortage
+from fasttrain.threads import available_cores, local_ranks, resolve_input, shared_memory_free, shm_shortage
 
 _MAX_OPEN_FILES = 16
 
@@ -208,7 +208,7 @@ def warm_up_kernels(rank: int = 0) -> None:
     if say is not None:
         note.start()
     try:
-        jobs = warm.parallel_jobs(local_ranks(), warm.default_jobs())
+        jobs = warm.parallel_jobs(local_ranks(), available_cores())
         if jobs > 1 and warm.cold():
             note.cancel()
             if say is not None:

@@ -21,7 +21,6 @@ could not write). So a failure here costs time, never a wrong kernel.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -81,13 +80,18 @@ def warm_up_all() -> None:
     warm_up_reader()
 
 
+def compiled_by(warm_up: Callable[[], None]) -> list[str]:
+    """Run warm_up; the kernels numba compiled meanwhile (a load from its cache is no compile)."""
+    with event.install_recorder("numba:compile") as compiles:
+        warm_up()
+    return sorted({e.data["dispatcher"].py_func.__qualname__ for _, e in compiles.buffer})
+
+
 def cold() -> bool:
     """Whether numba's cache lacks this fasttrain's kernels: colour's small kernels (about 2 s to compile,
     milliseconds to load) compiled just now rather than loaded. A cache stale for other modules only
     (one source file edited) reads as warm, and those compile where the caller warms up."""
-    with event.install_recorder("numba:compile") as compiles:
-        color.warm_up()
-    return bool(compiles.buffer)
+    return bool(compiled_by(color.warm_up))
 
 
 def parallel_jobs(ranks: int, cores: int) -> int:
@@ -153,16 +157,6 @@ def warm_up_parallel(jobs: int, limit: float = 900.0, say: Callable[[str], None]
             err.close()
     parts_s = time.monotonic() - started
     t0 = time.monotonic()
-    with event.install_recorder("numba:compile") as compiles:  # a load from the cache is no compile
-        warm_up_all()
-    here = sorted({e.data["dispatcher"].py_func.__qualname__ for _, e in compiles.buffer})
+    here = compiled_by(warm_up_all)
     here_s = time.monotonic() - t0
     return dict(parts=seconds, failed=failed, parts_s=parts_s, here_s=here_s, compiled_here=here)
-
-
-def default_jobs() -> int:
-    """The cores this process may run on (its affinity mask)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
