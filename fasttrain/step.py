@@ -242,8 +242,8 @@ class TrainStep:
 
     def __call__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Run one optimizer step over grad_accum micro-batches [(images, labels), ...]."""
-        if self.compiled is not None and not self.compiled.warmed_up:
-            self._compile_now(batches[0])
+        if self.compiled is not None and self.compiled.active and not self.compiled.warmed_up:
+            self._compile_now(batches[0])  # once: warmed_up is set then, active cleared on failure
         timeline = self.timeline
         if not self.precision.cuda_graph:
             if timeline is not None:

@@ -189,6 +189,25 @@ def test_the_meta_device_stays_eager_and_says_so():
     ]
 
 
+def test_a_model_that_stays_eager_never_runs_the_compile_warm_up(monkeypatch):
+    # A GPU inductor cannot compile for (a P40, the ResNet seed's, is sm_61) keeps --compile's default
+    # on, and its regions stay eager: the step must not run the compile warm-up (a zero batch's
+    # forward and backward) on every step. Checked when this was written: without the test of
+    # `active` in TrainStep.__call__, it ran at each of the three steps.
+    import fasttrain.compile
+
+    monkeypatch.setattr(fasttrain.compile, "why_not_compiled", lambda device: "an sm_61 GPU (test)")
+    model, log = _model("resnet18"), []
+    step = _step(model, compiled=log)
+    assert not step.compiled.active
+    warm_ups = []
+    real = step._compile_now
+    monkeypatch.setattr(step, "_compile_now", lambda batch: (warm_ups.append(1), real(batch)))
+    for batch in _batches(3):
+        step([batch])
+    assert warm_ups == [] and log == ["fasttrain: --compile: running the model eagerly: an sm_61 GPU (test)"]
+
+
 @pytest.mark.slow
 def test_a_model_inductor_cannot_compile_runs_eagerly_with_one_line(monkeypatch):
     # No C++ compiler: inductor's CPU backend fails while compiling the first region.
