@@ -65,6 +65,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
+    count = 0
     total = min(len(loader), max_batches) if max_batches else len(loader)
     started = shown = time.perf_counter()
     for i, (images, labels) in enumerate(loader):
@@ -86,7 +87,9 @@ def evaluate(
         k = min(5, logits.shape[1])
         top = logits.float().topk(k, dim=1).indices
         hit = top == labels[:, None]
-        sums += torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum(), torch.tensor(len(labels), device=device)])
+        sums[:2] += torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum()])
+        count += len(labels)  # on the host: a tensor of it would be a copy the CPU waits for, each batch
+    sums[2] += count
     if world_size > 1:
         torch.distributed.all_reduce(sums)
     model.train(was_training)

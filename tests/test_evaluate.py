@@ -11,10 +11,13 @@ import threading
 import time
 
 import pytest
+import torch
 
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
-from fasttrain.evaluate import main
+from fasttrain.evaluate import evaluate, main
+from fasttrain.models import create_model
+from fasttrain.precision import Precision
 from fasttrain.train import train
 
 
@@ -172,3 +175,45 @@ def test_checkpoints_carry_the_run_id_and_a_resume_names_another_runs(run, data,
     train(_cfg(data, other))
     out = capsys.readouterr().out
     assert f"ckpt-4.pt was written by run {own[:8]}, not by the run in {other} (run.json: ffffffff)" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_evaluation_batches_are_queued_without_waiting_for_the_gpu():
+    """The evaluation loop never makes the host wait for the GPU (one .tolist() after the last batch):
+    its batches run under torch.cuda.set_sync_debug_mode('error'), which raises at a synchronizing
+    call. Before the image count was kept on the host, each batch copied it to the GPU and waited."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = create_model("resnet18", 4, base_channels=8).to(device)
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.randint(0, 256, (4, 32, 32, 3), dtype=torch.uint8, generator=gen).pin_memory(),
+            torch.randint(0, 4, (4,), generator=gen).pin_memory(),
+        )
+        for _ in range(3)
+    ]
+
+    class Strict:
+        strict = False
+
+        def __len__(self):
+            return len(batches)
+
+        def __iter__(self):
+            torch.cuda.set_sync_debug_mode("error" if self.strict else 0)
+            try:
+                yield from batches
+            finally:
+                torch.cuda.set_sync_debug_mode(0)  # before the one sync at the end
+
+    loader = Strict()
+    fp32 = Precision("fp32", channels_last=False, cuda_graph=False)
+    try:
+        warm = evaluate(model, loader, precision=fp32, device=device, preprocess="inception")
+        loader.strict = True
+        strict = evaluate(model, loader, precision=fp32, device=device, preprocess="inception")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert strict == warm and strict["count"] == 12
