@@ -328,7 +328,10 @@ class TorchLoader(ShardLoader):
             self.skipped += int(skipped)
             self._position += 1
             if len(labels):  # an evaluation batch whose records were all skipped
-                yield images, torch.tensor(labels, dtype=torch.int64)
+                # The labels arrive as a list, which the DataLoader's pin thread leaves as it is: pinned
+                # here (torch's caching host allocator, microseconds), as the thread loader's are.
+                labels = torch.tensor(labels, dtype=torch.int64)
+                yield images, (labels.pin_memory() if loader.pin_memory else labels)
         if error:
             del batches  # stop the workers now rather than whenever the traceback is freed
             raise error
