@@ -46,6 +46,8 @@ def test_cpu_mode_runs_every_row_and_skips_the_gpu_rows_with_a_reason(tmp_path):
         "precision": "fp32",
         "channels_last": False,
         "cuda_graph": False,
+        "compile": False,
+        "pad_stem": False,
         "optimizer": "chunked",
     }
     for name in GPU_ROWS:
@@ -99,6 +101,34 @@ def test_a_check_that_crashes_is_a_failed_row_naming_the_error(tmp_path, monkeyp
         "RuntimeError: cuDNN error: CUDNN_STATUS_NOT_INITIALIZED (at test_selfcheck.py:"
     )
     assert skipped == {**skipped, "status": "skip", "detail": "needs two GPUs"}
+
+
+def test_an_interrupted_selfcheck_keeps_the_rows_that_ran(tmp_path, monkeypatch, capsys):
+    # Ctrl-C, or the GPU run's time limit (SIGINT before its kill): the rows that ran are in the table
+    # and the JSON, the one running and the rest say so, and the exit code is 130, not a pass.
+    def crash(ctx):
+        raise RuntimeError("wrong result")
+
+    def interrupted(ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(selfcheck_checks.CHECKS, "eager-step", crash)
+    monkeypatch.setitem(selfcheck_checks.CHECKS, "graph-replay", interrupted)
+    monkeypatch.setitem(selfcheck_checks.CHECKS, "compiled-graph", lambda ctx: "never reached")
+    out = tmp_path / "selfcheck.json"
+    checks = "eager-step,graph-replay,compiled-graph"
+    assert selfcheck.main(["--checks", checks, "--out", str(out)]) == 130
+    report = json.loads(out.read_text())
+    assert report["passed"] is False and report["interrupted"] == "graph-replay"
+    rows = [(r["name"], r["status"], r["detail"].split(" (at")[0]) for r in report["rows"]]
+    assert rows == [
+        ("eager-step", "fail", "RuntimeError: wrong result"),
+        ("graph-replay", "skip", "interrupted while it ran"),
+        ("compiled-graph", "skip", "not run: interrupted"),
+    ]
+    captured = capsys.readouterr()
+    assert "0 passed, 1 failed, 2 skipped" in captured.out
+    assert "selfcheck: interrupted during graph-replay" in captured.err
 
 
 def test_only_skips_is_not_a_failure(tmp_path, monkeypatch):

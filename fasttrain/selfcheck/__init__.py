@@ -131,15 +131,19 @@ def environment(device: torch.device) -> dict:
 
 def policy(device: torch.device) -> dict:
     """What `python -m fasttrain` picks here with no precision flags (fasttrain/precision.py)."""
+    from fasttrain.compile import compile_wanted
     from fasttrain.config import make_config
     from fasttrain.optim import select_impl
     from fasttrain.precision import resolve_precision
 
-    chosen = resolve_precision(make_config(), device)
+    cfg = make_config()
+    chosen = resolve_precision(cfg, device)
     return {
         "precision": chosen.name,
         "channels_last": chosen.channels_last,
         "cuda_graph": chosen.cuda_graph,
+        "compile": compile_wanted(cfg.compile, device, cfg.deterministic),
+        "pad_stem": chosen.stem_channels == 4,
         "optimizer": select_impl("auto", device),
     }
 
@@ -199,15 +203,24 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     env, pol = environment(device), policy(device)
-    rows = []
+    rows, interrupted = [], None
     with tempfile.TemporaryDirectory(prefix="fasttrain-selfcheck-") as scratch:
         ctx = Context(device=device, scratch=Path(scratch))
         for name in args.checks:
-            rows.append(_run_check(name, CHECKS[name], ctx))
+            start = time.perf_counter()
+            try:
+                rows.append(_run_check(name, CHECKS[name], ctx))
+            except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT: keep the rows that ran
+                interrupted = name
+                seconds = round(time.perf_counter() - start, 2)
+                rows.append(Row(name, "skip", "interrupted while it ran", seconds))
+                rows += [Row(n, "skip", "not run: interrupted", 0.0) for n in args.checks[len(rows) :]]
+                break
             print(f"selfcheck: {name}: {rows[-1].status} ({rows[-1].seconds:.1f} s)", file=sys.stderr)
     print(table(env, pol, rows))
     failed = any(r.status == "fail" for r in rows)
-    report = {"environment": env, "policy": pol, "rows": [asdict(r) for r in rows], "passed": not failed}
+    report = {"environment": env, "policy": pol, "rows": [asdict(r) for r in rows]}
+    report.update(passed=not failed and interrupted is None, interrupted=interrupted)
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -216,4 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"fasttrain selfcheck: cannot write {out} ({exc.strerror}); pick another --out\n")
         return 1
     print(f"selfcheck: wrote {out}")
+    if interrupted is not None:
+        print(f"selfcheck: interrupted during {interrupted}; the rows before it ran", file=sys.stderr)
+        return 130
     return 1 if failed else 0

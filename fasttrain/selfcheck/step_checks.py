@@ -208,8 +208,11 @@ def check_padded_stem(ctx: Context) -> str:
     needs_cuda(ctx, "cuDNN's convolution on a padded 4-channel input")
     from fasttrain.data.normalize import pad_channels
     from fasttrain.models.stem import StemConv2d
+    from fasttrain.precision import default_precision
 
-    dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    # The GPU's half precision as fasttrain picks it (bf16 from sm_80; is_bf16_supported() would also
+    # count bf16 emulated on older GPUs, where cuDNN has no bf16 convolutions).
+    dtype = torch.bfloat16 if default_precision(ctx.device) == "bf16" else torch.float16
     torch.manual_seed(0)
     conv = StemConv2d(3, 64, 7, stride=2, padding=3, bias=False)
     conv = conv.to(ctx.device, memory_format=torch.channels_last)
