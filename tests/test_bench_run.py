@@ -7,6 +7,7 @@ measured matmul rate and copy bandwidth) and from hand-computed values. No speed
 
 import io
 import json
+import signal
 import statistics
 import subprocess
 import sys
@@ -208,6 +209,27 @@ def test_time_limit_kills_the_whole_process_group(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"grandchild {pid} survived the time limit")
+
+
+def test_at_its_time_limit_a_step_is_asked_to_stop_before_it_is_killed(tmp_path):
+    # SIGINT first, in the limit's last second here (a tenth of it): what the step says on its way out
+    # (pytest's failures so far, selfcheck's rows) reaches the log. A step that ignores SIGINT is
+    # killed at the limit all the same.
+    polite = (
+        "import time\n"
+        "try:\n"
+        "    time.sleep(60)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('the failures so far', flush=True)\n"
+        "    time.sleep(60)\n"  # and then too slow: the kill at the limit ends it
+    )
+    deaf = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)\n"
+    for name, script in (("polite", polite), ("deaf", deaf)):
+        log = tmp_path / f"{name}.txt"
+        result = run_limited([sys.executable, "-c", script], 5.0, log)
+        assert result["timed_out"] and result["returncode"] == -signal.SIGKILL, name
+        assert 5.0 <= result["seconds"] < 8.0, name
+        assert ("the failures so far" in log.read_text()) == (name == "polite")
 
 
 def test_a_compile_that_cannot_finish_in_the_budget_is_not_started(tmp_path):
