@@ -9,6 +9,7 @@ one concern; this module does not import it (the hints are read off the instance
 from __future__ import annotations
 
 import functools
+import math
 import typing
 from typing import Literal
 
@@ -109,6 +110,7 @@ def validate(cfg) -> None:
             continue
         if not getattr(cfg, name) >= 0:
             raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
+    _check_finite(cfg)  # after the ranges, whose messages say more about a NaN
     for name in ("rmsprop_decay", "bn_momentum"):
         value = getattr(cfg, name)
         if value is not None and not 0.0 <= value <= 1.0:
@@ -144,11 +146,33 @@ def validate(cfg) -> None:
     bounds = cfg.lr_boundary_epochs
     if not isinstance(bounds, list) or not all(isinstance(b, (int, float)) for b in bounds):
         raise ConfigError(f"lr_boundary_epochs must be a list of numbers, got {bounds!r}")
+    for name, value in [(n, getattr(cfg, n)) for n in _EPOCHS] + [("lr_boundary_epochs", b) for b in bounds]:
+        if value is not None and not 0 <= value <= MAX_EPOCHS:
+            never = (
+                " (to never decay: --learning_rate_decay_factor=1)" if name == "num_epochs_per_decay" else ""
+            )
+            raise ConfigError(f"--{name} must be between 0 and {MAX_EPOCHS:g} epochs, got {value:g}{never}")
     if any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ConfigError(
             f"--lr_boundary_epochs={','.join(f'{b:g}' for b in bounds)!r} is not a comma-separated "
             "list of increasing numbers"
         )
+
+
+# Settings counted in epochs, and their bound: a million epochs of ImageNet at batch 1 is 1.3e12 steps,
+# far inside the int64 step counter; above it, `--num_epochs_per_decay=1e30` ended in an OverflowError.
+_EPOCHS = ("train_epochs", "num_epochs_per_decay", "eval_every_epochs")
+MAX_EPOCHS = 1e6
+
+
+def _check_finite(cfg) -> None:
+    """Every number of cfg finite: `--train_epochs=inf` passed the range checks below and ended in an
+    OverflowError when the steps were counted, `--weight_decay=inf` trained to NaN weights."""
+    for name in _hints(type(cfg)):
+        value = getattr(cfg, name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ConfigError(f"--{name} must be a finite number, got {item}")
 
 
 # The aux head pools Mixed_6e's map 5x5/3 and then applies a 5x5 convolution without padding, so it

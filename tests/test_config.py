@@ -144,6 +144,17 @@ def test_resnet_v15_recipe_is_tf_official_2018():
         (["--bn_momentum=-0.1"], "--bn_momentum must be in [0, 1]"),
         (["--bn_eps=0"], "--bn_eps must be positive"),
         (["--num_epochs_per_decay=0"], "--num_epochs_per_decay must be positive"),
+        # Infinities and huge epoch counts passed the ranges above and ended in an OverflowError where
+        # the steps were counted (train.py, schedule.py), or, --weight_decay=inf, in NaN weights.
+        (["--max_steps=0", "--train_epochs=inf"], "--train_epochs must be a finite number, got inf"),
+        (["--eval_every_epochs=inf"], "--eval_every_epochs must be a finite number"),
+        (["--weight_decay=inf"], "--weight_decay must be a finite number"),
+        (["--momentum=inf"], "--momentum must be a finite number"),
+        (["--lr_boundary_epochs=1,inf"], "--lr_boundary_epochs must be a finite number, got inf"),
+        (["--lr_boundary_epochs=nan"], "--lr_boundary_epochs must be a finite number, got nan"),
+        (["--num_epochs_per_decay=1e30"], "--num_epochs_per_decay must be between 0 and 1e+06 epochs"),
+        (["--train_epochs=2e6"], "--train_epochs must be between 0 and 1e+06 epochs, got 2e+06"),
+        (["--lr_boundary_epochs=-1,2"], "--lr_boundary_epochs must be between 0 and 1e+06 epochs, got -1"),
         (["positional"], "unexpected argument"),
     ],
 )
