@@ -155,7 +155,13 @@ def test_stale_index_is_rebuilt(shard, tmp_path):
 def test_short_or_garbage_index_is_rebuilt(shard, tmp_path):
     index_path = tfr.ensure_index(shard, cache_dir=tmp_path / "cache")
     good = index_path.read_text()
-    for bad in ("".join(good.splitlines(keepends=True)[:-1]), "garbage\n", "0 16\n16\n"):
+    # The last: a number beyond int64 (NumPy's OverflowError ended the run in a traceback).
+    for bad in (
+        "".join(good.splitlines(keepends=True)[:-1]),
+        "garbage\n",
+        "0 16\n16\n",
+        "99999999999999999999 5\n",
+    ):
         index_path.write_text(bad)
         assert tfr.ensure_index(shard, cache_dir=tmp_path / "cache") == index_path
         assert index_path.read_text() == good

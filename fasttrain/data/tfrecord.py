@@ -276,7 +276,7 @@ def read_index_file(index_path) -> np.ndarray:
     text = Path(index_path).read_text(encoding="ascii", errors="replace")
     try:
         values = np.array(text.split(), dtype=np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: a number beyond int64
         raise DataError(f"index file {index_path} is not lines of 'offset size'; delete it") from None
     if values.size % 2:
         raise DataError(f"index file {index_path} has an odd number of values; delete it")
