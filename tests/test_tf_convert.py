@@ -120,3 +120,31 @@ def test_a_from_tf_file_goes_back_to_tf(run_dir, tmp_path):
     assert b["step"] == 42
     for key, value in a["model"].items():
         assert torch.equal(b["model"][key], value), key
+
+
+def test_out_is_checked_before_the_work_and_never_replaced_unasked(run_dir, tmp_path, capsys):
+    """Each of these ended in a traceback (FileExistsError, IsADirectoryError), or, a run's own
+    ckpt-<step>.pt given as --out, replaced it without a word: its old .sha256 stayed beside it and
+    the run could no longer resume."""
+    prefix = tmp_path / "tf" / "model.ckpt-42"
+    assert main(["to-tf", str(run_dir), "--out", str(prefix)]) == 0
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    ckpt = run_dir / "ckpt-42.pt"
+    before = ckpt.read_bytes()
+    from_tf = ["from-tf", str(prefix), "--model", "resnet18", "--out"]
+    capsys.readouterr()
+    for argv, words in (
+        (from_tf + [str(ckpt)], f"--out {ckpt} exists; pick another --out, or pass --overwrite"),
+        (from_tf + [str(tmp_path)], f"--out {tmp_path} is a directory"),
+        (from_tf + [str(a_file / "x.pt")], f"{a_file} is a file, not a directory"),
+        (["to-tf", str(run_dir), "--out", str(prefix)], f"--out {prefix}.index exists"),
+        (["to-tf", str(run_dir), "--out", str(a_file / "model.ckpt-1")], f"{a_file} is a file"),
+    ):
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err, (argv, err)
+    assert ckpt.read_bytes() == before
+    assert main(from_tf + [str(ckpt), "--overwrite"]) == 0  # asked for: replaced
+    assert load_checkpoint(ckpt)["config"]["model"] == "resnet18" and "optimizer" not in load_checkpoint(ckpt)
+    assert main(["to-tf", str(run_dir), "--out", str(prefix), "--overwrite"]) == 0

@@ -1,8 +1,8 @@
 """Convert checkpoints between TensorFlow (the seeds' runs) and fasttrain.
 
     python -m fasttrain.tf.convert from-tf PREFIX_OR_DIR --model NAME [--num_classes N] [--weights raw|ema]
-                                           --out FILE.pt
-    python -m fasttrain.tf.convert to-tf CKPT_OR_RUN_DIR --out PREFIX [--model NAME]
+                                           --out FILE.pt [--overwrite]
+    python -m fasttrain.tf.convert to-tf CKPT_OR_RUN_DIR --out PREFIX [--model NAME] [--overwrite]
 
 from-tf reads a V1 or V2 checkpoint (a prefix, or a TF train directory whose `checkpoint` file names
 the newest) and writes a fasttrain checkpoint {"model": state_dict, "step": global_step, "config":
@@ -20,6 +20,9 @@ its graph (checked with TF: tests/data/check_tf_restore_inception.py). A checkpo
 state (a from-tf file) gives weights, BN statistics and zero-debias state only: enough for the seed's
 --pretrained_model_checkpoint_path, not for its --checkpoint_dir or eval program (no slots, no
 shadows). The model comes from the checkpoint's config (--model for one without).
+
+Neither replaces a file that exists (a run's ckpt-<step>.pt, an earlier export) unless --overwrite is
+given; an --out that cannot be written is refused, in one line, before the conversion's work.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 
 from fasttrain import checkpoint as ckpt_io
 from fasttrain.checkpoint import CheckpointError
-from fasttrain.errors import exit_code, print_error
+from fasttrain.errors import FasttrainError, exit_code, print_error
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -49,11 +52,33 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     from_tf.add_argument("--num_classes", type=int, default=0, help="default: the checkpoint's")
     from_tf.add_argument("--weights", choices=("raw", "ema"), default="raw", help="raw or EMA shadows")
     from_tf.add_argument("--out", required=True, help="the .pt file to write")
+    from_tf.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     to_tf = sub.add_parser("to-tf", help="a fasttrain checkpoint -> a TensorFlow V2 checkpoint")
     to_tf.add_argument("source", help="ckpt-<step>.pt, or a run directory (its newest)")
     to_tf.add_argument("--out", required=True, help="the TF prefix to write, e.g. out/model.ckpt-1000")
     to_tf.add_argument("--model", default="", help="model name, for a checkpoint without a config")
+    to_tf.add_argument(
+        "--overwrite", action="store_true", help="replace the checkpoint at --out if it exists"
+    )
     return parser.parse_args(argv)
+
+
+def check_out(targets: list[Path], overwrite: bool) -> None:
+    """Refuse --out before any work: a directory, a path under a file, or (without --overwrite) a file
+    that exists (a run's own ckpt-<step>.pt, replaced, left its old .sha256 beside it and the run could
+    not resume from it)."""
+    for target in targets:
+        if target.is_dir():
+            raise FasttrainError(f"--out {target} is a directory; give the path of a file to write")
+        if target.exists() and not overwrite:
+            raise FasttrainError(
+                f"--out {target} exists; pick another --out, or pass --overwrite to replace it"
+            )
+    for folder in targets[0].parents:  # the nearest that exists must be a directory
+        if folder.exists():
+            if not folder.is_dir():
+                raise FasttrainError(f"cannot write --out {targets[0]}: {folder} is a file, not a directory")
+            break
 
 
 def from_tf(args: argparse.Namespace) -> Path:
@@ -61,13 +86,14 @@ def from_tf(args: argparse.Namespace) -> Path:
     from fasttrain.tf.checkpoint import open_checkpoint
     from fasttrain.tf.state import model_state, network_widths, read_global_step
 
+    out = Path(args.out)
+    check_out([out], args.overwrite)
     reader = open_checkpoint(args.source)
     width, base_channels = network_widths(reader, args.model)
     num_classes = args.num_classes or width
     model = create_model(args.model, num_classes, base_channels=base_channels)
     state = model_state(reader, args.model, model, ema=args.weights == "ema")
     step = read_global_step(reader) if "global_step" in reader.shapes() else 0
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     saved = {
         "model": state,
@@ -75,6 +101,9 @@ def from_tf(args: argparse.Namespace) -> Path:
         "config": {"model": args.model, "num_classes": num_classes, "base_channels": base_channels},
         "source": f"TensorFlow {reader.version} {reader.prefix} ({args.weights} weights)",
     }
+    # A run's checksum beside a file --overwrite replaces describes the old file: gone first, so that
+    # the new file never stands beside a sum it fails.
+    out.with_name(out.name + ".sha256").unlink(missing_ok=True)
     ckpt_io.write_atomic(out, lambda f: torch.save(saved, f))
     print(
         f"wrote {out}: {args.model}, {num_classes} classes, step {step}, "
@@ -105,6 +134,7 @@ def to_tf(args: argparse.Namespace) -> Path:
     from fasttrain.tf.checkpoint import write_checkpoint
     from fasttrain.tf.state import export_tensors
 
+    check_out([Path(f"{args.out}.index"), Path(f"{args.out}.data-00000-of-00001")], args.overwrite)
     source = Path(args.source)
     if source.is_dir():
         found = ckpt_io.load_latest(source, log=lambda m: print(m, file=sys.stderr))
@@ -140,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     try:
         (from_tf if args.command == "from-tf" else to_tf)(args)
+    except OSError as err:  # a full disk, a permission: one line naming the file
+        where = f" {err.filename}" if err.filename else ""
+        print_error(FasttrainError(f"cannot read or write{where} ({err.strerror or err})"))
+        return 1
     except Exception as err:
         if (code := exit_code(err)) is None:
             raise
