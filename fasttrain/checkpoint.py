@@ -225,7 +225,21 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     state = load_tensors(path, map_location)
     if not isinstance(state, dict) or "model" not in state or "step" not in state:
         raise CheckpointError(f"{path} is not a fasttrain checkpoint (no 'model' and 'step' entries)")
+    step = state["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(
+            f"{path} is not a fasttrain checkpoint: its 'step' is {step!r}, not a step number"
+        )
+    if not is_state_dict(state["model"]):
+        raise CheckpointError(f"{path} holds no state_dict under 'model' (parameter names to tensors)")
     return state
+
+
+def is_state_dict(value) -> bool:
+    """Whether `value` is a model's state_dict as a file holds it: parameter and buffer names to tensors."""
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in value.items()
+    )
 
 
 def load_tensors(path: Path, map_location="cpu"):
@@ -274,8 +288,21 @@ def _load_failure(path: Path, text: str) -> str:
             f"refusing to load {path}: it is not a checkpoint of tensors and plain data, or it is "
             f"corrupt{stopped}"
         )
+    if not _looks_like_torch_file(path):  # torch's own message is then a bare KeyError: "101"
+        return f"{path} is not a torch checkpoint file (neither torch.save's zip archive nor a pickle)"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "weights_only" not in ln]
     return f"cannot read checkpoint {path}: {lines[0] if lines else 'not a readable torch file'}"
+
+
+def _looks_like_torch_file(path: Path) -> bool:
+    """Whether the file opens as torch.save writes: a zip archive (PK), or the legacy format's pickle
+    (protocol 2 and up start with 0x80)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return True  # let the reason torch gave stand
+    return head == b"PK" or head[:1] == b"\x80"
 
 
 def load_latest(

@@ -75,9 +75,14 @@ def _torch_file_state(path: Path) -> dict:
     torchvision's names), without the "module." prefix a DDP-wrapped model's names carry."""
     state = ckpt.load_tensors(path)
     if isinstance(state, dict) and "model" in state and "step" in state:
+        if not ckpt.is_state_dict(state["model"]):
+            raise ckpt.CheckpointError(
+                f"{path} holds no state_dict under 'model' (parameter names to tensors)",
+                settings=("pretrained_model_checkpoint_path",),
+            )
         return state["model"]
-    if isinstance(state, dict) and state and all(isinstance(v, torch.Tensor) for v in state.values()):
-        if all(isinstance(k, str) and k.startswith("module.") for k in state):
+    if isinstance(state, dict) and state and ckpt.is_state_dict(state):
+        if all(k.startswith("module.") for k in state):
             return {k[len("module.") :]: v for k, v in state.items()}
         return state
     # A training script's own dict (epoch, optimizer, ...) or something else: say how to keep the weights.

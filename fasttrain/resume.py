@@ -134,7 +134,16 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
             "written with, or pass a new train_dir",
             settings=("train_dir",),
         ) from None
-    run.load_rank_state(state["data"], state.get("rng", []))
+    try:
+        run.load_rank_state(state["data"], state.get("rng", []))
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        # A checkpoint fasttrain's trainer did not write (its weights are usable, its position is not).
+        what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        raise ckpt.CheckpointError(
+            f"{path} holds no usable data position to resume from ('data': {what}); start from its "
+            "weights alone with pretrained_model_checkpoint_path, in a new train_dir",
+            settings=("pretrained_model_checkpoint_path", "train_dir"),
+        ) from None
     log(f"resuming from step {state['step']} ({path})")
     if (written_by := state.get("run_id")) and written_by != (own := read_run_id(run_dir)) and own:
         # A checkpoint copied in from another run (its run.json differs): continued, but said.

@@ -3,6 +3,7 @@
 import errno
 import os
 import pickle
+import re
 
 import pytest
 import torch
@@ -104,6 +105,37 @@ def test_not_a_fasttrain_checkpoint(tmp_path):
     torch.save({"weights": torch.zeros(1)}, tmp_path / "x.pt")
     with pytest.raises(ckpt.CheckpointError, match="not a fasttrain checkpoint"):
         ckpt.load_checkpoint(tmp_path / "x.pt")
+
+
+def test_a_text_file_is_named_as_no_torch_file(tmp_path):
+    # torch's own reason here is a bare KeyError, which read "cannot read checkpoint ...: 101".
+    path = tmp_path / "ckpt-5.pt"
+    path.write_text("hello")
+    with pytest.raises(ckpt.CheckpointError, match="is not a torch checkpoint file"):
+        ckpt.load_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    "state, words",
+    [
+        # Each of these loaded, then ended in a traceback where it was used (an int's .items(), a
+        # str's .shape, int("two")).
+        ({"model": 5, "step": 0}, "holds no state_dict under 'model' (parameter names to tensors)"),
+        ({"model": {"conv1.weight": "x"}, "step": 0}, "holds no state_dict under 'model'"),
+        ({"model": {0: torch.zeros(1)}, "step": 0}, "holds no state_dict under 'model'"),
+        ({"model": {"w": torch.zeros(1)}, "step": "two"}, "its 'step' is 'two', not a step number"),
+        ({"model": {"w": torch.zeros(1)}, "step": -1}, "its 'step' is -1, not a step number"),
+    ],
+)
+def test_a_checkpoint_of_the_wrong_structure_is_refused_and_the_run_falls_back(tmp_path, state, words):
+    ckpt.save_checkpoint(tmp_path, 4, _state(4))
+    torch.save(state, tmp_path / "ckpt-8.pt")
+    with pytest.raises(ckpt.CheckpointError, match=re.escape(words)):
+        ckpt.load_checkpoint(tmp_path / "ckpt-8.pt")
+    logs = []
+    loaded, path = ckpt.load_latest(tmp_path, log=logs.append)
+    assert path.name == "ckpt-4.pt" and loaded["step"] == 4
+    assert any("ckpt-8.pt" in line and words in line for line in logs), logs
 
 
 _PHASES = ["torch.save", "fsync", "sidecar", "replace", "dir-fsync"]

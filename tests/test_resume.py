@@ -155,6 +155,25 @@ def test_no_usable_checkpoint_stops_instead_of_starting_over(data, tmp_path):
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name != "run.lock"} == before
 
 
+@pytest.mark.parametrize("data_entry", ["missing", [{"foo": 1}]])
+def test_a_checkpoint_without_a_data_position_is_one_error(data, reference, tmp_path, data_entry):
+    # A checkpoint fasttrain's trainer did not write, or one edited by hand: the resume ended in a
+    # KeyError ('data', then 'epoch') after the weights had loaded.
+    from fasttrain.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(reference / "ckpt-14.pt")
+    if data_entry == "missing":
+        del state["data"]
+    else:
+        state["data"] = data_entry
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, 14, state)  # with its checksum: a file the resume takes
+    out = subprocess.run(command(data, run_dir, "--max_steps=16"), env=ENV, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert f"{run_dir / 'ckpt-14.pt'} holds no usable data position to resume from" in out.stderr, out.stderr
+    assert "--pretrained_model_checkpoint_path" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.run(command(data, run_dir, "--max_steps=2"), env=ENV, capture_output=True, text=True)
@@ -247,6 +266,16 @@ def test_another_file_says_how_to_keep_the_weights(tmp_path, content, words):
     assert words in message and "\n" not in message, message
     wrap = f"torch.load({str(path)!r})['state_dict']" if isinstance(content, dict) else "model.state_dict()"
     assert f"save the weights alone, torch.save({wrap}, 'weights.pt'), and pass that file" in message
+
+
+def test_a_fasttrain_file_without_a_state_dict_is_one_error(tmp_path):
+    # {"model": 5, "step": 0} ended in "'int' object has no attribute 'items'".
+    torch.save({"model": 5, "step": 0}, tmp_path / "odd.pt")
+    with pytest.raises(CheckpointError, match="odd.pt holds no state_dict under 'model'"):
+        _pretrained(tmp_path / "odd.pt")
+    torch.save({0: torch.zeros(1)}, tmp_path / "int_keys.pt")  # ended in a TypeError in str.join
+    with pytest.raises(CheckpointError, match="neither a fasttrain checkpoint nor a state_dict"):
+        _pretrained(tmp_path / "int_keys.pt")
 
 
 def test_a_state_dict_of_other_names_names_both(tmp_path):
