@@ -204,6 +204,13 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
     known = {f.name for f in dataclasses.fields(Config)}
     saved = {k: v for k, v in saved.items() if k in known}
     saved.update({k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v})
+    where = saved.get("data_dir") or ""
+    if not args.data_dir and where and saved.get("data_backend") != "synthetic" and not Path(where).is_dir():
+        relative = "" if Path(where).is_absolute() else ", relative to where the run was started"
+        raise ConfigError(
+            f"the run's data directory {where!r} (from {path}{relative}) is not a directory here; "
+            "pass --data_dir"
+        )
     if saved.get("data_backend") == "dali":  # resolved for the run's device: this machine's may differ
         saved["data_backend"] = "auto"
     return Config(**upgrade_saved_config(saved))

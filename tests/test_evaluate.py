@@ -154,6 +154,17 @@ def test_errors_are_one_line(run, data, tmp_path):
     assert "num_classes 4 -> 5" in out.stderr or "num_classes 5 -> 4" in out.stderr, out.stderr
     assert f"python -m fasttrain.evaluate {other} --checkpoint {other / 'ckpt-2.pt'}" in out.stderr
     assert "name one of its own" not in out.stderr
+    # The run's --data_dir as given (relative) read from elsewhere: it said "data directory 'tiny' does
+    # not exist", naming neither config.json nor the way out.
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    config = json.loads((moved / "config.json").read_text())
+    (moved / "config.json").write_text(json.dumps({**config, "data_dir": "tiny"}))
+    out = _cli(moved)
+    assert out.returncode == 2 and (
+        f"the run's data directory 'tiny' (from {moved / 'config.json'}, relative to where the run was "
+        "started) is not a directory here; pass --data_dir"
+    ) in out.stderr, out.stderr
     for result in outputs:
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
