@@ -175,6 +175,22 @@ def _check_finite(cfg) -> None:
                 raise ConfigError(f"--{name} must be a finite number, got {item}")
 
 
+def without_effect(cfg, given) -> dict[str, str]:
+    """Of the settings a command line gave (field names), each one this configuration never reads,
+    with why: a user who types --rmsprop_decay with the momentum optimizer meant something else, and
+    training without a word would be silently not what was asked."""
+    inception = cfg.model_name == "inception_v3"
+    rules = {
+        "rmsprop_decay": (cfg.optimizer != "rmsprop", f"the optimizer is {cfg.optimizer}"),
+        "rmsprop_epsilon": (cfg.optimizer != "rmsprop", f"the optimizer is {cfg.optimizer}"),
+        "lr_boundary_epochs": (cfg.lr_schedule != "piecewise", f"lr_schedule is {cfg.lr_schedule}"),
+        "num_epochs_per_decay": (cfg.lr_schedule != "exponential", f"lr_schedule is {cfg.lr_schedule}"),
+        "aux_loss_weight": (not inception, f"{cfg.model_name} has no aux head"),
+        "inception_bn_gamma": (not inception, f"the model is {cfg.model_name}"),
+    }
+    return {name: why for name, (unused, why) in rules.items() if unused and name in given}
+
+
 # The aux head pools Mixed_6e's map 5x5/3 and then applies a 5x5 convolution without padding, so it
 # needs a map of 17x17 (5x5 after pooling): 299 px and up; at 298 px the map is 16x16 and training
 # stopped in avg_pool2d ("Output size is too small"). Eval mode alone would run down to 75 px.

@@ -26,6 +26,7 @@ import textwrap
 import typing
 
 from fasttrain.config import ALIASES, RECIPES, Config, ConfigError, make_config, number_list
+from fasttrain.config_checks import without_effect
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
@@ -198,6 +199,8 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
             "give one of them"
         )
     cfg = make_config(**values)
+    for name, why in without_effect(cfg, spelled).items():
+        notes[f"{name} (unused)"] = f"{spelled[name]} has no effect: {why}"
     _print_notes(notes.values())
     return cfg, chosen
 

@@ -152,3 +152,27 @@ def test_the_cli_refuses_a_missing_value_before_making_anything(tmp_path):
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.count("\n") == 1 and "--train_dir needs a value" in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # no ./--max_steps=3/, no demo data set
+
+
+# --- a flag this configuration never reads ---------------------------------------------------------
+
+
+def test_a_flag_without_effect_here_gets_a_note(capsys):
+    # These trained a ResNet-18 with momentum and the exponential schedule without a word: the user
+    # asked for something that did not happen.
+    parse_args(
+        ["--aux_loss_weight=0.4", "--inception_bn_gamma", "--rmsprop_decay=0.5", "--lr_boundary_epochs=1,2"]
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "fasttrain: note: --rmsprop_decay has no effect: the optimizer is momentum",
+        "fasttrain: note: --lr_boundary_epochs has no effect: lr_schedule is exponential",
+        "fasttrain: note: --aux_loss_weight has no effect: resnet18 has no aux head",
+        "fasttrain: note: --inception_bn_gamma has no effect: the model is resnet18",
+    ]
+    # Where they apply, and where a recipe (not the command line) sets them: nothing to say.
+    parse_args(
+        ["--recipe=inception_v3", "--aux_loss_weight=0.4", "--rmsprop_decay=0.5", "--num_epochs_per_decay=2"]
+    )
+    parse_args(["--recipe=resnet50", "--lr_schedule=piecewise", "--lr_boundary_epochs=1,2"])
+    parse_args(["--recipe=resnet50"])
+    assert capsys.readouterr().err == ""
