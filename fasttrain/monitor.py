@@ -87,11 +87,29 @@ class MetricsLog:
                 kept.append(line if line.endswith(b"\n") else line + b"\n")
         if kept == lines:
             return ""
+        dropped = len(lines) - len(kept)
+        aside = None
+        if step == 0:
+            # A start over in a directory whose earlier run saved no checkpoint: that run's rows may be
+            # all there is of it (another seed, another learning rate), so they are kept beside.
+            aside = next(
+                p
+                for k in range(1, 10_000)
+                if not (p := self.path.with_name(f"{self.path.name}.earlier-{k}")).exists()
+            )
+            try:
+                write_atomic(aside, lambda f: f.writelines(lines))
+            except OSError as exc:
+                return f"note: cannot write {aside} ({exc.strerror}); rows past step 0 may repeat"
         try:
             write_atomic(self.path, lambda f: f.writelines(kept))
         except OSError as exc:
             return f"note: cannot rewrite {self.path} ({exc.strerror}); rows past step {step} may repeat"
-        dropped = len(lines) - len(kept)
+        if aside is not None:
+            return (
+                f"{self.path.name}: this directory's earlier start saved no checkpoint; its {dropped} "
+                f"row(s) past step 0 are kept in {aside.name}, and this run logs from step 0"
+            )
         return f"{self.path.name}: dropped {dropped} line(s) past step {step}, which this run logs again"
 
 

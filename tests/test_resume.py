@@ -340,3 +340,22 @@ def test_a_failed_rewrite_keeps_the_file_whole(tmp_path, monkeypatch):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
     assert MetricsLog(path, enabled=True).resume_at(2) == ""  # nothing past 2: the file is not rewritten
     assert MetricsLog(path, enabled=False).resume_at(0) == ""  # other ranks write no metrics
+
+
+def test_a_start_over_keeps_the_earlier_starts_rows_beside(tmp_path):
+    # A directory whose run stopped before its first checkpoint, started again (perhaps with another
+    # seed or learning rate): its rows were dropped, and with them all there was of that run.
+    path = tmp_path / "metrics.jsonl"
+    first = "".join(json.dumps({"time": 0.0, "step": s, "loss": 1.0}) + "\n" for s in range(1, 4))
+    path.write_text(first)
+    line = MetricsLog(path, enabled=True).resume_at(0)
+    assert line == (
+        "metrics.jsonl: this directory's earlier start saved no checkpoint; its 3 row(s) past step 0 are "
+        "kept in metrics.jsonl.earlier-1, and this run logs from step 0"
+    )
+    assert path.read_text() == "" and (tmp_path / "metrics.jsonl.earlier-1").read_text() == first
+    second = json.dumps({"time": 1.0, "step": 1, "loss": 2.0}) + "\n"
+    path.write_text(second)
+    assert "kept in metrics.jsonl.earlier-2" in MetricsLog(path, enabled=True).resume_at(0)
+    assert (tmp_path / "metrics.jsonl.earlier-1").read_text() == first  # the first one untouched
+    assert (tmp_path / "metrics.jsonl.earlier-2").read_text() == second
