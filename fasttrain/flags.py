@@ -147,7 +147,11 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
             )
         is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
         if negated:
-            if eq or not is_bool:
+            if not is_bool:
+                raise ConfigError(
+                    f"{flag}: --no- is for on/off flags, and --{name} takes a value (--{name}=VALUE)"
+                )
+            if eq:
                 raise ConfigError(f"{flag} takes no value")
             value = False
         elif eq:

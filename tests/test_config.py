@@ -155,6 +155,8 @@ def test_resnet_v15_recipe_is_tf_official_2018():
         (["--num_epochs_per_decay=1e30"], "--num_epochs_per_decay must be between 0 and 1e+06 epochs"),
         (["--train_epochs=2e6"], "--train_epochs must be between 0 and 1e+06 epochs, got 2e+06"),
         (["--lr_boundary_epochs=-1,2"], "--lr_boundary_epochs must be between 0 and 1e+06 epochs, got -1"),
+        (["--no-max_steps"], "--no-max_steps: --no- is for on/off flags, and --max_steps takes a value"),
+        (["--no-deterministic=1"], "--no-deterministic takes no value"),
         (["positional"], "unexpected argument"),
     ],
 )
