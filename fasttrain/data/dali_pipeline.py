@@ -76,6 +76,7 @@ from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg.decode import decode_jpeg
 from fasttrain.data.loader import EpochPosition
 from fasttrain.data.normalize import RESNET_CHANNEL_MEANS
+from fasttrain.data.record_check import RecordCheck
 from fasttrain.data.sharding import epoch_positions, open_split, rank_range
 from fasttrain.data.tfrecord import ensure_index, read_record
 from fasttrain.errors import SettingError
@@ -147,12 +148,24 @@ class DaliLoader(EpochPosition):
             return
         pipe = self._build_pipeline(positions, start)
         stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+        batches = [positions[k * size : (k + 1) * size] for k in range(self._len - start)]
+        # DALI checks no CRC: each batch's records are checked (a thread, running ahead) before it is
+        # handed out, as the torch backend's reader checks them (fasttrain.data.record_check).
+        check = RecordCheck(self.table, batches, self._hint(), _DECODE_HINT_SETTINGS)
+        try:
+            yield from self._batches(pipe, stream, positions, start, check)
+        finally:
+            check.close()
+
+    def _batches(self, pipe, stream, positions: np.ndarray, start: int, check: RecordCheck):
+        size = self.cfg.batch_size
         for b in range(start, self._len):
             mine = positions[(b - start) * size :][:size]  # < size only for evaluation's last batch
             try:
                 images, labels = pipe.run(stream) if stream is not None else pipe.run()
             except RuntimeError as exc:  # a failed batch (a DALI too old for run(stream) is refused earlier)
                 raise self._decode_error(positions[(b - start) * size :], exc) from None
+            check.check(b - start)  # a record whose bytes changed: named here, never trained on
             # DALI's output buffers are DALI's: a view kept past the next run(), as gradient
             # accumulation keeps its micro-batches, may see a later batch written into them (DALI's
             # "Pipeline Run Methods"). So both outputs are copied into tensors the loader owns: the
@@ -257,12 +270,15 @@ class DaliLoader(EpochPosition):
             return values.clone()
         return values.pin_memory().to(self.device, non_blocking=True)
 
-    def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
-        """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
-        hint = (
+    def _hint(self) -> str:
+        return (
             f"run `python -m fasttrain.data verify {self.cfg.data_dir} --decode` to list every bad "
             "record, then re-create those shards or train with data_backend=torch skip_corrupt"
         )
+
+    def _decode_error(self, positions: np.ndarray, exc: RuntimeError) -> DataError:
+        """Name the record DALI failed on by decoding this batch and the two prefetched on the host."""
+        hint = self._hint()
         for position in positions[: 3 * self.cfg.batch_size]:
             shard, offset = self._where(position)
             number = int(position - self.table.shard_starts[self.table.file_ids[position]])
