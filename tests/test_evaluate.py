@@ -161,10 +161,14 @@ def test_errors_are_one_line(run, data, tmp_path):
     config = json.loads((moved / "config.json").read_text())
     (moved / "config.json").write_text(json.dumps({**config, "data_dir": "tiny"}))
     out = _cli(moved)
-    assert out.returncode == 2 and (
-        f"the run's data directory 'tiny' (from {moved / 'config.json'}, relative to where the run was "
-        "started) is not a directory here; pass --data_dir"
-    ) in out.stderr, out.stderr
+    assert (
+        out.returncode == 2
+        and (
+            f"the run's data directory 'tiny' (from {moved / 'config.json'}, relative to where the run was "
+            "started) is not a directory here; pass --data_dir"
+        )
+        in out.stderr
+    ), out.stderr
     for result in outputs:
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
