@@ -67,6 +67,8 @@ from fasttrain.data.build_shard import (
 from fasttrain.data.errors import DataError
 
 PROGRESS_SECONDS = 10.0
+LABELS_RECORD = ".fasttrain-build-labels.json"  # the synsets, in label order, of the shards in a directory
+SKIPPED_RECORD = ".fasttrain-build-skipped.json"  # shard name -> the images --on_bad skip left out of it
 
 
 def _at_least_one(text: str) -> int:
@@ -154,6 +156,36 @@ def _jobs_for(plan: SplitPlan, annotations: Annotations, output: Path, args) -> 
     return jobs, kept
 
 
+def _check_labels(output: Path, annotations: Annotations) -> None:
+    """Refuse a labels file other than the one the shards already in `output` were labelled with.
+
+    Each split's own record (.fasttrain-build-<split>.json) guards that split; this one guards the
+    pair: the validation split built in one run and the train split in another, from a labels file in
+    another order, gave one synset two labels, and training then scored against the wrong classes."""
+    path = output / LABELS_RECORD
+    try:
+        held = json.loads(path.read_text())["synsets"]
+    except (OSError, ValueError, KeyError, TypeError):
+        held = None
+    shards = [p for split in ("train", "validation") for p in find_shards(output, split)]
+    if held is not None and shards and held != annotations.synsets:
+        k = next((i for i, (a, b) in enumerate(zip(held, annotations.synsets)) if a != b), None)
+        if k is None:
+            difference = f"{len(held)} synsets there, {len(annotations.synsets)} in {annotations.labels_file}"
+        else:
+            difference = (
+                f"label {k + 1} is {held[k]} there, {annotations.synsets[k]} in {annotations.labels_file}"
+            )
+        raise DataError(
+            f"{output} holds shards ({shards[0].name}, ...) labelled from another labels file "
+            f"({difference}); give the labels file they were built with, or another --output_directory"
+        )
+    if held != annotations.synsets:
+        path.write_text(
+            json.dumps({"labels_file": annotations.labels_file, "synsets": annotations.synsets}) + "\n"
+        )
+
+
 def _with_entries(jobs: list[ShardJob], annotations: Annotations):
     """Each job with its entries, made as the pool asks for the next job."""
     labels = {s: i + 1 for i, s in enumerate(annotations.synsets)}
@@ -182,6 +214,8 @@ def build(args, out=print) -> int:
     ]
     if not splits:
         raise DataError("nothing to build: give --train_directory, --validation_directory or both")
+    if not str(args.output_directory).strip():  # Path('') is the current directory: shards went there
+        raise DataError("--output_directory is empty; give the directory to write the shards to")
     for split, _, shards in splits:
         if shards < 1 or args.num_threads < 1 or shards % args.num_threads:
             raise DataError(
@@ -213,6 +247,8 @@ def build(args, out=print) -> int:
         for note in plan.notes:
             out(f"  {note}")
         plans.append(plan)
+    if not plans:
+        raise DataError("no split has images to build (each was skipped, above); nothing was written")
     output = Path(args.output_directory)
     try:
         output.mkdir(parents=True, exist_ok=True)
@@ -221,6 +257,7 @@ def build(args, out=print) -> int:
         raise DataError(
             f"cannot write to {output} ({e.strerror}); give a writable --output_directory"
         ) from None
+    _check_labels(output, annotations)
     jobs, kept = [], 0
     for plan in plans:
         split_jobs, split_kept = _jobs_for(plan, annotations, output, args)
@@ -232,10 +269,41 @@ def build(args, out=print) -> int:
         lock.close()
 
 
+def _left_out(output: Path) -> dict[str, list[str]]:
+    """Shard name -> the images `--on_bad skip` left out of it (one line each), as recorded."""
+    try:
+        held = json.loads((output / SKIPPED_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _note_left_out(output: Path, out) -> None:
+    """A rerun keeps a finished shard, so an image left out of it, fixed since, stays out: say so."""
+    held = {name: lines for name, lines in _left_out(output).items() if (output / name).exists() and lines}
+    if held:
+        lines = [line for name in sorted(held) for line in held[name]]
+        out(
+            f"note: {len(lines)} images an earlier --on_bad skip left out are still not in their shards "
+            f"(first: {lines[0]}); to add them once fixed, delete those shards ({', '.join(sorted(held))}) "
+            f"and run the build again ({output / SKIPPED_RECORD} lists them)"
+        )
+
+
 def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
+    output = Path(args.output_directory)
+    try:
+        return _run_jobs(jobs, annotations, kept, args, out)
+    finally:
+        _note_left_out(output, out)
+
+
+def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
     if not jobs:
         out(f"nothing to do: all {kept} shards are written already")
         return 0
+    output = Path(args.output_directory)
+    left_out = _left_out(output)
     total = sum(j.images for j in jobs)
     writes = sum(1 for j in jobs if j.write)
     workers = max(1, min(args.workers or len(os.sched_getaffinity(0)), len(jobs)))
@@ -260,6 +328,12 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
             for line in result.skipped:
                 out(f"skipped {line}")
             skipped += len(result.skipped)
+            written = result.images > 0 or result.skipped  # a rows-only job leaves the shard as it was
+            if written and (result.skipped or result.name in left_out):  # the record: as the shard is now
+                left_out.pop(result.name, None)
+                if result.skipped:
+                    left_out[result.name] = result.skipped
+                _write_json(output / SKIPPED_RECORD, left_out)
             if time.perf_counter() - last >= PROGRESS_SECONDS and done < len(jobs):
                 last = _progress(out, counter.value, total, start)
     except ShardFailed as e:
@@ -280,6 +354,13 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
         + (f"; left out {skipped} bad images (named above)" if skipped else "")
     )
     return 0
+
+
+def _write_json(path: Path, value) -> None:
+    """`value` as JSON in `path`, replaced whole (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value) + "\n")
+    os.replace(tmp, path)
 
 
 def _remove_temporaries(jobs: list[ShardJob]) -> None:

@@ -123,7 +123,9 @@ def _lines(path: str, what: str, flag: str) -> list[str]:
         raise DataError(f"cannot read the {what} {path} ({e.strerror}); check --{flag}") from None
     except UnicodeDecodeError as e:
         raise DataError(f"the {what} {path} is not UTF-8 text (byte {e.start}); check --{flag}") from None
-    lines = text.split("\n")
+    # A byte-order mark (an editor's UTF-8 "with BOM") would be part of the first synset's name, whose
+    # folder then matched nothing: class 1 was left out with only a count saying so.
+    lines = text.removeprefix("\ufeff").split("\n")
     return lines[:-1] if lines[-1] == "" else lines
 
 
@@ -185,12 +187,12 @@ def plan_split(
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise DataError(f"the {split} directory {directory} {what}; give the folder of its synset folders")
-    files, missing, other = [], 0, 0
+    files, missing, empty, other = [], [], [], 0
     for synset in annotations.synsets:
         try:
             entries = list(os.scandir(directory / synset))
         except (FileNotFoundError, NotADirectoryError):
-            missing += 1
+            missing.append(synset)
             continue
         except OSError as e:
             raise DataError(
@@ -198,6 +200,8 @@ def plan_split(
             ) from None
         names = sorted(e.name for e in entries if e.name.endswith(".JPEG") and not e.is_dir())
         other += len(entries) - len(names)
+        if not names:
+            empty.append(synset)
         files += [f"{synset}/{name}" for name in names]
     if not files:
         raise EmptySplit(_no_images(split, directory, annotations))
@@ -212,10 +216,14 @@ def plan_split(
     order = list(range(len(files)))
     random.Random(SHUFFLE_SEED).shuffle(order)  # the same draws as random.seed(12345); random.shuffle
     notes = []
-    if missing:
+    if missing or empty:
+        kinds = [
+            f"no folder: {_first(missing)}" if missing else "",
+            f"an empty folder: {_first(empty)}" if empty else "",
+        ]
         notes.append(
-            f"{missing} of {len(annotations.synsets)} synsets of {annotations.labels_file} have no folder in "
-            f"{directory} (no image has their labels)"
+            f"{len(missing) + len(empty)} of {len(annotations.synsets)} synsets of {annotations.labels_file} "
+            f"have no images in {directory} ({'; '.join(k for k in kinds if k)}): no image has their labels"
         )
     if other:
         notes.append(f"{other} entries of the synset folders are not *.JPEG files and are left out")
@@ -224,13 +232,22 @@ def plan_split(
         top = list(os.scandir(directory))
     except OSError:
         top = []
-    if extra := sum(1 for e in top if e.is_dir() and e.name not in known):
-        notes.append(f"{extra} folders in {directory} are not synsets of {annotations.labels_file}: left out")
+    if extra := sorted(e.name for e in top if e.is_dir() and e.name not in known):
+        notes.append(
+            f"{len(extra)} folders in {directory} are not synsets of {annotations.labels_file}: "
+            f"{_first(extra)}, left out"
+        )
     if flat := sum(1 for e in top if e.name.endswith(".JPEG") and not e.is_dir()):
         notes.append(
             f"{flat} *.JPEG files directly in {directory} are left out (only synset folders are read)"
         )
     return SplitPlan(split, directory, num_shards, num_threads, [files[i] for i in order], notes)
+
+
+def _first(names: list[str], shown: int = 3) -> str:
+    """'a, b, c and 7 more': the first few of a list of names, for a note that must name them."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _no_images(split: str, directory: Path, annotations: Annotations) -> str:

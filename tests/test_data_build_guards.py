@@ -1,0 +1,111 @@
+"""python -m fasttrain.data build, what it guards beyond one run's shards (tests/test_data_build.py has
+the shards themselves): the labels of splits built in separate runs, images --on_bad skip left out,
+the synsets and folders its notes must name, and the output it must have.
+
+Each case was reproduced before its guard existed: the second split's labels from a reordered labels
+file gave one synset two labels (exit 0, and verify passed); a fixed image never came back; a
+byte-order mark left class 1 out with only a count saying so; an empty --output_directory wrote the
+shards into the current directory; every split skipped was exit 0 with nothing written.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_data_build import FIXTURE, SHARDS, TF_OUTPUT, build_args, features
+
+from fasttrain.data.__main__ import main
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    return Path(shutil.copytree(FIXTURE / "input", tmp_path / "input"))
+
+
+def _one_split(args: list[str], split: str) -> list[str]:
+    other = "train" if split == "validation" else "validation"
+    return [a for a in args if not a.startswith(f"--{other}_directory=")]
+
+
+def test_a_split_built_later_from_another_labels_file_is_refused(tree, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_one_split(build_args(tree, out), "validation")) == 0
+    swapped = tree / "swapped.txt"
+    lines = (tree / "synsets.txt").read_text().splitlines()
+    swapped.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    capsys.readouterr()
+    later = [
+        a if not a.startswith("--labels_file=") else f"--labels_file={swapped}" for a in build_args(tree, out)
+    ]
+    assert main(_one_split(later, "train")) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "labelled from another labels file" in err, err
+    assert f"label 1 is {lines[0]} there, {lines[1]} in {swapped}" in err
+    assert not list(out.glob("train-*"))
+    assert main(_one_split(build_args(tree, out), "train")) == 0  # the same labels file: built
+    for name in SHARDS:
+        assert features(out / name) == features(TF_OUTPUT / name), name
+
+
+def test_an_image_skip_left_out_is_named_until_its_shard_is_written_again(tree, tmp_path, capsys):
+    image = tree / "train/n01440764/n01440764_7.JPEG"
+    good = image.read_bytes()
+    image.write_bytes(b"")
+    out = tmp_path / "out"
+    assert main(build_args(tree, out, "--on_bad=skip")) == 0
+    holder = next(
+        n for n in SHARDS if n.startswith("train") and b"n01440764_7.JPEG" in (TF_OUTPUT / n).read_bytes()
+    )
+    image.write_bytes(good)  # fixed
+    capsys.readouterr()
+    assert main(build_args(tree, out)) == 0  # every shard exists: nothing to write, but a note
+    printed = capsys.readouterr().out
+    assert "nothing to do" in printed and "note: 1 images an earlier --on_bad skip left out" in printed
+    assert f"first: {image}: " in printed and f"delete those shards ({holder})" in printed
+    (out / holder).unlink()
+    assert main(build_args(tree, out)) == 0
+    assert "--on_bad skip left out" not in capsys.readouterr().out
+    for name in SHARDS:
+        assert features(out / name) == features(TF_OUTPUT / name), name
+    assert json.loads((out / ".fasttrain-build-skipped.json").read_text()) == {}
+
+
+def test_notes_name_the_synsets_and_folders_left_out_and_a_byte_order_mark_is_read(tree, tmp_path, capsys):
+    synsets = tree / "synsets.txt"
+    synsets.write_bytes(b"\xef\xbb\xbf" + synsets.read_bytes())  # an editor's "UTF-8 with BOM"
+    (tree / "train/n04000000").mkdir()  # a synset folder with no images
+    out = tmp_path / "out"
+    assert main(build_args(tree, out)) == 0
+    printed = capsys.readouterr().out
+    assert (
+        f"1 of 6 synsets of {synsets} have no images in {tree / 'train'} (an empty folder: n04000000)"
+        in printed
+    )
+    assert (
+        f"3 of 6 synsets of {synsets} have no images in {tree / 'validation'} (no folder: n02077923, "
+        in printed
+    )
+    assert f"1 folders in {tree / 'train'} are not synsets of {synsets}: n09999999, left out" in printed
+    for name in SHARDS:  # class 1 (the first line, after the mark) is there: the same shards as TF's
+        assert features(out / name) == features(TF_OUTPUT / name), name
+
+
+def test_an_empty_output_directory_and_nothing_to_build_are_errors(tree, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [
+        a if not a.startswith("--output_directory=") else "--output_directory="
+        for a in build_args(tree, tmp_path)
+    ]
+    assert main(args) == 1
+    assert "--output_directory is empty" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*-of-*"))
+    nothing = tree / "nothing.txt"
+    nothing.write_text("n99999999\n")  # a synset with no folder in either split: both are skipped
+    args = [
+        a if not a.startswith("--labels_file=") else f"--labels_file={nothing}"
+        for a in build_args(tree, tmp_path / "o")
+    ]
+    assert main([*args, "--on_bad=skip"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no split has images to build" in err
