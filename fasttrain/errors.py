@@ -29,15 +29,17 @@ class SettingError(FasttrainError, ValueError):
     """A setting's value cannot work here (the command line exits 2 for it, as for a bad flag)."""
 
 
-def flag_text(err: BaseException) -> str:
-    """The message with each of err.settings written as a flag: `sync_bn` -> `--sync_bn`.
+def flag_text(err: BaseException, spelled: dict[str, str] | None = None) -> str:
+    """The message with each of err.settings written as a flag: `sync_bn` -> `--sync_bn`, or as
+    `spelled` names it for a command whose flags differ (the data tools' `--cache-dir`).
 
     Only whole words are replaced, and not inside a path or a longer name (`runs/sync_bn` and
     `--sync_bn` stay as they are).
     """
     text = str(err)
     for name in getattr(err, "settings", ()):
-        text = re.sub(rf"(?<![\w/.-]){re.escape(name)}(?![\w/])", f"--{name}", text)
+        flag = (spelled or {}).get(name, f"--{name}")
+        text = re.sub(rf"(?<![\w/.-]){re.escape(name)}(?![\w/])", flag, text)
     return text
 
 

@@ -97,6 +97,41 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and "cannot write the data set to" in err and "Not a directory" in err
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        # Each ran before: -3 and 0 workers as one process, --per-shard 0 wrote empty shards (which
+        # verify then called "re-copy it"), an empty --out wrote into the current directory.
+        (["row-checkpoints", ".", "--workers", "-3"], "--workers: must be at least 1, got -3"),
+        (["row-checkpoints", ".", "--workers", "0"], "--workers: must be at least 1, got 0"),
+        (["make-synthetic", "--out", "x", "--per-shard", "0"], "--per-shard: must be at least 1, got 0"),
+        (["make-synthetic", "--out", ""], "make-synthetic --out is empty"),
+    ],
+)
+def test_data_tool_arguments_out_of_range_are_refused(argv, words, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and words in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_errors_name_the_data_tools_own_flags(tmp_path, capsys, monkeypatch):
+    # An index that cannot be written said "set --data_cache_dir", a trainer flag these commands lack.
+    # The index goes to a directory no one may create (under /proc, even as root), as verify would
+    # try a read-only data directory.
+    import fasttrain.data.__main__ as data_main
+    from fasttrain.data.tfrecord import save_index
+
+    unwritable = Path("/proc/fasttrain-no-such-dir/train-00000-of-00001.idx")
+    monkeypatch.setattr(
+        data_main, "_verify", lambda args: save_index(tmp_path / "s", [(0, 16)], [unwritable])
+    )
+    assert main(["verify", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "set --cache-dir to a writable directory" in err and "data_cache_dir" not in err, err
+
+
 def test_a_bad_record_names_the_trainers_flag(tmp_path):
     write_records(tmp_path / "train-00000-of-00001", [b"\xff\xff\xff"])
     [shard] = verify_dataset(tmp_path, workers=1, write_index=False).bad

@@ -96,7 +96,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--train-shards", type=_count(0), default=4)
     p.add_argument("--val-shards", type=_count(0), default=1)
-    p.add_argument("--per-shard", type=_count(0), default=750)
+    p.add_argument("--per-shard", type=_count(1), default=750)  # 0 wrote empty shards the trainer refuses
     p.add_argument("--classes", type=_count(1), default=10)
     p.add_argument("--seed", type=int, default=0)
 
@@ -256,6 +256,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.command == "make-synthetic" and args.train_shards + args.val_shards == 0:
         parser.error("make-synthetic needs --train-shards or --val-shards above 0")
+    if args.command == "make-synthetic" and not args.out.strip():  # Path('') wrote into the current directory
+        parser.error("make-synthetic --out is empty; give the directory to write the data set to")
     if args.command in ("verify", "ls", "row-checkpoints") and not Path(args.data_dir).is_dir():
         what = "is not a directory" if Path(args.data_dir).exists() else "does not exist"
         print(f"error: {args.data_dir} {what}; give the directory of the TFRecord shards", file=sys.stderr)
@@ -271,7 +273,10 @@ def main(argv=None) -> int:
     try:
         return command(args)
     except DataError as e:
-        print(f"error: {flag_text(e)}", file=sys.stderr)  # a raw-image directory is named in it
+        # The trainer's settings as these commands spell them: DIR is an argument here, and the cache
+        # directory --cache-dir (build writes its index files beside its shards and has neither).
+        spelled = {"data_dir": "DIR", "data_cache_dir": "--cache-dir"}
+        print(f"error: {flag_text(e, spelled)}", file=sys.stderr)  # a raw-image directory is named in it
         return 1
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
