@@ -30,6 +30,12 @@ import threading
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+def ignore_sigint() -> None:
+    """A process pool's initializer: Ctrl-C reaches every process of the terminal's group, and the
+    main process alone handles it (each worker printed a traceback of its own, and the pool one more)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def ignore_stop_signals(worker_id: int = 0) -> None:
     """DataLoader worker_init_fn: from now on only a SIGTERM from the parent process ends this worker."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # threads started below inherit the block

@@ -215,3 +215,36 @@ def test_row_checkpoints_builds_the_sidecars(synthetic, tmp_path, capsys):
         main(["row-checkpoints", str(data)]) == 0
         and "rows: 5 of 5 shards up to date" in capsys.readouterr().out
     )
+
+
+def test_ctrl_c_during_a_verify_with_workers_is_one_line(tmp_path):
+    # Ctrl-C goes to the terminal's whole process group: the main process and both workers printed
+    # a traceback each, and the pool one more. A FIFO under a shard's name holds a worker in its open.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    write_records(tmp_path / "train-00000-of-00002", [encode_example(_features())])
+    os.mkfifo(tmp_path / "train-00001-of-00002")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fasttrain.data", "verify", str(tmp_path), "--workers", "2", "--no-index"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    writer, deadline = None, time.monotonic() + 120
+    try:
+        while writer is None:  # a worker has the FIFO open for reading once a writer may open it
+            try:
+                writer = os.open(tmp_path / "train-00001-of-00002", os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader yet
+                assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+                time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)  # the worker waits in its read: the data never comes
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if writer is not None:
+            os.close(writer)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and err.strip() == "interrupted", err

@@ -278,6 +278,9 @@ def main(argv=None) -> int:
         spelled = {"data_dir": "DIR", "data_cache_dir": "--cache-dir"}
         print(f"error: {flag_text(e, spelled)}", file=sys.stderr)  # a raw-image directory is named in it
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (what was written stays whole)
+        print("interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -13,7 +13,6 @@ the page cache. This module holds fasttrain's other data modules' helpers the bu
 from __future__ import annotations
 
 import os
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from fasttrain.data.example import Example
 from fasttrain.data.imagenet import find_shards
 from fasttrain.data.jpeg.row_index import RowIndex, build_row_index
 from fasttrain.data.tfrecord import frame_record, load_index, write_index_file
+from fasttrain.stop_signals import ignore_sigint
 
 # find_shards and load_index are build.py's, through here.
 __all__ = [
@@ -87,9 +87,7 @@ def set_counter(counter) -> None:
 
 def init_worker(counter) -> None:
     set_counter(counter)
-    # Ctrl-C reaches every process of the terminal's group: the main process alone handles it (ending
-    # the pool and removing its temporary files); a worker would print a traceback each.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore_sigint()  # the main process ends the pool and removes its temporary files
 
 
 def example_bytes(

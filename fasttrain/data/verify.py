@@ -43,6 +43,7 @@ from fasttrain.data.tfrecord import (
     scan_records_tolerant,
 )
 from fasttrain.errors import flag_text  # settings as the flags a user types: --skip_corrupt
+from fasttrain.stop_signals import ignore_sigint
 
 
 @dataclass
@@ -229,7 +230,9 @@ def verify_dataset(
     workers = min(workers or os.cpu_count() or 1, len(jobs))
     start = last = time.perf_counter()
     reports: list[ShardReport] = []
-    pool = multiprocessing.Pool(workers) if workers > 1 else None
+    # Ctrl-C reaches every process of the terminal's group: the workers leave it to this one (each
+    # printed a traceback, and the pool one more).
+    pool = multiprocessing.Pool(workers, ignore_sigint) if workers > 1 else None
     try:
         results = pool.imap_unordered(_verify_shard_args, jobs) if pool else map(_verify_shard_args, jobs)
         for report in results:

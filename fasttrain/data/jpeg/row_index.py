@@ -53,6 +53,7 @@ from fasttrain.data.example import parse_example
 from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
 from fasttrain.data.tfrecord import crc32c, index_candidates, load_index, read_record
+from fasttrain.stop_signals import ignore_sigint
 
 MAGIC, VERSION = b"FTROWS\0\0", 2
 _HEADER = struct.Struct("<8sIIQqQQII")
@@ -404,7 +405,7 @@ def build_sidecars(data_dir, *, workers: int = 1, cache_dir=None, force: bool = 
     jobs = [(s, cache_dir) for s in todo]
     workers = max(1, min(workers, len(jobs)))
     start, done, images, cpu, shown = time.perf_counter(), 0, 0, 0.0, 0.0
-    pool = multiprocessing.Pool(workers) if workers > 1 else None
+    pool = multiprocessing.Pool(workers, ignore_sigint) if workers > 1 else None  # Ctrl-C: this process's
     try:
         for shard, records, seconds in (
             pool.imap_unordered(_build_job, jobs) if pool else map(_build_job, jobs)
