@@ -109,3 +109,29 @@ def test_an_empty_output_directory_and_nothing_to_build_are_errors(tree, tmp_pat
     assert main([*args, "--on_bad=skip"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no split has images to build" in err
+
+
+def test_each_shard_is_on_the_disk_before_it_takes_its_name(tree, tmp_path, monkeypatch):
+    # A rerun keeps every shard that exists as finished: one renamed before its data reached the disk
+    # could, after a power loss, be kept with data missing (found only by verify).
+    import os
+
+    events, fsync, replace = [], os.fsync, os.replace
+
+    def recording_fsync(fd):
+        events.append(("fsync", Path(os.readlink(f"/proc/self/fd/{fd}")).name))
+        return fsync(fd)
+
+    def recording_replace(src, dst):
+        events.append(("replace", Path(src).name))
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "replace", recording_replace)
+    assert main(build_args(tree, tmp_path / "out")) == 0  # --workers=1: the jobs run in this process
+    renamed = [
+        name for kind, name in events if kind == "replace" and name.endswith(".tmp") and "-of-" in name
+    ]
+    assert len(renamed) == len(SHARDS)
+    for name in renamed:
+        assert events.index(("fsync", name)) < events.index(("replace", name)), name

@@ -152,6 +152,10 @@ def run_job(job: ShardJob) -> ShardResult:
                     index.append((offset, len(framed)))
                     offset += len(framed)
                     images += 1
+                # On the disk before the rename: after a power loss a shard under its final name would
+                # otherwise be able to miss data, and a rerun keeps any shard that exists as finished.
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, job.path)  # the shard appears complete or not at all
         except OSError as e:  # the output side: reading an image is BadImage's
             tmp.unlink(missing_ok=True)
