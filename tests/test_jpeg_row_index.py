@@ -136,3 +136,46 @@ def test_the_data_tools_row_checkpoints_subcommand(shard, tmp_path, capsys):
     assert data_main(["row-checkpoints", str(tmp_path / "empty")]) == 1  # bad data: no shards
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "no train-* or validation-* shards" in error
+
+
+def test_a_re_signed_sidecar_with_impossible_entries_is_not_used(shard, tmp_path):
+    # Its own CRC finds damage, not a sidecar written wrong (by a bug, or on purpose) and signed again:
+    # such values reached the decode, where a DC predictor is taken as it is (wrong pixels, silently),
+    # and a record offset below 4 ended the loader in an OSError (pread at a negative offset).
+    from fasttrain.data.jpeg import row_index
+    from fasttrain.data.tfrecord import crc32c
+
+    path, _ = shard
+    cache = tmp_path / "cache"
+    written = row_index.build_row_index(path, cache)
+    good = written.read_bytes()
+    header = row_index._HEADER
+    fields = list(header.unpack_from(good))
+    index = row_index.RowIndex.open(path, cache)
+    records, lines = len(index), index.rows.shape[0]
+    rows_at = header.size + 20 * records + 8  # the layout above: offsets, starts, CRCs, then the lines
+
+    def signed(body: bytearray) -> bytes:
+        fields[7] = crc32c(bytes(body))
+        return header.pack(*fields) + bytes(body)
+
+    def changed(position: int, value: bytes) -> bytes:
+        body = bytearray(good[header.size :])
+        body[position - header.size : position - header.size + len(value)] = value
+        return signed(body)
+
+    second_line = rows_at + 10  # line 1 of record 0: bit position (two int16), then 3 DC predictors
+    cases = {
+        "a DC predictor no 8-bit JPEG has": changed(
+            second_line + 4, (3000).to_bytes(2, "little", signed=True)
+        ),
+        "a position before the previous line's": changed(second_line, bytes(4)),
+        "record 1 at offset 2": changed(header.size + 8, (2).to_bytes(8, "little")),
+        "lines that do not add up": changed(header.size + 8 * records + 8, (lines + 5).to_bytes(8, "little")),
+    }
+    assert row_index.RowIndex.find(path, cache)[1] is None
+    for what, data in cases.items():
+        written.write_bytes(data)
+        assert row_index.RowIndex.find(path, cache) == (None, row_index.INCONSISTENT), what
+    written.write_bytes(signed(bytearray(good[header.size :])))  # signed again, unchanged: used
+    assert row_index.RowIndex.open(path, cache) is not None

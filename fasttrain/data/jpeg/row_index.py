@@ -63,6 +63,7 @@ OTHER_FORMAT = "not a sidecar this fasttrain reads (another format, or truncated
 OLDER_FORMAT = "built by an older fasttrain, without the record CRCs that tie it to the shard's records"
 SHARD_CHANGED = "the shard changed since it was built (its size or modification time)"
 DAMAGED = "damaged (its CRC does not match its contents)"
+INCONSISTENT = "damaged (its entries cannot be those of the shard's JPEG scans)"
 OTHER_RECORDS = (
     "built for other records than the shard holds now (it was replaced, keeping its size and "
     "modification time)"
@@ -134,9 +135,34 @@ class RowIndex:
         if crc32c(buffer[_HEADER.size :]) != crc:  # an mmap slice is a bytes copy
             return None, DAMAGED
         index = cls(path, buffer, records, rows)
+        if not index.consistent(stat.st_size):
+            return None, INCONSISTENT
         if records and index.first_mismatch(shard_path, (0, records // 2, records - 1)) is not None:
             return None, OTHER_RECORDS
         return index, None
+
+    def consistent(self, shard_size: int) -> bool:
+        """Whether the entries are possible for the shard's records (module docstring's layout): the
+        CRC above finds damage, not a file written wrong on purpose or by a bug, whose values would
+        reach the decode (which checks each position it uses, but takes the DC predictors as they are).
+        Vectorised: about 10 ms for an ImageNet shard's sidecar, once per shard and process."""
+        offsets, starts, rows = self.offsets, self.starts, self.rows
+        records, lines = offsets.size, rows.shape[0]
+        if records and (offsets[0] < 0 or np.any(np.diff(offsets) < 17) or offsets[-1] + 17 > shard_size):
+            return False  # records ascending inside the shard, each at least its 16 framing bytes + 1
+        if starts[0] != 0 or starts[-1] != lines or np.any(np.diff(starts) < 0):
+            return False
+        counts = np.diff(starts)
+        bit = (rows[:, 0].astype(np.int64) & 0xFFFF) | ((rows[:, 1].astype(np.int64) & 0xFFFF) << 16)
+        if np.any(bit[starts[:-1][counts > 0]] & 7):
+            return False  # a record's first line is its scan's start, a whole byte
+        same = np.repeat(np.arange(records), counts)
+        if np.any((np.diff(bit) < 2) & (same[1:] == same[:-1])):
+            return False  # within a record: forward, by an MCU (a DC code and an EOB: 2 bits) at least
+        payload_bits = 8 * (np.diff(np.append(offsets, shard_size)) - 16)
+        if np.any(bit >= np.repeat(payload_bits, counts)):
+            return False  # inside the record
+        return not np.any(np.abs(rows[:, 2:].astype(np.int32)) > 2047)  # 8-bit baseline DC values
 
     def __len__(self) -> int:
         return self.offsets.size
@@ -147,7 +173,7 @@ class RowIndex:
         ends = list(self._offsets[1:]) + [os.path.getsize(shard_path)]
         with open(shard_path, "rb", buffering=0) as f:
             for i in range(len(self)) if records is None else records:
-                footer = os.pread(f.fileno(), 4, ends[i] - 4)
+                footer = os.pread(f.fileno(), 4, max(ends[i] - 4, 0))
                 if len(footer) < 4 or _FOOTER.unpack(footer)[0] != self._crcs[i]:
                     return self._offsets[i]
         return None
