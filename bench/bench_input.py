@@ -221,7 +221,8 @@ def ensure_row_checkpoints(data_dir: str) -> dict:
     Returns what the build cost (CPU seconds of the command's process tree, wall seconds) and the
     sidecars' size."""
     from fasttrain.data.imagenet import find_shards
-    from fasttrain.data.jpeg.row_index import RowIndex, build_sidecars, sidecar_candidates
+    from fasttrain.data.jpeg.row_build import build_sidecars
+    from fasttrain.data.jpeg.row_index import RowIndex, sidecar_candidates
 
     shards = find_shards(data_dir, "train")
     built = all(RowIndex.open(s) is not None for s in shards)

@@ -108,13 +108,13 @@ def test_row_index_read_only_data_dir_uses_the_cache(shard, tmp_path, monkeypatc
 
 
 def test_row_index_command(shard, tmp_path, capsys):
-    from fasttrain.data.jpeg import row_index
+    from fasttrain.data.jpeg import row_build, row_index
 
     path, _ = shard
-    assert row_index.main([str(path.parent), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert row_build.main([str(path.parent), "--cache-dir", str(tmp_path / "cache")]) == 0
     assert row_index.RowIndex.open(path, tmp_path / "cache") is not None
     assert "1/1 shards" in capsys.readouterr().out
-    assert row_index.main([str(tmp_path / "missing")]) == 2
+    assert row_build.main([str(tmp_path / "missing")]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "missing" in error
 

@@ -109,7 +109,7 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize("swap", ["whole shard", "two records"])
 def test_a_shard_replaced_keeping_size_and_mtime_decodes_its_own_images(data, monkeypatch, capsys, swap):
-    from fasttrain.data.jpeg.row_index import main
+    from fasttrain.data.jpeg.row_build import main
 
     root, payloads = data
     shard = root / "train-00000-of-00001"
@@ -143,7 +143,7 @@ def test_a_shard_replaced_keeping_size_and_mtime_decodes_its_own_images(data, mo
 
 def test_the_builder_and_verify_see_the_replaced_shard(data, capsys):
     from fasttrain.data.__main__ import main as data_main
-    from fasttrain.data.jpeg.row_index import main
+    from fasttrain.data.jpeg.row_build import main
 
     root, payloads = data
     shard = root / "train-00000-of-00001"
@@ -185,14 +185,16 @@ def test_a_sidecar_of_the_earlier_format_is_stale_and_rebuilt(data, capsys):
     assert index is None and "older fasttrain" in problem
     note = ThreadLoader(_cfg(root), "train", True).notes
     assert len(note) == 1 and "stale" in note[0] and str(root) in note[0]
-    assert row_index.main([str(root)]) == 0
+    from fasttrain.data.jpeg.row_build import main
+
+    assert main([str(root)]) == 0
     assert "0 of 1 shards up to date" in capsys.readouterr().out
     assert row_index.RowIndex.open(shard) is not None
     assert struct.unpack_from("<I", written.read_bytes(), 8)[0] == row_index.VERSION
 
 
 def test_the_note_tells_missing_from_stale_names_the_directory_and_comes_once(data, tmp_path):
-    from fasttrain.data.jpeg.row_index import main
+    from fasttrain.data.jpeg.row_build import main
 
     root, payloads = data
     missing = ThreadLoader(_cfg(root), "train", True).notes

@@ -293,7 +293,7 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     train batches equal those decoded without them (the reference: the same loader on the same shards
     with no sidecars, which the tests above hold to the process loader and to TensorFlow's pixels)."""
     from fasttrain.data.jpeg import row_index
-    from fasttrain.data.jpeg.row_index import main
+    from fasttrain.data.jpeg.row_build import main
 
     doctored = _doctored(monkeypatch)
     # The note is given once per directory and process; pytest may hand the next parameter the same

@@ -41,7 +41,7 @@ from fasttrain.data.build import add_arguments as add_build_arguments
 from fasttrain.data.build import build
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, decode_record, list_shards
-from fasttrain.data.jpeg import row_index
+from fasttrain.data.jpeg import row_build
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
 from fasttrain.data.verify import verify_dataset
@@ -103,9 +103,9 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser(
         "row-checkpoints",
         help="build the JPEG row checkpoints the torch loader decodes crops through",
-        description=row_index.COMMAND_HELP,
+        description=row_build.COMMAND_HELP,
     )
-    row_index.add_arguments(p)
+    row_build.add_arguments(p)
     add_build_arguments(
         commands.add_parser("build", help="JPEG folders to TFRecord shards, as TF's converter")
     )
@@ -232,7 +232,7 @@ def _make_synthetic(args) -> int:
 
 
 def _row_checkpoints(args) -> int:
-    row_index.build_sidecars(args.data_dir, workers=args.workers, cache_dir=args.cache_dir, force=args.force)
+    row_build.build_sidecars(args.data_dir, workers=args.workers, cache_dir=args.cache_dir, force=args.force)
     return 0
 
 
