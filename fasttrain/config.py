@@ -68,8 +68,9 @@ class Config:
     (torch.save(model.state_dict()), torchvision's names), or a TensorFlow one (a prefix model.ckpt-N, V1
     or V2, or a train directory: its newest), whose raw weights load."""
     checkpoint_dir: str = ""
-    """Resume from the newest checkpoint in this directory instead of train_dir's own; a TensorFlow
-    run's directory (or prefix) is continued: weights, BN statistics, EMA, optimizer slots, step."""
+    """Begin from the newest checkpoint in this directory instead of train_dir's own; a TensorFlow
+    run's directory (or prefix) is continued: weights, BN statistics, EMA, optimizer slots, step. Once
+    train_dir holds checkpoints of this run, the same command goes on from those."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Device to train on: auto (CUDA when available), cuda, or cpu."""
     num_gpus: int = 0

@@ -131,13 +131,18 @@ def _describe(holder: dict) -> str:
     return f"pid {holder['pid']} on host {holder.get('host', '?')}{since}"
 
 
-def read_run_id(run_dir: Path) -> str | None:
-    """The run_id in run_dir/run.json; None when there is none (not a run, or one from before run.json)."""
+def read_identity(run_dir: Path) -> dict | None:
+    """run_dir/run.json as a dict; None when there is none (not a run, or one from before run.json)."""
     try:
         record = json.loads((Path(run_dir) / IDENTITY_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    run_id = record.get("run_id") if isinstance(record, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def read_run_id(run_dir: Path) -> str | None:
+    """The run_id in run_dir/run.json; None when there is none (not a run, or one from before run.json)."""
+    run_id = (read_identity(run_dir) or {}).get("run_id")
     return run_id if isinstance(run_id, str) and run_id else None
 
 

@@ -24,7 +24,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
 from fasttrain.distributed import rank0_error
-from fasttrain.lock import read_run_id
+from fasttrain.lock import read_identity, read_run_id
 from fasttrain.run_config import upgrade_saved_config
 from fasttrain.tf.checkpoint import is_tf_checkpoint
 
@@ -72,19 +72,47 @@ def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
     return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
 
 
+def _own_checkpoints(run_dir: Path, checkpoint_dir: Path, log: Callable[[str], None]) -> bool:
+    """Whether a run begun from checkpoint_dir (a fasttrain or a TF run) goes on from run_dir's own
+    checkpoints: it has saved since, and "run the same command again" must not go back to
+    checkpoint_dir's (that redid every step since, dropped their metrics rows and overwrote their
+    checkpoints). CheckpointError when run_dir's checkpoints are another run's (its run.json says it
+    began elsewhere): continuing checkpoint_dir's run into it would mix two runs' files."""
+    if _same_dir(run_dir, checkpoint_dir) or not ckpt.list_checkpoints(run_dir):
+        return False
+    identity = read_identity(run_dir)
+    began = None if identity is None else identity.get("started_from")
+    if identity is not None and not (isinstance(began, str) and _same_dir(Path(began), checkpoint_dir)):
+        raise ckpt.CheckpointError(
+            f"train_dir {run_dir} holds checkpoints of another run (its run.json says it began "
+            f"{f'from {began}' if began else 'there'}), not of one begun from checkpoint_dir "
+            f"{checkpoint_dir}: pass a new train_dir to continue that run, or move those checkpoints "
+            "elsewhere",
+            settings=("train_dir", "checkpoint_dir"),
+        )
+    log(f"{run_dir} holds this run's own checkpoints (it began from {checkpoint_dir}): going on from them")
+    return True
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return False
+
+
 def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
     prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
-    if cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
-        if not ckpt.list_checkpoints(run_dir):
-            from fasttrain.tf.checkpoint import open_checkpoint
-            from fasttrain.tf.state import load_run
-
-            return load_run(open_checkpoint(source), cfg, run, log)
-        # This run continued the TF run and has saved since: a restart goes on from its own checkpoints.
+    if cfg.checkpoint_dir and _own_checkpoints(run_dir, source, log):
         source = run_dir
+    elif cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
+        from fasttrain.tf.checkpoint import open_checkpoint
+        from fasttrain.tf.state import load_run
+
+        return load_run(open_checkpoint(source), cfg, run, log)
     if cfg.checkpoint_dir and not source.is_dir():
         raise ckpt.CheckpointError(
             f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)

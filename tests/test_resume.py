@@ -174,6 +174,31 @@ def test_a_checkpoint_without_a_data_position_is_one_error(data, reference, tmp_
     assert "--pretrained_model_checkpoint_path" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_run_begun_from_a_checkpoint_dir_goes_on_from_its_own_checkpoints(data, tmp_path):
+    # "run the same command to resume" went back to checkpoint_dir's newest: the steps since were done
+    # again, their metrics rows dropped and their checkpoints overwritten.
+    source, run_dir, other = tmp_path / "source", tmp_path / "run", tmp_path / "other"
+    run = lambda *args: subprocess.run(command(data, *args), env=ENV, capture_output=True, text=True)  # noqa: E731
+    assert run(source, "--max_steps=4").returncode == 0
+    first = run(run_dir, f"--checkpoint_dir={source}", "--max_steps=6")
+    assert first.returncode == 0 and f"resuming from step 4 ({source / 'ckpt-4.pt'})" in first.stdout, (
+        first.stdout
+    )
+    again = run(run_dir, f"--checkpoint_dir={source}", "--max_steps=8")
+    assert again.returncode == 0, again.stderr
+    assert f"resuming from step 6 ({run_dir / 'ckpt-6.pt'})" in again.stdout, again.stdout
+    assert f"holds this run's own checkpoints (it began from {source})" in again.stdout
+    assert metric_steps(run_dir) == sorted(set(metric_steps(run_dir)))  # each step once
+    # A directory holding another run's checkpoints (begun there): continuing source into it is refused.
+    assert run(other, "--max_steps=2").returncode == 0
+    refused = run(other, f"--checkpoint_dir={source}", "--max_steps=6")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
+    assert (
+        f"--train_dir {other} holds checkpoints of another run (its run.json says it began there)"
+        in refused.stderr
+    )
+
+
 def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.run(command(data, run_dir, "--max_steps=2"), env=ENV, capture_output=True, text=True)
