@@ -158,6 +158,13 @@ def ema_weights(optimizer, bn_ema):
 # --- python -m fasttrain.evaluate ------------------------------------------------------------------
 
 
+def _seconds(text: str) -> float:
+    value = float(text)  # argparse turns a ValueError into its one-line usage error
+    if not 0 <= value < 1e6:  # -1, nan and inf reached time.sleep after the first evaluation
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fasttrain.evaluate",
@@ -166,7 +173,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("run_dir", help="the trainer's --train_dir (config.json and ckpt-<step>.pt)")
     parser.add_argument("--checkpoint", default="", help="this checkpoint instead of the newest")
     parser.add_argument(
-        "--watch", type=float, default=0.0, metavar="SECONDS", help="poll for new checkpoints"
+        "--watch", type=_seconds, default=0.0, metavar="SECONDS", help="poll for new checkpoints"
     )
     parser.add_argument("--data_dir", default="", help="the shards, if not where the run read them")
     parser.add_argument("--device", default="", help="auto, cuda or cpu (default: the run's)")
@@ -228,6 +235,7 @@ class _Evaluator:
         from fasttrain.run import build_model, build_optimizer
 
         self.run_dir, self.cfg, self.info = run_dir, cfg, info
+        self.total_steps = 0  # the run's last step, as its newest loaded checkpoint records it
         self.precision = resolve_precision(cfg, info.device)
         layout = torch.channels_last if self.precision.channels_last else torch.contiguous_format
         self.model = build_model(cfg).to(info.device, memory_format=layout)
@@ -278,6 +286,7 @@ class _Evaluator:
                 f"{path} does not fit the model of {self.run_dir}'s config ({reason}); evaluate it with the "
                 f"config of the run that wrote it: python -m fasttrain.evaluate {home} --checkpoint {path}"
             ) from None
+        self.total_steps = int(state.get("total_steps") or 0)  # 0: a checkpoint from before it was kept
         return int(state["step"])
 
     def __call__(self, path: Path) -> dict:
@@ -325,6 +334,24 @@ def _load_tf(evaluator: _Evaluator, path: Path, converted: dict | None = None) -
     return int(converted["step"])
 
 
+def _check_metrics_out(path: Path, given: bool) -> None:
+    """Refuse, before any evaluation, a results file that is not JSON lines or cannot be written: a
+    --metrics_out naming the run's config.json or a checkpoint had a JSON line appended to it (the run
+    could no longer be read, or resumed), and an unwritable one ended in a traceback after the whole
+    evaluation, its result lost."""
+    from fasttrain.config import ConfigError
+
+    flag = "--metrics_out " if given else ""
+    if given and path.suffix != ".jsonl":
+        raise ConfigError(f"--metrics_out {path} is not a .jsonl file (one JSON line is appended per result)")
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        other = "" if given else "; pass --metrics_out FILE.jsonl to write the result elsewhere"
+        raise ConfigError(f"cannot write {flag}{path} ({exc.strerror}){other}") from None
+
+
 def _agreed(value, info):
     """Rank 0's value on every rank: all ranks evaluate the same checkpoint."""
     if info.world_size == 1:
@@ -355,6 +382,8 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
             f"evaluating it with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
             flush=True,
         )
+    if info.is_main and metrics_out is not None:
+        _check_metrics_out(metrics_out, given=bool(args.metrics_out))
     evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
     if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
         from fasttrain.tf.checkpoint import checkpoint_prefix
@@ -362,7 +391,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
         args.checkpoint = str(checkpoint_prefix(run_dir))  # a TF train directory: its newest, once
     if args.checkpoint:
         return [evaluator(Path(args.checkpoint))]
-    results, done = [], None
+    results, done, failed = [], None, None
     while True:
         found = list_checkpoints(run_dir) if info.is_main else []
         newest = _agreed(found[-1] if found else None, info)
@@ -371,14 +400,20 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
         if newest is not None and newest[0] != done:
             try:
                 results.append(evaluator(newest[1]))
+                failed = None
             except CheckpointError as exc:
                 if not args.watch:
                     raise
                 # pruned by the trainer's keep-last-K meanwhile, or corrupt: the next one will do
                 if info.is_main:
                     print(f"warning: {exc}; waiting for the next checkpoint", file=sys.stderr, flush=True)
+                failed = exc
             done = newest[0]
-        if not args.watch or (cfg.max_steps and done is not None and done >= cfg.max_steps):
+        # The run's last step: its --max_steps, or (--train_epochs) the one its checkpoints record.
+        last = cfg.max_steps or getattr(evaluator, "total_steps", 0)
+        if not args.watch or (last and done is not None and done >= last):
+            if failed is not None:  # the run's last checkpoint could not be evaluated: not a success
+                raise failed
             return results
         time.sleep(args.watch)
 

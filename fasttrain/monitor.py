@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -52,11 +53,35 @@ class MetricsLog:
 
     def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
+        self._tail_checked = False
 
     def write(self, **record) -> None:
         if self.enabled:
+            if not self._tail_checked:
+                self._tail_checked = True
+                self._drop_torn_tail()
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"time": time.time(), **record}) + "\n")
+
+    def _drop_torn_tail(self) -> None:
+        """Before the first row this process appends: a last line without its newline (a writer killed
+        mid-row) is cut off, or the row would be glued onto it (the evaluator's, which then vanished
+        from the plot and, once more rows followed, made the file unreadable to it)."""
+        try:
+            with open(self.path, "rb+") as f:
+                size = f.seek(0, os.SEEK_END)
+                if size == 0:
+                    return
+                f.seek(size - 1)
+                if f.read(1) == b"\n":
+                    return
+                start = max(0, size - (1 << 20))  # a row is far shorter than a MiB
+                f.seek(start)
+                tail = f.read()
+                cut = tail.rfind(b"\n")
+                f.truncate(start + cut + 1 if cut >= 0 else start)
+        except OSError:
+            return  # no file yet, or not readable: the append says what is wrong
 
     def resume_at(self, step: int) -> str:
         """Drop the rows past `step`, the step a run resumes from (0 for a fresh start): a run killed

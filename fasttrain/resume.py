@@ -184,9 +184,10 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
     return int(state["step"])
 
 
-def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config) -> None:
+def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config, total_steps: int = 0) -> None:
     """Write run_dir/ckpt-<step>.pt: every rank contributes its data position and RNG state, rank 0
-    writes the file (and keeps cfg.keep_checkpoints of them)."""
+    writes the file (and keeps cfg.keep_checkpoints of them). total_steps: the step the run ends at
+    (what `fasttrain.evaluate --watch` waits for, also where --train_epochs sets it)."""
     info = run.info
     per_rank = run.rank_state()
     gathered = [per_rank] * info.world_size
@@ -201,6 +202,7 @@ def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config) -> None:
             "rng": [g["rng"] for g in gathered],
             "config": dataclasses.asdict(cfg),
             "world_size": info.world_size,
+            "total_steps": total_steps,
             "run_id": read_run_id(run_dir),  # the run.json identity (fasttrain/lock.py), or None
         }
         try:

@@ -251,7 +251,7 @@ def train(cfg: Config) -> dict:
                         comm_exposed_ms=comm["exposed_ms"],
                     )
             if step % cfg.checkpoint_every == 0 or step == max_steps:
-                save_run(run_dir, step, run, cfg=cfg)
+                save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps)
                 last_saved = step
                 stall.skip()  # the gap the save makes is not the input's
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
@@ -263,7 +263,7 @@ def train(cfg: Config) -> dict:
                 stall.skip()
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
-                    save_run(run_dir, step, run, cfg=cfg)
+                    save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps)
                 progress.close()
                 log(
                     f"stopped by {stop.signal_name} at step {step}; checkpoint "

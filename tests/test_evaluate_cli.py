@@ -1,0 +1,99 @@
+"""python -m fasttrain.evaluate: where its results go and when --watch ends, each case reproduced
+before its check existed: --metrics_out naming the run's config.json or a checkpoint had a JSON line
+appended to it (the run could no longer be read, or resumed); an unwritable --metrics_out or run
+directory ended in a traceback after the whole evaluation; --watch -1 in a traceback after the first
+evaluation; --watch on a run that --train_epochs ends never stopped; a run whose last checkpoint could
+not be evaluated ended --watch with exit 0; a row appended after a line torn by a killed trainer was
+glued onto it (the plot then lost it)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from test_evaluate import _cfg
+
+from fasttrain.data.synthetic import make_synthetic
+from fasttrain.evaluate import main
+from fasttrain.train import train
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    make_synthetic(root, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)
+    return root
+
+
+@pytest.fixture(scope="module")
+def epochs_run(data, tmp_path_factory):
+    """A run that --train_epochs ends: 48 records at batch 4, a quarter epoch = 3 steps (ckpt-2, ckpt-3)."""
+    run_dir = tmp_path_factory.mktemp("epochs")
+    train(_cfg(data, run_dir, max_steps=0, train_epochs=0.25, eval_at_end=False))
+    assert sorted(p.name for p in run_dir.glob("ckpt-*.pt")) == ["ckpt-2.pt", "ckpt-3.pt"]
+    return run_dir
+
+
+def _cli(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "fasttrain.evaluate", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_watch_ends_at_the_last_step_its_checkpoints_record(epochs_run):
+    out = _cli(epochs_run, "--watch", "0.1", timeout=120)  # before: polled until killed
+    assert out.returncode == 0, out.stderr
+    assert "ckpt-3.pt: step 3" in out.stdout
+
+
+def test_watch_whose_last_checkpoint_cannot_be_evaluated_fails(data, tmp_path):
+    # A --max_steps run: its last step is known without the checkpoint. (Where --train_epochs ends the
+    # run, its last step comes with the checkpoints: with the newest unreadable, --watch waits on.)
+    run_dir = tmp_path / "run"
+    train(_cfg(data, run_dir, max_steps=3, eval_at_end=False))
+    last = run_dir / "ckpt-3.pt"
+    last.write_bytes(last.read_bytes()[:-100])  # its checksum no longer matches
+    out = _cli(run_dir, "--watch", "0.1", timeout=120)
+    assert out.returncode == 1 and "waiting for the next checkpoint" in out.stderr, out.stderr
+    assert "does not match its checksum" in out.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf"])
+def test_a_watch_interval_that_is_no_number_of_seconds_is_a_usage_error(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["somewhere", "--watch", value])
+    assert exit_info.value.code == 2 and "--watch: must be a number of seconds" in capsys.readouterr().err
+
+
+def test_results_go_only_where_they_can_and_should(epochs_run, tmp_path, capsys):
+    config = (epochs_run / "config.json").read_bytes()
+    checkpoint = (epochs_run / "ckpt-2.pt").read_bytes()
+    for target, words in (
+        (epochs_run / "config.json", "is not a .jsonl file"),
+        (epochs_run / "ckpt-2.pt", "is not a .jsonl file"),
+        (tmp_path / "missing" / "m.jsonl", "cannot write --metrics_out"),
+        (tmp_path, "is not a .jsonl file"),
+    ):
+        assert main([str(epochs_run), "--metrics_out", str(target)]) == 2, target
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and str(target) in err, err
+    assert (epochs_run / "config.json").read_bytes() == config
+    assert (epochs_run / "ckpt-2.pt").read_bytes() == checkpoint
+    (tmp_path / "d.jsonl").mkdir()
+    assert main([str(epochs_run), "--metrics_out", str(tmp_path / "d.jsonl")]) == 2
+    assert "cannot write --metrics_out" in capsys.readouterr().err
+
+
+def test_a_row_after_a_torn_line_starts_a_line_of_its_own(epochs_run, tmp_path):
+    run_dir = shutil.copytree(epochs_run, tmp_path / "run")
+    metrics = run_dir / "metrics.jsonl"
+    whole = metrics.read_text()
+    metrics.write_text(whole + '{"time": 1.0, "step": 3, "lo')  # a trainer killed mid-row
+    assert _cli(run_dir, "--checkpoint", run_dir / "ckpt-2.pt").returncode == 0
+    lines = metrics.read_text().splitlines()
+    assert metrics.read_text().startswith(whole) and len(lines) == len(whole.splitlines()) + 1
+    assert json.loads(lines[-1])["source"] == "evaluate"  # every line JSON, the torn one gone
