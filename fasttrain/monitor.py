@@ -54,14 +54,25 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
         self._tail_checked = False
+        self._failed = False  # the last write failed (said once, until one succeeds)
 
     def write(self, **record) -> None:
         if self.enabled:
             if not self._tail_checked:
                 self._tail_checked = True
                 self._drop_torn_tail()
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"time": time.time(), **record}) + "\n")
+            try:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps({"time": time.time(), **record}) + "\n")
+            except OSError as exc:  # a full disk: the run goes on (its checkpoints say for themselves)
+                if not self._failed:
+                    sys.stderr.write(
+                        f"fasttrain: note: cannot write {self.path} ({exc.strerror}); its rows are not kept "
+                        "until it can be written again (the log lines above and below still show them)\n"
+                    )
+                self._failed = True
+            else:
+                self._failed = False
 
     def _drop_torn_tail(self) -> None:
         """Before the first row this process appends: a last line without its newline (a writer killed

@@ -114,8 +114,15 @@ def train(cfg: Config) -> dict:
             log(line)
         raise
     if info.is_main:
-        save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
-        ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
+        try:
+            save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
+            ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
+        except OSError as exc:  # a full disk, a directory where the file should be: one line, not a traceback
+            raise FasttrainError(
+                f"cannot write {exc.filename or run_dir} ({exc.strerror}); free space in {run_dir} or "
+                "pass another train_dir",
+                settings=("train_dir",),
+            ) from None
     if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
         resume_lines.append(dropped)
     # The input as the loader built it: the resolved backend and its loader (e.g. "torch, 4 loader threads").

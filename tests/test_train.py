@@ -199,3 +199,23 @@ def test_nonfinite_loss_stops_with_last_good_checkpoint(data, tmp_path):
     state = torch.load(run_dir / f"ckpt-{saved[-1]}.pt", weights_only=True)
     assert f"ckpt-{saved[-1]}.pt" in out.stderr
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_a_run_file_that_cannot_be_written_is_one_error_or_one_note(tmp_path, capsys):
+    # config.json (at start) and metrics.jsonl (each row) that could not be written, as on a full disk
+    # (here: a directory stands where the file goes), ended the run in a traceback.
+    from fasttrain.errors import FasttrainError
+
+    cfg = _cfg(tmp_path)
+    (tmp_path / "run" / "config.json").mkdir(parents=True)
+    with pytest.raises(
+        FasttrainError, match=r"cannot write .*config.json.* \(Is a directory\); free space in"
+    ):
+        train(cfg)
+    (tmp_path / "run" / "config.json").rmdir()
+    (tmp_path / "run" / "metrics.jsonl").mkdir()
+    capsys.readouterr()
+    train(cfg)  # the rows are lost, the run is not: it trains and saves
+    err = capsys.readouterr().err
+    assert err.count("cannot write") == 1 and "metrics.jsonl (Is a directory); its rows are not kept" in err
+    assert (tmp_path / "run" / "ckpt-4.pt").is_file()
