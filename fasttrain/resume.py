@@ -101,7 +101,9 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
-def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None]) -> int:
+def restore_run(
+    cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], None], epoch_size: int = 0
+) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
     prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own."""
@@ -143,6 +145,10 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
         was = saved["batch_size"] * saved["grad_accum_steps"] * saved_world
         now = cfg.batch_size * cfg.grad_accum_steps * world_size
         changes.append(f"world size {saved_world} -> {world_size} (global batch {was} -> {now})")
+    if (saved_size := state.get("epoch_size")) and epoch_size and saved_size != epoch_size:
+        # Other data (--data_dir is bookkeeping when the records are the same): the epoch position and
+        # every schedule counted in epochs now follow the new set, which a resume said nothing about.
+        changes.append(f"training records per epoch {saved_size} -> {epoch_size} (other data)")
     try:
         run.load_state_dict(state)
     except (KeyError, RuntimeError, ValueError) as exc:
@@ -184,7 +190,9 @@ def restore_run(cfg: Config, run: Run, *, run_dir: Path, log: Callable[[str], No
     return int(state["step"])
 
 
-def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config, total_steps: int = 0) -> None:
+def save_run(
+    run_dir: Path, step: int, run: Run, *, cfg: Config, total_steps: int = 0, epoch_size: int = 0
+) -> None:
     """Write run_dir/ckpt-<step>.pt: every rank contributes its data position and RNG state, rank 0
     writes the file (and keeps cfg.keep_checkpoints of them). total_steps: the step the run ends at
     (what `fasttrain.evaluate --watch` waits for, also where --train_epochs sets it)."""
@@ -203,6 +211,7 @@ def save_run(run_dir: Path, step: int, run: Run, *, cfg: Config, total_steps: in
             "config": dataclasses.asdict(cfg),
             "world_size": info.world_size,
             "total_steps": total_steps,
+            "epoch_size": epoch_size,  # the training records an epoch holds (a resume compares them)
             "run_id": read_run_id(run_dir),  # the run.json identity (fasttrain/lock.py), or None
         }
         try:

@@ -108,7 +108,7 @@ def train(cfg: Config) -> dict:
     )
     resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
     try:
-        step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append)
+        step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append, epoch_size=epoch_size)
     except FasttrainError:
         for line in resume_lines:  # the reasons its message refers to
             log(line)
@@ -258,7 +258,7 @@ def train(cfg: Config) -> dict:
                         comm_exposed_ms=comm["exposed_ms"],
                     )
             if step % cfg.checkpoint_every == 0 or step == max_steps:
-                save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps)
+                save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 last_saved = step
                 stall.skip()  # the gap the save makes is not the input's
             if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
@@ -270,7 +270,7 @@ def train(cfg: Config) -> dict:
                 stall.skip()
             if stop.requested(info, step):
                 if last_saved != step:  # a checkpoint step has just saved it
-                    save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps)
+                    save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 progress.close()
                 log(
                     f"stopped by {stop.signal_name} at step {step}; checkpoint "

@@ -199,6 +199,23 @@ def test_a_run_begun_from_a_checkpoint_dir_goes_on_from_its_own_checkpoints(data
     )
 
 
+def test_a_resume_on_other_data_says_so(data, tmp_path):
+    # --data_dir is bookkeeping (the same shards may move), but other shards change the epoch position
+    # and every schedule counted in epochs: the resume said only "resuming from step 4".
+    other = tmp_path / "other-data"
+    make_synthetic(other, train_shards=2, val_shards=1, per_shard=60, classes=4, seed=5)
+    run_dir = tmp_path / "run"
+    run = lambda d, *args: subprocess.run(command(d, run_dir, *args), env=ENV, capture_output=True, text=True)  # noqa: E731
+    assert run(data, "--max_steps=4").returncode == 0
+    same = run(data, "--max_steps=6")
+    assert same.returncode == 0 and "note: settings changed" not in same.stdout, same.stdout
+    moved = run(other, "--max_steps=8")
+    assert moved.returncode == 0, moved.stderr
+    assert (
+        "note: settings changed since that checkpoint: training records per epoch 48 -> 120" in moved.stdout
+    )
+
+
 def test_refused_resume_keeps_the_runs_config(data, tmp_path):
     run_dir = tmp_path / "run"
     first = subprocess.run(command(data, run_dir, "--max_steps=2"), env=ENV, capture_output=True, text=True)
