@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 PROGRESS_EVERY_S = 10.0
 
 
+class EvaluationInterrupted(Exception):
+    """evaluate() stopped early: its `interrupted()` said so (a stop signal), at a batch boundary."""
+
+
 @torch.no_grad()
 def evaluate(
     model: torch.nn.Module,
@@ -59,17 +63,24 @@ def evaluate(
     world_size: int = 1,
     progress: Callable[[str], None] | None = None,
     label: str = "",
+    interrupted: Callable[[], bool] | None = None,
 ) -> dict:
     """{'top1', 'top5', 'count'} over every record of the loader (all ranks together). progress: where
-    a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S."""
+    a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S.
+    interrupted: asked before each batch; True raises EvaluationInterrupted (after the ranks' sums are
+    all-reduced, as always: every rank makes that collective once, however early it stopped)."""
     was_training = model.training
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
     count = 0
     total = min(len(loader), max_batches) if max_batches else len(loader)
     started = shown = time.perf_counter()
+    stopped = False
     for i, (images, labels) in enumerate(loader):
         if max_batches and i >= max_batches:
+            break
+        if interrupted is not None and interrupted():
+            stopped = True
             break
         if progress is not None and (now := time.perf_counter()) - shown >= PROGRESS_EVERY_S:
             # Batches handed out by the loader (no host sync: on a GPU the last may still be running).
@@ -93,6 +104,8 @@ def evaluate(
     if world_size > 1:
         torch.distributed.all_reduce(sums)
     model.train(was_training)
+    if stopped:
+        raise EvaluationInterrupted
     correct1, correct5, count = sums.tolist()  # note: host sync, once per evaluation
     count = max(count, 1.0)
     return {"top1": correct1 / count, "top5": correct5 / count, "count": int(count)}
@@ -109,8 +122,10 @@ def evaluate_raw_and_ema(
     cfg: Config,
     world_size: int,
     progress: Callable[[str], None] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> dict:
-    """{'top1', 'top5', 'count'} of the raw weights, and 'ema_top1', 'ema_top5' when EMA is on."""
+    """{'top1', 'top5', 'count'} of the raw weights, and 'ema_top1', 'ema_top5' when EMA is on
+    (EvaluationInterrupted as evaluate() raises it, the raw weights back in place)."""
     settings = dict(
         precision=precision,
         device=device,
@@ -118,6 +133,7 @@ def evaluate_raw_and_ema(
         max_batches=cfg.max_eval_batches,
         world_size=world_size,
         progress=progress,
+        interrupted=interrupted,
     )
     raw = evaluate(model, loader, **settings, label="raw")
     result = {"top1": raw["top1"], "top5": raw["top5"], "count": raw["count"]}

@@ -185,10 +185,11 @@ class StopRequest:
     def _handle(self, signum, frame) -> None:
         self.flag, self.signal_name = True, signal.Signals(signum).name
 
-    def requested(self, info, step: int) -> bool:
+    def requested(self, info, step: int, now: bool = False) -> bool:
+        """now: agree at this step whatever check_every says (every rank must ask at the same step)."""
         if info.world_size == 1:
             return self.flag
-        if step % self.check_every:
+        if step % self.check_every and not now:
             return False
         # note: a collective and a host sync, every check_every steps
         agreed = all_reduce_flag(self.flag, info)

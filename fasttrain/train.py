@@ -28,7 +28,7 @@ from fasttrain.distributed import (
     rank0_error,
 )
 from fasttrain.errors import FasttrainError, SettingError
-from fasttrain.evaluate import describe, eval_scalars, evaluate_raw_and_ema
+from fasttrain.evaluate import EvaluationInterrupted, describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.input_stall import InputStall
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
@@ -193,6 +193,7 @@ def train(cfg: Config) -> dict:
             cfg=cfg,
             world_size=info.world_size,
             progress=log,
+            interrupted=lambda: stop.flag,  # a stop signal ends it at the next batch (the grace period)
         )
         set_rng_state(rng)
         metrics.write(step=step, split="validation", **result)
@@ -261,14 +262,20 @@ def train(cfg: Config) -> dict:
                 save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 last_saved = step
                 stall.skip()  # the gap the save makes is not the input's
-            if eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end):
+            evaluated = eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end)
+            if evaluated:
                 eval_started = time.perf_counter()
-                log(f"step {step}: {describe(evaluate_now())}")
+                try:
+                    log(f"step {step}: {describe(evaluate_now())}")
+                except EvaluationInterrupted:  # a stop signal: not worth a grace period's seconds
+                    log(f"step {step}: evaluation cut short by {stop.signal_name or 'a stop signal'}")
                 took = time.perf_counter() - eval_started
                 tick += took  # not counted in the next line's images/s, nor in the summary's
                 eval_seconds += took
                 stall.skip()
-            if stop.requested(info, step):
+            # After an evaluation (every rank makes one at the same steps) the ranks agree at once: a
+            # signal that cut it short is acted on now, not up to log_every steps later.
+            if stop.requested(info, step, now=bool(evaluated)):
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 progress.close()
@@ -289,7 +296,15 @@ def train(cfg: Config) -> dict:
         # The last line of every run that ends here: its time, images/s and final top-1.
         result = {"step": step}
         if cfg.eval_at_end:
-            result.update(evaluate_now())
+            try:
+                result.update(evaluate_now())
+            except EvaluationInterrupted:  # the last checkpoint is written: only the evaluation is left
+                log(
+                    f"stopped by {stop.signal_name or 'a stop signal'} during the final evaluation; the "
+                    f"run's last checkpoint {ckpt.checkpoint_path(run_dir, step)} is written, and the same "
+                    f"command evaluates it; {summary(loop_end)}"
+                )
+                return {"step": step, "stopped": True}
             chance = 1.0 / cfg.num_classes
             verdict = "above" if result["top1"] > 2 * chance else "NOT clearly above"
             final = f"{describe(result)}; chance is {chance:.3f}, so top-1 is {verdict} chance"

@@ -137,3 +137,54 @@ def test_evaluation_shows_progress(data, tmp_path, capsys, monkeypatch):
         "evaluating the EMA weights: 2/2 batches (100%)",
     ]
     assert all(re.search(r", [\d.]+ images/s, [\d.]+ s left$", line) for line in lines), lines
+
+
+@pytest.fixture
+def signal_mid_evaluation(monkeypatch):
+    """The validation loader sends this process SIGTERM once its first batch is out (as a scheduler's
+    preemption arriving mid-evaluation); the trainer's StopRequest handler takes it."""
+    import os
+    import signal
+
+    import fasttrain.train
+
+    real = fasttrain.train.build_loader
+
+    class Signalling:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __len__(self):
+            return len(self.loader)
+
+        def __iter__(self):
+            for k, batch in enumerate(self.loader):
+                yield batch
+                if k == 0:
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+    def build_loader(cfg, split, **kwargs):
+        loader = real(cfg, split, **kwargs)
+        return Signalling(loader) if split == "validation" else loader
+
+    monkeypatch.setattr(fasttrain.train, "build_loader", build_loader)
+
+
+def test_a_stop_signal_during_an_evaluation_stops_at_its_next_batch(
+    data, tmp_path, capsys, signal_mid_evaluation
+):
+    # The evaluation ran to its end first (seconds to minutes on ImageNet: past docker stop's 10 s), and
+    # during the final one the signal was taken and nothing done with it (exit 0, "done").
+    result = _run(data, tmp_path / "mid", max_steps=8, eval_every_epochs=0.25, max_eval_batches=0)
+    out = capsys.readouterr().out
+    assert result == {"step": 3, "stopped": True}, out
+    assert "step 3: evaluation cut short by SIGTERM" in out and "stopped by SIGTERM at step 3" in out
+    assert (tmp_path / "mid" / "ckpt-3.pt").is_file()
+    assert all(r.get("split") != "validation" for r in _records(tmp_path / "mid"))  # no partial result
+    result = _run(data, tmp_path / "end", max_steps=2, eval_at_end=True, max_eval_batches=0)
+    out = capsys.readouterr().out
+    assert result == {"step": 2, "stopped": True}, out
+    assert (
+        "stopped by SIGTERM during the final evaluation; the run's last checkpoint" in out
+        and "done:" not in out
+    )
