@@ -35,6 +35,8 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict]]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise PlotError(f"cannot read {path} ({exc.strerror}); name a run directory (--train_dir)") from None
+    except UnicodeDecodeError as exc:
+        raise PlotError(f"{path} is not UTF-8 text (byte {exc.start}): not a run's metrics") from None
     train, evals = {}, {}
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -45,6 +47,8 @@ def read_metrics(run_dir: Path) -> tuple[dict[int, dict], dict[int, dict]]:
             if number == len(lines):  # the last line of a run killed while writing it
                 continue
             raise PlotError(f"{path} line {number} is not JSON") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise PlotError(f"{path} line {number} is not a metrics row (a JSON object with its step)")
         if "loss" in record:
             train[record["step"]] = record
         elif record.get("split") == "validation":
@@ -93,9 +97,13 @@ def plot_runs(run_dirs: list[Path], out: Path):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize="small")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, format="png")
+    except OSError as exc:
+        raise PlotError(f"cannot write {out} ({exc.strerror}); pass --out PNG somewhere writable") from None
+    finally:
+        plt.close(fig)
     return fig
 
 
@@ -105,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="the PNG (default: RUN_DIR/curves.png)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out or args.run_dirs[0] / "curves.png"
+    if out.suffix.lower() != ".png" or out.is_dir():  # savefig wrote name.png beside a path without one
+        sys.stderr.write(f"fasttrain.plot: error: --out {out} is not a .png file path\n")
+        return 2
     try:
         plot_runs(args.run_dirs, out)
     except PlotError as err:

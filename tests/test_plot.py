@@ -77,3 +77,34 @@ def test_cli_default_output_and_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path / "missing")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "metrics.jsonl" in err
+
+
+@pytest.mark.parametrize(
+    "content, words",
+    [
+        # Each was a traceback: AttributeError/TypeError on rows that are no objects, KeyError 'step',
+        # UnicodeDecodeError.
+        (b'[1, 2]\n{"step": 1, "loss": 1.0}\n', "line 1 is not a metrics row"),
+        (b'null\n{"step": 1, "loss": 1.0}\n', "line 1 is not a metrics row"),
+        (b'{"loss": 1.0}\n{"step": 1, "loss": 1.0}\n', "line 1 is not a metrics row"),
+        (b'{"step": 1, "loss": 1.0}\n\xff\xfe\n', "is not UTF-8 text"),
+    ],
+)
+def test_metrics_that_are_no_metrics_are_one_line(tmp_path, capsys, content, words):
+    (tmp_path / "metrics.jsonl").write_bytes(content)
+    assert main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+
+
+def test_an_out_that_is_no_png_path_is_refused_and_an_unwritable_one_is_one_line(tmp_path, capsys):
+    run = tmp_path / "a"
+    _write_run(run, 1.0)
+    (tmp_path / "a_file").write_text("")
+    for out in (tmp_path / "x.txt", tmp_path / "name", tmp_path):  # a ValueError; name.png and dir.png
+        assert main([str(run), "--out", str(out)]) == 2
+        assert f"--out {out} is not a .png file path" in capsys.readouterr().err
+    assert main([str(run), "--out", str(tmp_path / "a_file" / "x.png")]) == 1  # a FileExistsError
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot write" in err and "pass --out PNG" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "a_file"]
