@@ -74,6 +74,22 @@ class MetricsLog:
             else:
                 self._failed = False
 
+    def has_row(self, step: int, **fields) -> bool:
+        """Whether the file holds a row of `step` with these fields (False when it cannot be read)."""
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except OSError:
+            return False
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step") == step:
+                if all(record.get(k) == v for k, v in fields.items()):
+                    return True
+        return False
+
     def _drop_torn_tail(self) -> None:
         """Before the first row this process appends: a last line without its newline (a writer killed
         mid-row) is cut off, or the row would be glued onto it (the evaluator's, which then vanished

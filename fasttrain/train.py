@@ -113,9 +113,11 @@ def train(cfg: Config) -> dict:
         for line in resume_lines:  # the reasons its message refers to
             log(line)
         raise
+    finished = step >= max_steps  # a finished run, evaluated again: its config.json stays as it was
     if info.is_main:
         try:
-            save_config(cfg, run_dir)  # only now: a refused resume leaves the run's config.json as it was
+            if not finished:  # only now: a refused resume leaves the run's config.json as it was
+                save_config(cfg, run_dir)
             ensure_run_id(run_dir, cfg.checkpoint_dir)  # run.json, the run's identity (fasttrain/lock.py)
         except OSError as exc:  # a full disk, a directory where the file should be: one line, not a traceback
             raise FasttrainError(
@@ -196,8 +198,10 @@ def train(cfg: Config) -> dict:
             interrupted=lambda: stop.flag,  # a stop signal ends it at the next batch (the grace period)
         )
         set_rng_state(rng)
-        metrics.write(step=step, split="validation", **result)
-        curves.scalars(step, eval_scalars(result))
+        # A finished run evaluated again by the same command: its step's evaluation is written once.
+        if not (finished and metrics.has_row(step, split="validation")):
+            metrics.write(step=step, split="validation", **result)
+            curves.scalars(step, eval_scalars(result))
         last_eval.update(result, step=step)
         return result
 

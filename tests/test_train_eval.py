@@ -188,3 +188,17 @@ def test_a_stop_signal_during_an_evaluation_stops_at_its_next_batch(
         "stopped by SIGTERM during the final evaluation; the run's last checkpoint" in out
         and "done:" not in out
     )
+
+
+def test_a_finished_run_evaluated_again_keeps_one_row_per_step_and_its_config(data, tmp_path, capsys):
+    # The same command again evaluates a finished run: it appended a second validation row at the
+    # same step (and a second TensorBoard point), and --max_steps=1 rewrote its config.json.
+    run_dir = tmp_path / "run"
+    _run(data, run_dir, max_steps=2, eval_at_end=True)
+    config = (run_dir / "config.json").read_text()
+    _run(data, run_dir, max_steps=2, eval_at_end=True)
+    _run(data, run_dir, max_steps=1, eval_at_end=True)
+    assert "already holds a finished run at step 2" in capsys.readouterr().out
+    rows = [r for r in _records(run_dir) if r.get("split") == "validation"]
+    assert [r["step"] for r in rows] == [2]
+    assert (run_dir / "config.json").read_text() == config
