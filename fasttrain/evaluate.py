@@ -236,6 +236,17 @@ def _run_config(run_dir: Path, args: argparse.Namespace):
         )
     if saved.get("data_backend") == "dali":  # resolved for the run's device: this machine's may differ
         saved["data_backend"] = "auto"
+    if saved.get("data_backend") == "synthetic":  # a demo's run: random batches, which mean nothing
+        if args.data_dir:  # --data_dir was ignored: the "validation" was a random batch, repeated
+            saved["data_backend"] = "auto"
+        else:
+            print(
+                f"note: {run_dir} trained on synthetic data: its evaluation is of random batches; pass "
+                "--data_dir to evaluate it on shards",
+                flush=True,
+            )
+    if args.recipe:
+        print(f"note: --recipe is for a TensorFlow train directory; {path} sets this run's", flush=True)
     return Config(**upgrade_saved_config(saved))
 
 

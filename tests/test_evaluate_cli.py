@@ -97,3 +97,18 @@ def test_a_row_after_a_torn_line_starts_a_line_of_its_own(epochs_run, tmp_path):
     lines = metrics.read_text().splitlines()
     assert metrics.read_text().startswith(whole) and len(lines) == len(whole.splitlines()) + 1
     assert json.loads(lines[-1])["source"] == "evaluate"  # every line JSON, the torn one gone
+
+
+def test_a_synthetic_runs_evaluation_says_what_it_is_and_takes_data_dir(data, tmp_path):
+    # --data_dir was ignored for a run on synthetic data: "validation top-1 0.500 ... on 400 images"
+    # was one random batch, repeated.
+    run_dir = tmp_path / "run"
+    train(_cfg(data, run_dir, data_backend="synthetic", data_dir="", max_steps=2, eval_at_end=False))
+    alone = _cli(run_dir)
+    assert (
+        alone.returncode == 0
+        and "trained on synthetic data: its evaluation is of random batches" in alone.stdout
+    )
+    on_shards = _cli(run_dir, "--data_dir", data)
+    assert on_shards.returncode == 0, on_shards.stderr
+    assert "trained on synthetic data" not in on_shards.stdout and "on 8 images" in on_shards.stdout
