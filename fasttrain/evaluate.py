@@ -67,11 +67,12 @@ def evaluate(
 ) -> dict:
     """{'top1', 'top5', 'count'} over every record of the loader (all ranks together). progress: where
     a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S.
-    interrupted: asked before each batch; True raises EvaluationInterrupted (after the ranks' sums are
-    all-reduced, as always: every rank makes that collective once, however early it stopped)."""
+    interrupted: asked before each batch; True raises EvaluationInterrupted on every rank (the ranks'
+    sums carry it, all-reduced as always: every rank makes that collective once, however early it
+    stopped, and all agree on whether to go on)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)  # correct@1, correct@5, count
+    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct@1, correct@5, count, stopped
     count = 0
     total = min(len(loader), max_batches) if max_batches else len(loader)
     started = shown = time.perf_counter()
@@ -101,12 +102,13 @@ def evaluate(
         sums[:2] += torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum()])
         count += len(labels)  # on the host: a tensor of it would be a copy the CPU waits for, each batch
     sums[2] += count
+    sums[3] += stopped  # summed with the rest: every rank stops if any rank did, or none does
     if world_size > 1:
         torch.distributed.all_reduce(sums)
     model.train(was_training)
-    if stopped:
+    correct1, correct5, count, stops = sums.tolist()  # note: host sync, once per evaluation
+    if stops:
         raise EvaluationInterrupted
-    correct1, correct5, count = sums.tolist()  # note: host sync, once per evaluation
     count = max(count, 1.0)
     return {"top1": correct1 / count, "top5": correct5 / count, "count": int(count)}
 
