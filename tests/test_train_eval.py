@@ -202,3 +202,38 @@ def test_a_finished_run_evaluated_again_keeps_one_row_per_step_and_its_config(da
     rows = [r for r in _records(run_dir) if r.get("split") == "validation"]
     assert [r["step"] for r in rows] == [2]
     assert (run_dir / "config.json").read_text() == config
+
+
+def _stop_on_rank_0_only(info, out):
+    # Rank 0 is stopped at its second batch, rank 1 never: both must stop (an evaluation's stop is
+    # agreed through the sums the ranks all-reduce), and neither may wait at a collective the other
+    # has left (rank 1 would evaluate the EMA weights, all-reducing, while rank 0 had returned).
+    from fasttrain.evaluate import EvaluationInterrupted
+    from fasttrain.models import create_model
+    from fasttrain.precision import Precision
+
+    torch.manual_seed(0)
+    model = create_model("resnet18", 4, base_channels=8)
+    batches = [(torch.zeros(2, 32, 32, 3, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64))] * 4
+    asked = []
+
+    def interrupted():
+        asked.append(1)
+        return info.rank == 0 and len(asked) >= 2
+
+    fp32 = Precision("fp32", channels_last=False, cuda_graph=False)
+    try:
+        evaluate.evaluate(
+            model, batches, precision=fp32, device=torch.device("cpu"), preprocess="inception",
+            world_size=2, interrupted=interrupted,
+        )  # fmt: skip
+    except EvaluationInterrupted:
+        open(f"{out}.{info.rank}", "w").write(f"stopped after {len(asked)} checks")
+
+
+def test_an_evaluations_stop_on_one_rank_stops_every_rank(tmp_path):
+    from launch_helpers import spawn
+
+    spawn(_stop_on_rank_0_only, 2, str(tmp_path / "rank"))
+    assert (tmp_path / "rank.0").read_text() == "stopped after 2 checks"
+    assert (tmp_path / "rank.1").read_text() == "stopped after 4 checks"  # its whole loop, then the agreement
