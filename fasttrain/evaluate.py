@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -34,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain.errors import exit_code, print_error
+from fasttrain.eval_settings import agreed, check_metrics_out, parse, run_config
 from fasttrain.precision import Precision
 from fasttrain.step import BufferEMA, model_input
 
@@ -176,82 +175,6 @@ def ema_weights(optimizer, bn_ema):
 # --- python -m fasttrain.evaluate ------------------------------------------------------------------
 
 
-def _seconds(text: str) -> float:
-    value = float(text)  # argparse turns a ValueError into its one-line usage error
-    if not 0 <= value < 1e6:  # -1, nan and inf reached time.sleep after the first evaluation
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
-    return value
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m fasttrain.evaluate",
-        description="Evaluate a run's checkpoints on the validation split, raw and EMA weights.",
-    )
-    parser.add_argument("run_dir", help="the trainer's --train_dir (config.json and ckpt-<step>.pt)")
-    parser.add_argument("--checkpoint", default="", help="this checkpoint instead of the newest")
-    parser.add_argument(
-        "--watch", type=_seconds, default=0.0, metavar="SECONDS", help="poll for new checkpoints"
-    )
-    parser.add_argument("--data_dir", default="", help="the shards, if not where the run read them")
-    parser.add_argument("--device", default="", help="auto, cuda or cpu (default: the run's)")
-    parser.add_argument(
-        "--recipe", default="", help="for a TensorFlow train directory (no config.json): its model's recipe"
-    )
-    parser.add_argument(
-        "--metrics_out",
-        default="",
-        help="append results to this JSONL file instead of RUN_DIR/metrics.jsonl (needed to keep the "
-        "result of another run's --checkpoint)",
-    )
-    return parser.parse_args(argv)
-
-
-def _run_config(run_dir: Path, args: argparse.Namespace):
-    from fasttrain.config import Config, ConfigError
-    from fasttrain.run_config import upgrade_saved_config
-
-    path = run_dir / "config.json"
-    if not path.is_file() and args.recipe:  # a TensorFlow run: the recipe says what a config.json would
-        from fasttrain.config import make_config
-        from fasttrain.tf.checkpoint import open_checkpoint
-        from fasttrain.tf.state import config_for
-
-        given = {k: v for k, v in vars(args).items() if k in ("data_dir", "device") and v}
-        # num_classes and the ResNet width from the checkpoint: the recipe's may differ from the run's
-        return config_for(make_config(recipe=args.recipe, **given), open_checkpoint(run_dir))
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} is not a fasttrain run directory (no config.json); name a --train_dir")
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read {path} ({exc})") from None
-    known = {f.name for f in dataclasses.fields(Config)}
-    saved = {k: v for k, v in saved.items() if k in known}
-    saved.update({k: v for k, v in (("data_dir", args.data_dir), ("device", args.device)) if v})
-    where = saved.get("data_dir") or ""
-    if not args.data_dir and where and saved.get("data_backend") != "synthetic" and not Path(where).is_dir():
-        relative = "" if Path(where).is_absolute() else ", relative to where the run was started"
-        raise ConfigError(
-            f"the run's data directory {where!r} (from {path}{relative}) is not a directory here; "
-            "pass --data_dir"
-        )
-    if saved.get("data_backend") == "dali":  # resolved for the run's device: this machine's may differ
-        saved["data_backend"] = "auto"
-    if saved.get("data_backend") == "synthetic":  # a demo's run: random batches, which mean nothing
-        if args.data_dir:  # --data_dir was ignored: the "validation" was a random batch, repeated
-            saved["data_backend"] = "auto"
-        else:
-            print(
-                f"note: {run_dir} trained on synthetic data: its evaluation is of random batches; pass "
-                "--data_dir to evaluate it on shards",
-                flush=True,
-            )
-    if args.recipe:
-        print(f"note: --recipe is for a TensorFlow train directory; {path} sets this run's", flush=True)
-    return Config(**upgrade_saved_config(saved))
-
-
 class _Evaluator:
     """The run's model, optimizer (whose flat buffers hold the EMA) and BN EMA, built once; a
     checkpoint is loaded into them as a resume would, then evaluated as the trainer does."""
@@ -363,40 +286,13 @@ def _load_tf(evaluator: _Evaluator, path: Path, converted: dict | None = None) -
     return int(converted["step"])
 
 
-def _check_metrics_out(path: Path, given: bool) -> None:
-    """Refuse, before any evaluation, a results file that is not JSON lines or cannot be written: a
-    --metrics_out naming the run's config.json or a checkpoint had a JSON line appended to it (the run
-    could no longer be read, or resumed), and an unwritable one ended in a traceback after the whole
-    evaluation, its result lost."""
-    from fasttrain.config import ConfigError
-
-    flag = "--metrics_out " if given else ""
-    if given and path.suffix != ".jsonl":
-        raise ConfigError(f"--metrics_out {path} is not a .jsonl file (one JSON line is appended per result)")
-    try:
-        with open(path, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        other = "" if given else "; pass --metrics_out FILE.jsonl to write the result elsewhere"
-        raise ConfigError(f"cannot write {flag}{path} ({exc.strerror}){other}") from None
-
-
-def _agreed(value, info):
-    """Rank 0's value on every rank: all ranks evaluate the same checkpoint."""
-    if info.world_size == 1:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def evaluate_run(args: argparse.Namespace) -> list[dict]:
     """Evaluate as the command line asks; the results, one per checkpoint."""
     from fasttrain.checkpoint import CheckpointError, list_checkpoints
     from fasttrain.distributed import init_distributed
 
     run_dir = Path(args.run_dir)
-    cfg = _run_config(run_dir, args)
+    cfg = run_config(run_dir, args)
     from fasttrain.lock import same_run
 
     info = init_distributed(cfg.device)
@@ -412,7 +308,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
             flush=True,
         )
     if info.is_main and metrics_out is not None:
-        _check_metrics_out(metrics_out, given=bool(args.metrics_out))
+        check_metrics_out(metrics_out, given=bool(args.metrics_out))
     evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
     if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
         from fasttrain.tf.checkpoint import checkpoint_prefix
@@ -423,7 +319,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
     results, done, failed = [], None, None
     while True:
         found = list_checkpoints(run_dir) if info.is_main else []
-        newest = _agreed(found[-1] if found else None, info)
+        newest = agreed(found[-1] if found else None, info)
         if newest is None and not args.watch:
             raise CheckpointError(f"{run_dir} holds no checkpoint (ckpt-<step>.pt) yet; nothing to evaluate")
         if newest is not None and newest[0] != done:
@@ -450,7 +346,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     from fasttrain.distributed import cleanup
 
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     try:
         evaluate_run(args)
     except Exception as err:

@@ -138,7 +138,7 @@ def train(cfg: Config) -> dict:
         f" | global batch {global_batch} | "
         f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
     )
-    if step >= max_steps:
+    if finished:
         log(
             f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating "
             f"it, not training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "

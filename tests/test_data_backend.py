@@ -161,13 +161,13 @@ def test_dali_named_on_a_cpu_says_it_runs_its_cpu_mode(shards):
 def test_the_evaluator_resolves_a_dali_runs_backend_for_its_own_device(tmp_path):
     """config.json holds the backend resolved for the run's device: evaluating that run elsewhere (a
     CPU machine, one without DALI) resolves it again, as "auto" did before it was saved resolved."""
-    import fasttrain.evaluate as evaluate
+    from fasttrain.eval_settings import parse, run_config
 
     for saved, now in (("dali", "auto"), ("torch", "torch"), ("synthetic", "synthetic")):
         run = tmp_path / saved
         run.mkdir()
         (run / "config.json").write_text(make_config(data_backend=saved).to_json())
-        assert evaluate._run_config(run, evaluate._parse([str(run)])).data_backend == now
+        assert run_config(run, parse([str(run)])).data_backend == now
 
 
 def test_the_test_extra_leaves_dali_out_and_its_tests_skip_without_it():

@@ -53,6 +53,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from fasttrain.checkpoint import write_atomic
 from fasttrain.data.build_lists import Annotations, EmptySplit, SplitPlan, plan_split, read_annotations
 from fasttrain.data.build_shard import (
     ShardFailed,
@@ -71,7 +72,7 @@ LABELS_RECORD = ".fasttrain-build-labels.json"  # the synsets, in label order, o
 SKIPPED_RECORD = ".fasttrain-build-skipped.json"  # shard name -> the images --on_bad skip left out of it
 
 
-def _at_least_one(text: str) -> int:
+def at_least_one(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -95,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="./imagenet_2012_bounding_boxes.csv",
         help="process_bounding_boxes.py's output ('': no boxes)",
     )
-    p.add_argument("--workers", type=_at_least_one, default=None, help="processes (default: every core)")
+    p.add_argument("--workers", type=at_least_one, default=None, help="processes (default: every core)")
     p.add_argument("--write_index", action="store_true", help="write DALI's <shard>.idx files too")
     p.add_argument(
         "--row_checkpoints", action="store_true", help="write the JPEG row checkpoints (<shard>.rows) too"
@@ -181,9 +182,7 @@ def _check_labels(output: Path, annotations: Annotations) -> None:
             f"({difference}); give the labels file they were built with, or another --output_directory"
         )
     if held != annotations.synsets:
-        path.write_text(
-            json.dumps({"labels_file": annotations.labels_file, "synsets": annotations.synsets}) + "\n"
-        )
+        _write_json(path, {"labels_file": annotations.labels_file, "synsets": annotations.synsets})
 
 
 def _with_entries(jobs: list[ShardJob], annotations: Annotations):
@@ -293,16 +292,15 @@ def _note_left_out(output: Path, out) -> None:
 def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
     output = Path(args.output_directory)
     try:
-        return _run_jobs(jobs, annotations, kept, args, out)
+        return _run_jobs(jobs, annotations, kept, args, out, output)
     finally:
         _note_left_out(output, out)
 
 
-def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
+def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out, output: Path) -> int:
     if not jobs:
         out(f"nothing to do: all {kept} shards are written already")
         return 0
-    output = Path(args.output_directory)
     left_out = _left_out(output)
     total = sum(j.images for j in jobs)
     writes = sum(1 for j in jobs if j.write)
@@ -357,10 +355,9 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
 
 
 def _write_json(path: Path, value) -> None:
-    """`value` as JSON in `path`, replaced whole (a temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(value) + "\n")
-    os.replace(tmp, path)
+    """`value` as JSON in `path`, replaced whole (fasttrain.checkpoint.write_atomic)."""
+    text = (json.dumps(value) + "\n").encode()
+    write_atomic(path, lambda f: f.write(text))
 
 
 def _remove_temporaries(jobs: list[ShardJob]) -> None:

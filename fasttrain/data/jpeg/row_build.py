@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from fasttrain.data.build import at_least_one
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, find_shards
 from fasttrain.data.jpeg.row_index import RowIndex, build_row_index
@@ -34,17 +35,10 @@ COMMAND_HELP = (
 )
 
 
-def _at_least_one(text: str) -> int:
-    value = int(text)  # argparse turns a ValueError into its one-line usage error
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")  # -3 ran one process silently
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The build's arguments, for `python -m fasttrain.data row-checkpoints` and the old spelling alike."""
     parser.add_argument("data_dir", metavar="DATA_DIR")
-    parser.add_argument("--workers", type=_at_least_one, default=1, help="processes (default 1)")
+    parser.add_argument("--workers", type=at_least_one, default=1, help="processes (default 1)")
     parser.add_argument("--cache-dir", default=None, help="where sidecars go when DATA_DIR is read-only")
     parser.add_argument("--force", action="store_true", help="rebuild sidecars that are up to date")
 

@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError
 
 from fasttrain.data.errors import DataError
 from fasttrain.data.example import parse_example
-from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
+from fasttrain.data.jpeg.scan import COLUMN_GROUP, checkpoint_bits, row_checkpoints
 from fasttrain.data.tfrecord import crc32c, index_candidates, load_index, read_record
 
 MAGIC, VERSION = b"FTROWS\0\0", 2
@@ -148,7 +148,7 @@ class RowIndex:
         if starts[0] != 0 or starts[-1] != lines or np.any(np.diff(starts) < 0):
             return False
         counts = np.diff(starts)
-        bit = (rows[:, 0].astype(np.int64) & 0xFFFF) | ((rows[:, 1].astype(np.int64) & 0xFFFF) << 16)
+        bit = checkpoint_bits(rows)
         if np.any(bit[starts[:-1][counts > 0]] & 7):
             return False  # a record's first line is its scan's start, a whole byte
         same = np.repeat(np.arange(records), counts)

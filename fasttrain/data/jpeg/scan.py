@@ -349,3 +349,9 @@ def row_checkpoints(jpeg) -> np.ndarray | None:
     """(rows * cols, 5) int16 checkpoints of a baseline JPEG (module docstring), or None when out of scope."""
     out = _checkpoints(np.frombuffer(jpeg, np.uint8), COLUMN_GROUP)
     return out if out.shape[0] else None
+
+
+def checkpoint_bits(rows: np.ndarray) -> np.ndarray:
+    """(N,) int64: each checkpoint line's entropy-coded bit position (module docstring: columns 0 and 1
+    hold its low and high 16 bits), for whole arrays of lines (_record writes them one at a time)."""
+    return (rows[:, 0].astype(np.int64) & 0xFFFF) | ((rows[:, 1].astype(np.int64) & 0xFFFF) << 16)
