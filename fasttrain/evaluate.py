@@ -64,20 +64,23 @@ def evaluate(
     label: str = "",
     interrupted: Callable[[], bool] | None = None,
 ) -> dict:
-    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together). progress: where
+    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together), and
+    'max_eval_batches' when max_batches left batches out (the result is of part of the split). progress: where
     a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S.
     interrupted: asked before each batch; True raises EvaluationInterrupted on every rank (the ranks'
     sums carry it, all-reduced as always: every rank makes that collective once, however early it
     stopped, and all agree on whether to go on)."""
     was_training = model.training
     model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=device)  # correct@1, correct@5, count, stopped
+    sums = torch.zeros(5, dtype=torch.float64, device=device)  # correct@1, correct@5, count, stopped, cut
     count = 0
+    cut = False  # a batch was left out by max_batches: the result covers part of the split
     total = min(len(loader), max_batches) if max_batches else len(loader)
     started = shown = time.perf_counter()
     stopped = False
     for i, (images, labels) in enumerate(loader):
         if max_batches and i >= max_batches:
+            cut = True
             break
         if interrupted is not None and interrupted():
             stopped = True
@@ -102,14 +105,17 @@ def evaluate(
         count += len(labels)  # on the host: a tensor of it would be a copy the CPU waits for, each batch
     sums[2] += count
     sums[3] += stopped  # summed with the rest: every rank stops if any rank did, or none does
+    sums[4] += cut
     if world_size > 1:
         torch.distributed.all_reduce(sums)
     model.train(was_training)
-    correct1, correct5, count, stops = sums.tolist()  # note: host sync, once per evaluation
+    correct1, correct5, count, stops, cuts = sums.tolist()  # note: host sync, once per evaluation
     if stops:
         raise EvaluationInterrupted
-    count = max(count, 1.0)
-    return {"top1": correct1 / count, "top5": correct5 / count, "count": int(count)}
+    result = {"top1": correct1 / max(count, 1.0), "top5": correct5 / max(count, 1.0), "count": int(count)}
+    if cuts:
+        result["max_eval_batches"] = max_batches  # part of the split only: describe() says so
+    return result
 
 
 def evaluate_raw_and_ema(
@@ -137,7 +143,7 @@ def evaluate_raw_and_ema(
         interrupted=interrupted,
     )
     raw = evaluate(model, loader, **settings, label="raw")
-    result = {"top1": raw["top1"], "top5": raw["top5"], "count": raw["count"]}
+    result = {k: raw[k] for k in ("top1", "top5", "count", "max_eval_batches") if k in raw}
     if cfg.ema_decay:
         with ema_weights(optimizer, bn_ema):
             ema = evaluate(model, loader, **settings, label="EMA")
@@ -152,10 +158,15 @@ def eval_scalars(result: dict) -> dict:
 
 
 def describe(result: dict) -> str:
-    """'validation top-1 0.812 (EMA 0.820), top-5 0.990 on 1280 images'"""
+    """'validation top-1 0.812 (EMA 0.820), top-5 0.990 on 1280 images', and when --max_eval_batches
+    left part of the split out: '... on 1280 images, the first 10 batches of each rank (--max_eval_batches)'."""
     ema = f" (EMA {result['ema_top1']:.3f})" if "ema_top1" in result else ""
+    part = ""
+    if result.get("max_eval_batches"):
+        part = f", the first {result['max_eval_batches']} batches of each rank (--max_eval_batches)"
     return (
-        f"validation top-1 {result['top1']:.3f}{ema}, top-5 {result['top5']:.3f} on {result['count']} images"
+        f"validation top-1 {result['top1']:.3f}{ema}, top-5 {result['top5']:.3f} on {result['count']} "
+        f"images{part}"
     )
 
 

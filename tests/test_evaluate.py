@@ -232,3 +232,20 @@ def test_evaluation_batches_are_queued_without_waiting_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert strict == warm and strict["count"] == 12
+
+
+def test_an_evaluation_cut_by_max_eval_batches_says_so(run, capsys):
+    """The result of part of the split is named as such, in the line and in the metrics row; one that
+    covered the whole split (the limit not reached) is not."""
+    run_dir, _ = run  # validation: 24 images in batches of 4, --max_eval_batches 2
+    assert main([str(run_dir), "--checkpoint", str(run_dir / "ckpt-4.pt")]) == 0
+    out = capsys.readouterr().out
+    assert "on 8 images, the first 2 batches of each rank (--max_eval_batches)" in out
+    assert _records(run_dir)[-1]["max_eval_batches"] == 2
+    model = create_model("resnet18", num_classes=4, base_channels=8).eval()
+    batches = [(torch.randint(0, 255, (4, 32, 32, 3), dtype=torch.uint8), torch.arange(4))] * 3
+    fp32 = Precision("fp32", channels_last=False, cuda_graph=False)
+    settings = dict(precision=fp32, device=torch.device("cpu"), preprocess="inception")
+    assert evaluate(model, batches, **settings, max_batches=2)["max_eval_batches"] == 2
+    assert "max_eval_batches" not in evaluate(model, batches, **settings, max_batches=3)
+    assert "max_eval_batches" not in evaluate(model, batches, **settings)
