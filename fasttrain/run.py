@@ -173,7 +173,14 @@ def load_weights(state: dict, model, optimizer, bn_ema) -> None:
     KeyError, RuntimeError or ValueError when they do not fit."""
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    if bn_ema is not None and state.get("bn_ema"):
+    if bn_ema is not None and bn_ema.names:
+        # Without it, the EMA weights would be evaluated (and the average go on) with the BN statistics
+        # as this process built them, not as the run averaged them: a wrong result, not an error.
+        if not state.get("bn_ema"):
+            raise ValueError("the checkpoint holds no EMA of the BatchNorm statistics ('bn_ema')")
+        missing = [name for name in bn_ema.names if name not in state["bn_ema"]]
+        if missing:
+            raise ValueError(f"the checkpoint's 'bn_ema' lacks {missing[0]}")
         bn_ema.load_state_dict(state["bn_ema"])
 
 

@@ -174,6 +174,27 @@ def test_a_checkpoint_without_a_data_position_is_one_error(data, reference, tmp_
     assert "--pretrained_model_checkpoint_path" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("bn_ema", ["empty", "one-missing"])
+def test_a_checkpoint_without_its_bn_averages_is_one_error(data, reference, tmp_path, bn_ema):
+    # The run averages its BN statistics (--ema_decay): a checkpoint without that average resumed with
+    # the averages as the new process built them (BN's initial 0 and 1), and went on averaging from there.
+    from fasttrain.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(reference / "ckpt-14.pt")
+    assert state["bn_ema"]  # the reference run's own checkpoint has it
+    if bn_ema == "empty":
+        state["bn_ema"] = {}
+    else:
+        del state["bn_ema"][next(iter(state["bn_ema"]))]
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, 14, state)
+    out = subprocess.run(command(data, run_dir, "--max_steps=16"), env=ENV, capture_output=True, text=True)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    why = "holds no EMA of the BatchNorm statistics" if bn_ema == "empty" else "'bn_ema' lacks "
+    assert f"{run_dir / 'ckpt-14.pt'} does not fit this run's model/optimizer" in out.stderr, out.stderr
+    assert why in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
 def test_a_run_begun_from_a_checkpoint_dir_goes_on_from_its_own_checkpoints(data, tmp_path):
     # "run the same command to resume" went back to checkpoint_dir's newest: the steps since were done
     # again, their metrics rows dropped and their checkpoints overwritten.
