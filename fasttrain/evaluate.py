@@ -159,7 +159,8 @@ def eval_scalars(result: dict) -> dict:
 
 def describe(result: dict) -> str:
     """'validation top-1 0.812 (EMA 0.820), top-5 0.990 on 1280 images', and when --max_eval_batches
-    left part of the split out: '... on 1280 images, the first 10 batches of each rank (--max_eval_batches)'."""
+    left part of the split out: '... on 1280 images, the first 10 batches of each rank
+    (--max_eval_batches)'."""
     ema = f" (EMA {result['ema_top1']:.3f})" if "ema_top1" in result else ""
     part = ""
     if result.get("max_eval_batches"):
