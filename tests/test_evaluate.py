@@ -249,3 +249,20 @@ def test_an_evaluation_cut_by_max_eval_batches_says_so(run, capsys):
     assert evaluate(model, batches, **settings, max_batches=2)["max_eval_batches"] == 2
     assert "max_eval_batches" not in evaluate(model, batches, **settings, max_batches=3)
     assert "max_eval_batches" not in evaluate(model, batches, **settings)
+
+
+def test_watch_ends_at_the_last_step_the_newest_checkpoint_records(run, tmp_path):
+    """--watch read the run's last step from config.json once. A run resumed with a smaller --max_steps
+    (config.json of the first start said 10; its checkpoints now say 4) kept the watch polling after
+    the run's final checkpoint, until Ctrl-C."""
+    run_dir = tmp_path / "resumed"
+    shutil.copytree(run[0], run_dir)
+    config = json.loads((run_dir / "config.json").read_text())
+    (run_dir / "config.json").write_text(json.dumps({**config, "max_steps": 10}))
+    codes = []
+    watcher = threading.Thread(
+        target=lambda: codes.append(main([str(run_dir), "--watch", "0.1"])), daemon=True
+    )
+    watcher.start()
+    watcher.join(timeout=60)  # ckpt-4, evaluated in about 3 s, is the last
+    assert not watcher.is_alive() and codes == [0], "--watch should end after the run's final step"
