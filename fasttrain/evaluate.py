@@ -266,8 +266,14 @@ class _Evaluator:
             world_size=self.info.world_size,
             progress=(lambda line: print(line, flush=True)) if self.info.is_main else None,
         )
+        # An evaluation done again (a second command on the same checkpoint) gets its row, but not a
+        # second TensorBoard point at the step: the curve would double back on itself there.
+        again = self.curves.writer is not None and self.metrics.has_row(
+            step, split="validation", source="evaluate"
+        )
         self.metrics.write(step=step, split="validation", source="evaluate", checkpoint=str(path), **result)
-        self.curves.scalars(step, eval_scalars(result))
+        if not again:
+            self.curves.scalars(step, eval_scalars(result))
         if self.info.is_main:
             print(f"{path}: step {step}, {describe(result)}", flush=True)
         return {"step": step, **result}

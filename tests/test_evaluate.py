@@ -266,3 +266,17 @@ def test_watch_ends_at_the_last_step_the_newest_checkpoint_records(run, tmp_path
     watcher.start()
     watcher.join(timeout=60)  # ckpt-4, evaluated in about 3 s, is the last
     assert not watcher.is_alive() and codes == [0], "--watch should end after the run's final step"
+
+
+def test_an_evaluation_done_again_adds_no_second_tensorboard_point(run, tmp_path, capsys):
+    ea = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    run_dir = tmp_path / "twice"
+    shutil.copytree(run[0], run_dir)
+    shutil.rmtree(run_dir / "eval", ignore_errors=True)
+    before = len(_records(run_dir))
+    for _ in range(2):
+        assert main([str(run_dir), "--checkpoint", str(run_dir / "ckpt-2.pt")]) == 0
+    assert [r["step"] for r in _records(run_dir)[before:]] == [2, 2]  # each evaluation has its row
+    acc = ea.EventAccumulator(str(run_dir / "eval"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/top1")] == [2]  # before: [2, 2], the curve doubled back
