@@ -146,11 +146,20 @@ def read_run_id(run_dir: Path) -> str | None:
     return run_id if isinstance(run_id, str) and run_id else None
 
 
-def ensure_run_id(run_dir: Path, started_from: str = "") -> str:
+def ensure_run_id(run_dir: Path, started_from: str = "", log=print) -> str:
     """run_dir's run_id, written to a new run.json first if it has none (by the lock's holder only);
-    OSError when it cannot be written."""
+    OSError when it cannot be written. A run.json that holds no run_id (damaged, or edited) is kept
+    beside as run.json.unreadable, with a note, before the new one replaces it."""
     if (run_id := read_run_id(run_dir)) is not None:
         return run_id
+    path = Path(run_dir) / IDENTITY_NAME
+    if path.is_file():
+        aside = path.with_name(IDENTITY_NAME + ".unreadable")
+        os.replace(path, aside)
+        log(
+            f"note: {path} holds no run_id (damaged or edited): kept as {aside.name}; this run gets a new "
+            "run_id, so checkpoints written before it name the old one (or none)"
+        )
     run_id = uuid.uuid4().hex
     record = {
         "run_id": run_id,

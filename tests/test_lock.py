@@ -172,6 +172,19 @@ def test_a_run_gets_one_identity_kept_across_resumes(tmp_path):
     assert ensure_run_id(tmp_path) == run_id == read_run_id(tmp_path)  # a resume: the same run
 
 
+@pytest.mark.parametrize("text", ['{"run_id": "3f2a', "[1, 2]", '{"run_id": 7}'])
+def test_a_run_json_without_a_run_id_is_kept_aside_with_a_note(tmp_path, text):
+    # A run.json torn by a full disk, or edited by hand, was replaced by a new identity without a word.
+    (tmp_path / "run.json").write_text(text)
+    notes = []
+    run_id = ensure_run_id(tmp_path, log=notes.append)
+    assert read_run_id(tmp_path) == run_id and (tmp_path / "run.json.unreadable").read_text() == text
+    assert len(notes) == 1 and f"{tmp_path / 'run.json'} holds no run_id" in notes[0]
+    assert "kept as run.json.unreadable" in notes[0]
+    notes.clear()
+    assert ensure_run_id(tmp_path, log=notes.append) == run_id and notes == []  # the next resume: quiet
+
+
 def test_same_run_by_directory_or_by_identity(tmp_path):
     a, b, copy, legacy = (tmp_path / n for n in ("a", "b", "copy", "legacy"))
     for d in (a, b):
