@@ -207,6 +207,56 @@ def train(cfg: Config) -> dict:
         last_eval.update(result, step=step)
         return result
 
+    def log_row() -> None:
+        """The seeds' log line and a metrics row for the steps since the last one (their mean loss)."""
+        nonlocal tick, tick_step
+        # note: CPU-GPU sync point, once per log_every steps
+        loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+        loss_avg = step_fn.loss_sum.item() / (step - tick_step)
+        train_top1 = step_fn.top1_sum.item() / (step - tick_step)
+        step_fn.loss_sum.zero_()
+        step_fn.top1_sum.zero_()
+        elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+        sec_per_batch = elapsed / (step - tick_step)
+        first, tick_step = tick_step + 1, step
+        log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
+        input_fields = stall.read(first, step, elapsed)  # after the seeds' line: its note follows
+        record = dict(
+            loss=loss,
+            loss_avg=loss_avg,
+            loss_ema=step_fn.loss_average.item(),
+            train_top1=train_top1,
+            lr=schedule.at(step - 1),
+            examples_per_sec=global_batch / sec_per_batch,
+            sec_per_batch=sec_per_batch,
+            loss_scale=step_fn.scaler.scale.item(),
+            skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+            **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
+        )
+        metrics.write(
+            step=step,
+            **record,
+            epoch=train_loader.epoch,
+            skipped_records=train_loader.skipped,
+        )
+        curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
+        if cfg.histogram_every and step % cfg.histogram_every == 0:
+            grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
+            curves.histograms(step, run.model, grad_scale)
+        check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
+        if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
+            log(
+                f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
+                f"{comm['hidden_fraction']:.0%} hidden behind backward, "
+                f"{comm['exposed_ms']:.1f} ms exposed"
+            )
+            metrics.write(
+                step=step,
+                comm_ms=comm["comm_ms"],
+                comm_hidden_fraction=comm["hidden_fraction"],
+                comm_exposed_ms=comm["exposed_ms"],
+            )
+
     def summary(loop_end: float) -> str:
         trained = step - first_step
         seconds = loop_end - loop_start - eval_seconds
@@ -218,52 +268,7 @@ def train(cfg: Config) -> dict:
             step += 1
             progress.update(1)
             if step % cfg.log_every == 0 or step == max_steps:
-                # note: CPU-GPU sync point, once per log_every steps
-                loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
-                loss_avg = step_fn.loss_sum.item() / (step - tick_step)
-                train_top1 = step_fn.top1_sum.item() / (step - tick_step)
-                step_fn.loss_sum.zero_()
-                step_fn.top1_sum.zero_()
-                elapsed, tick = time.perf_counter() - tick, time.perf_counter()
-                sec_per_batch = elapsed / (step - tick_step)
-                first, tick_step = tick_step + 1, step
-                log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
-                input_fields = stall.read(first, step, elapsed)  # after the seeds' line: its note follows
-                record = dict(
-                    loss=loss,
-                    loss_avg=loss_avg,
-                    loss_ema=step_fn.loss_average.item(),
-                    train_top1=train_top1,
-                    lr=schedule.at(step - 1),
-                    examples_per_sec=global_batch / sec_per_batch,
-                    sec_per_batch=sec_per_batch,
-                    loss_scale=step_fn.scaler.scale.item(),
-                    skipped_steps=int(step_fn.scaler.skipped_steps.item()),
-                    **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
-                )
-                metrics.write(
-                    step=step,
-                    **record,
-                    epoch=train_loader.epoch,
-                    skipped_records=train_loader.skipped,
-                )
-                curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
-                if cfg.histogram_every and step % cfg.histogram_every == 0:
-                    grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
-                    curves.histograms(step, run.model, grad_scale)
-                check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
-                if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
-                    log(
-                        f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
-                        f"{comm['hidden_fraction']:.0%} hidden behind backward, "
-                        f"{comm['exposed_ms']:.1f} ms exposed"
-                    )
-                    metrics.write(
-                        step=step,
-                        comm_ms=comm["comm_ms"],
-                        comm_hidden_fraction=comm["hidden_fraction"],
-                        comm_exposed_ms=comm["exposed_ms"],
-                    )
+                log_row()
             if step % cfg.checkpoint_every == 0 or step == max_steps:
                 save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 last_saved = step
@@ -282,6 +287,8 @@ def train(cfg: Config) -> dict:
             # After an evaluation (every rank makes one at the same steps) the ranks agree at once: a
             # signal that cut it short is acted on now, not up to log_every steps later.
             if stop.requested(info, step, now=bool(evaluated)):
+                if tick_step != step:  # the steps since the last row: a resume goes on after them
+                    log_row()
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 progress.close()

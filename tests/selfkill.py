@@ -6,7 +6,9 @@ WHERE:
 - log: right after metrics.jsonl has the training line of step STEP;
 - save: in the middle of writing ckpt-STEP.pt (torch.save has written its first bytes);
 - rename: when ckpt-STEP.pt's checksum file has landed and the data file is about to be renamed
-  into place.
+  into place;
+- term: right after training step STEP, with SIGTERM instead (the stop signal a scheduler sends,
+  which the trainer handles), so that a stop test stops at the step it means to.
 
 The process kills itself with SIGKILL (no handler, no cleanup, no atexit), as an OOM killer or a
 preempted node would.
@@ -24,8 +26,20 @@ def die() -> None:
 
 def arm(where: str, step: int) -> None:
     from fasttrain import checkpoint, monitor
+    from fasttrain import step as step_module
 
-    if where == "log":
+    if where == "term":
+        call = step_module.TrainStep.__call__
+        done = [0]
+
+        def step_then_term(self, batches):
+            call(self, batches)
+            done[0] += 1
+            if done[0] == step:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        step_module.TrainStep.__call__ = step_then_term
+    elif where == "log":
         write = monitor.MetricsLog.write
 
         def write_then_die(self, **record):
@@ -55,7 +69,7 @@ def arm(where: str, step: int) -> None:
 
         os.replace = die_before
     else:
-        raise SystemExit(f"selfkill.py: unknown point {where!r} (log, save or rename)")
+        raise SystemExit(f"selfkill.py: unknown point {where!r} (log, save, rename or term)")
 
 
 if __name__ == "__main__":

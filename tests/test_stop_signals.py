@@ -5,12 +5,14 @@ DataLoader workers the workers died first and the trainer crashed with "DataLoad
 by signal", exit 1, no checkpoint (5 of 5 tries); now one checkpoint is saved and the ranks exit 0. A
 lone trainer stopped by SIGTERM saves once, exits 0 and resumes from that checkpoint."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -169,3 +171,33 @@ def test_sigterm_saves_once_and_exits_0_then_resumes(data, tmp_path):
         command(data, run_dir, f"--max_steps={step + 1}"), env=ENV, capture_output=True, text=True
     )
     assert resumed.returncode == 0 and f"resuming from step {step}" in resumed.stdout
+
+
+def test_a_stop_between_log_steps_logs_the_steps_since_the_last_row(data, tmp_path):
+    # --log_every 4, SIGTERM after step 6: steps 5 and 6 were trained and saved in ckpt-6, but no row
+    # held their losses, and the resume goes on from step 7: they were in no row at all.
+    selfkill = Path(__file__).with_name("selfkill.py")
+    run_dir, reference = tmp_path / "run", tmp_path / "reference"
+    args = ("--log_every=4", "--checkpoint_every=100")
+    stopped = subprocess.run(
+        [sys.executable, str(selfkill), "term", "6", *command(data, run_dir, *args, "--max_steps=10")[3:]],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert stopped.returncode == 0 and _stopped_step(stopped.stdout, "SIGTERM") == 6, stopped.stderr[-3000:]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [4, 6]
+    every = subprocess.run(command(data, reference, "--max_steps=6"), env=ENV, capture_output=True, text=True)
+    assert every.returncode == 0, every.stderr[-3000:]
+    loss = {
+        r["step"]: r["loss"] for r in map(json.loads, (reference / "metrics.jsonl").read_text().splitlines())
+    }
+    assert rows[-1]["loss"] == loss[6] and rows[-1]["loss_avg"] == pytest.approx((loss[5] + loss[6]) / 2)
+    resumed = subprocess.run(
+        command(data, run_dir, *args, "--max_steps=10"), env=ENV, capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [4, 6, 8, 10]  # each step's loss in one row, once
