@@ -164,7 +164,13 @@ class FlatOptimizer(torch.optim.Optimizer):
                     "start the optimizer afresh."
                 )
         old_lrs = [group["lr"] for group in self.param_groups]
+        # The settings this optimizer was built with (the run's flags) stay: a checkpoint carries the
+        # state, not the hyperparameters, as TF's Saver restores variables into the graph the flags built
+        # (a resume with another --weight_decay was noted as changed, then trained with the old value).
+        built = [{k: v for k, v in group.items() if k not in ("params", "lr")} for group in self.param_groups]
         super().load_state_dict(state_dict)  # checks group sizes, moves tensors to the params' device
+        for group, settings in zip(self.param_groups, built):
+            group.update(settings)
         for group, old_lr in zip(self.param_groups, old_lrs):
             if isinstance(old_lr, torch.Tensor):
                 # Keep the caller's lr tensor (a captured CUDA graph reads its address).

@@ -239,6 +239,34 @@ def test_state_dict_round_trip_resumes_identically(kind, impl):
         assert all(torch.equal(sa[i][k], sb[i][k]) for k in sa[i])
 
 
+def test_a_resume_trains_with_its_own_settings_not_the_checkpoints():
+    # TF's Saver restores variables into the graph the flags built: a resume with another weight decay,
+    # epsilon, momentum or RMSProp decay uses the new ones. torch's load_state_dict put the saved ones
+    # back, while the resume's note said they had changed.
+    old = FusedRMSPropTF(_groups(_params(), 4e-5), lr=0.1, decay=0.9, momentum=0.9, eps=1.0, impl="torch")
+    saved = old.state_dict()
+    new_settings = dict(lr=0.1, decay=0.99, momentum=0.5, eps=0.1, impl="torch")
+    resumed_params, fresh_params = _params(), _params()
+    resumed = FusedRMSPropTF(_groups(resumed_params, 1e-4), **new_settings)
+    resumed.load_state_dict(saved)  # a fresh state, saved by an optimizer with other settings
+    fresh = FusedRMSPropTF(_groups(fresh_params, 1e-4), **new_settings)
+    assert [g["weight_decay"] for g in resumed.param_groups] == [1e-4, 0.0]
+    assert {k: resumed.param_groups[0][k] for k in ("decay", "momentum", "eps")} == {
+        "decay": 0.99,
+        "momentum": 0.5,
+        "eps": 0.1,
+    }
+    gen = torch.Generator().manual_seed(5)
+    for i in range(3):
+        grads = _grads(resumed_params, gen)
+        _set_grads(resumed_params, grads, i)
+        _set_grads(fresh_params, grads, i)
+        resumed.step()
+        fresh.step()
+    for p, q in zip(resumed_params, fresh_params):
+        assert torch.equal(p, q)
+
+
 def test_load_state_dict_without_ema_is_a_clear_error():
     params = _params()
     opt = FusedMomentum(params, lr=0.1, ema_decay=None)
