@@ -9,6 +9,7 @@ A step is, with everything on the device and no host synchronisation:
   found_inf = loss or any gradient not finite        # one read of the gradient buffer
   lr = schedule(step)                                 # from the device step counter
   fused optimizer + EMA with grad_scale = 1 / (scale * world), skipped bit-for-bit on found_inf
+  on found_inf, the BN running statistics back to their values before the forward (fasttrain/bn_buffers.py)
   BN running-statistics EMA, loss-scale update, step counter += 1
 The loss and the training top-1 are read back to the host only when the trainer logs.
 
@@ -38,6 +39,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from fasttrain.bn_buffers import BufferEMA, BufferGuard
 from fasttrain.data.normalize import normalize_images, pad_channels
 from fasttrain.precision import DynamicLossScaler, Precision, grads_not_finite
 from fasttrain.schedule import LRSchedule
@@ -68,40 +70,6 @@ def model_input(images: torch.Tensor, preprocess: str, precision: Precision) -> 
     if channels != x.shape[1]:
         return pad_channels(x, channels, precision.channels_last)
     return x if precision.channels_last else x.contiguous()
-
-
-class BufferEMA:
-    """EMA of BatchNorm running statistics, the seed's averaging of moving_mean/moving_variance.
-
-    shadow -= (1 - d) * (shadow - buffer), d = min(decay, (1 + n) / (10 + n)), n = applied steps.
-    """
-
-    def __init__(self, model: torch.nn.Module, decay: float):
-        self.decay = decay
-        self.names = [n for n, b in model.named_buffers() if b.is_floating_point()]
-        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
-        self.shadows = [b.detach().clone() for b in self.buffers]
-
-    def update(self, applied_steps: torch.Tensor, found_inf: torch.Tensor) -> None:
-        n = applied_steps.to(torch.float32)
-        d = torch.clamp((1 + n) / (10 + n), max=self.decay)
-        weight = (1 - d) * (1 - found_inf)
-        for shadow, buf in zip(self.shadows, self.buffers):
-            shadow.lerp_(buf, weight)
-
-    def swap(self) -> None:
-        """Exchange shadows and live buffers (call twice to undo)."""
-        for shadow, buf in zip(self.shadows, self.buffers):
-            tmp = buf.clone()
-            buf.copy_(shadow)
-            shadow.copy_(tmp)
-
-    def state_dict(self) -> dict:
-        return dict(zip(self.names, self.shadows))
-
-    def load_state_dict(self, state: dict) -> None:
-        for name, shadow in zip(self.names, self.shadows):
-            shadow.copy_(state[name])
 
 
 LOSS_AVERAGE_WEIGHT = 0.1  # 1 - decay of the Inception seed's loss_averages (decay 0.9)
@@ -142,6 +110,7 @@ class TrainStep:
         self.model, self.optimizer, self.precision = model, optimizer, precision
         self.device, self.schedule, self.loss_fn = device, schedule, loss_fn
         self.preprocess, self.buckets, self.bn_ema = preprocess, buckets, bn_ema
+        self.bn_guard = BufferGuard(model)  # a skipped step's forward leaves no trace in the BN statistics
         self.compiled = compiled
         self.forward_model = ddp_model or model
         # torch DDP averages over ranks itself; fasttrain's buckets sum and fold 1/world in here.
@@ -207,6 +176,7 @@ class TrainStep:
 
     def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.flat_grad.zero_()
+        self.bn_guard.save()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         total_top1 = torch.zeros((), dtype=torch.float32, device=self.device)
         ddp = self.forward_model is not self.model
@@ -226,6 +196,7 @@ class TrainStep:
         self.schedule.on_device(self.step_count, self.lr)
         grad_scale = torch.reciprocal(self.scaler.scale * self.world_divisor)
         self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
+        self.bn_guard.restore(found_inf)
         if self.bn_ema is not None:
             self.bn_ema.update(self.optimizer.applied_steps, found_inf)
         self.scaler.update(found_inf)

@@ -161,6 +161,7 @@ def train(cfg: Config) -> dict:
     stop = StopRequest(check_every=cfg.log_every)
     progress = progress_bar(max_steps, step, enabled=info.is_main)
     last_saved, tick, tick_step = step, time.perf_counter(), step
+    skipped_before = int(step_fn.scaler.skipped_steps.item())  # note: host read, once (a resume's count)
     batches = batch_stream(train_loader, cfg.grad_accum_steps)
     stall = InputStall(train_loader, info.device.type == "cuda", log, cfg.num_workers)
     step_fn.timeline = stall if stall.cuda else None  # its timing events around each step
@@ -209,9 +210,10 @@ def train(cfg: Config) -> dict:
 
     def log_row() -> None:
         """The seeds' log line and a metrics row for the steps since the last one (their mean loss)."""
-        nonlocal tick, tick_step
+        nonlocal tick, tick_step, skipped_before
         # note: CPU-GPU sync point, once per log_every steps
         loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+        skipped = int(step_fn.scaler.skipped_steps.item())
         loss_avg = step_fn.loss_sum.item() / (step - tick_step)
         train_top1 = step_fn.top1_sum.item() / (step - tick_step)
         step_fn.loss_sum.zero_()
@@ -230,7 +232,7 @@ def train(cfg: Config) -> dict:
             examples_per_sec=global_batch / sec_per_batch,
             sec_per_batch=sec_per_batch,
             loss_scale=step_fn.scaler.scale.item(),
-            skipped_steps=int(step_fn.scaler.skipped_steps.item()),
+            skipped_steps=skipped,
             **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
         )
         metrics.write(
@@ -243,7 +245,8 @@ def train(cfg: Config) -> dict:
         if cfg.histogram_every and step % cfg.histogram_every == 0:
             grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
             curves.histograms(step, run.model, grad_scale)
-        check_finite(streak, step, cfg, precision.loss_scaling, last_saved, run_dir)
+        skipped_here, skipped_before = skipped - skipped_before, skipped
+        check_finite(streak, skipped_here, first, step, cfg, precision.loss_scaling, last_saved, run_dir)
         if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
             log(
                 f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
@@ -424,14 +427,29 @@ def batch_stream(loader, accum: int):
 
 
 def check_finite(
-    streak: int, step: int, cfg: Config, loss_scaling: bool, last_saved: int, run_dir: Path
+    streak: int,
+    skipped: int,
+    first: int,
+    step: int,
+    cfg: Config,
+    loss_scaling: bool,
+    last_saved: int,
+    run_dir: Path,
 ) -> None:
-    """Stop on non-finite losses: at once without loss scaling, after a streak of skips with it."""
-    if streak == 0 or (loss_scaling and streak < cfg.max_nonfinite_steps):
-        return
+    """Stop on non-finite losses. Without loss scaling: at the first log row after any skipped step
+    (`skipped` of steps first..step; the seed asserts at every step); a streak counted only at the row's
+    own step let a single non-finite step between rows pass. With it: after a streak of skips."""
+    if loss_scaling:
+        if streak < cfg.max_nonfinite_steps:
+            return
+        when = f"for the last {streak} step(s) at step {step}"
+    else:
+        if skipped == 0:
+            return
+        when = f"at {skipped} of steps {first}-{step}" if first < step else f"at step {step}"
     kept = f"; the last good checkpoint is {ckpt.checkpoint_path(run_dir, last_saved)}" if last_saved else ""
     raise TrainingStopped(
-        f"the loss was not finite for the last {streak} step(s) at step {step} "
+        f"the loss was not finite {when} "
         f"(updates were skipped, weights are unchanged){kept}; lower "
         "initial_learning_rate or use precision=fp32",
         settings=("initial_learning_rate", "precision"),

@@ -128,6 +128,36 @@ def test_bn_ema_follows_tf_warmup():
     torch.testing.assert_close(ema.shadows[0], torch.full((3,), 1 - d), rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_skipped_step_leaves_the_bn_statistics_and_their_ema_as_they_were(precision):
+    # A non-finite batch: its forward had already written non-finite running statistics (and the BN
+    # EMA's lerp with weight 0 kept them: 0 * NaN is NaN) before the update was skipped. Every later
+    # evaluation, and every checkpoint, then held NaN statistics while the run trained on.
+    torch.manual_seed(0)
+    model = create_model("resnet18", 5, base_channels=8)
+    step, opt = _step_fn(model, Precision(precision, channels_last=False, cuda_graph=False), CPU, ema=0.9)
+    for images, labels in _batches(2):
+        step([(images, labels)])
+    names = [n for n, b in model.named_buffers() if b.is_floating_point()]
+    before = {n: b.clone() for n, b in model.named_buffers() if n in names}
+    shadows = {n: s.clone() for n, s in step.bn_ema.state_dict().items()}
+    weights = [p.detach().clone() for p in model.parameters()]
+    images, labels = _batches(1, seed=1)[0]
+    bad = images.float() / 255  # a float batch (DALI's kind), one value of it infinite
+    bad[0, 3, 3, 0] = float("inf")
+    step([(bad, labels)])
+    assert int(step.scaler.skipped_steps) == 1
+    assert torch.isfinite(model.bn1.running_mean).all()  # before: NaN from here on
+    for n, b in model.named_buffers():
+        if n in names:
+            assert torch.equal(b, before[n]), n
+    for n, s in step.bn_ema.state_dict().items():
+        assert torch.equal(s, shadows[n]), n
+    assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
+    step([_batches(1, seed=2)[0]])  # the next step trains on from there
+    assert int(opt.applied_steps) == 3 and torch.isfinite(model.bn1.running_mean).all()
+
+
 # --- training top-1 (the ResNet seed's train_accuracy): of the batch trained on, before its update ---
 
 

@@ -196,12 +196,14 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
     conv_weights = [p for p in step.model.parameters() if p.dim() == 4]
     assert all(p.is_contiguous(memory_format=torch.channels_last) for p in conv_weights)
     ops, buffers = _trace(step, batches)
-    # Not vacuous: backward, the fused optimizer's custom op, loss scaling and BN EMA all ran under
-    # the check, and the buffers compared include every kind the graph would capture.
+    # Not vacuous: backward, the fused optimizer's custom op, loss scaling, the BN EMA (lerp) and the BN
+    # statistics' guard (cat, _foreach_copy_) all ran under the check, and the buffers compared include
+    # every kind the graph would capture.
     kernel = "rmsprop_tf_update" if optimizer == "FusedRMSPropTF" else "momentum_update"
     traced = {
-        "aten.convolution_backward", f"fasttrain.{kernel}", "aten._amp_update_scale_", "aten.lerp_",
-        "c10d.allreduce_", "aten.constant_pad_nd",  # the stem's weight padded to 4 channels
+        "aten.convolution_backward", f"fasttrain.{kernel}", "aten._amp_update_scale_", "aten.lerp",
+        "aten._foreach_copy_", "aten.cat", "c10d.allreduce_",
+        "aten.constant_pad_nd",  # the stem's weight padded to 4 channels
     }  # fmt: skip
     assert traced <= ops, sorted(traced - ops)
     assert len(step.buckets.bucket_ranges) >= 3
@@ -210,7 +212,7 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
         "step.optimizer.flat.params", "step.optimizer.flat.grad", "step.optimizer._buffers['ema']",
         "step.optimizer._buffers['momentum_buffer']", "step.optimizer.applied_steps", "step.lr",
         "step.scaler.scale", "step.step_count", "step.last_loss", "step.loss_average",
-        "step.bn_ema.shadows[0]", "model.fc.weight", "model.fc.weight.grad",
+        "step.bn_ema.shadows[0]", "step.bn_guard.saved", "model.fc.weight", "model.fc.weight.grad",
     ]  # fmt: skip
     assert set(expected) <= set(buffers), sorted(set(expected) - set(buffers))
 

@@ -51,7 +51,8 @@ def lifetimes(monkeypatch):
             super().__call__(batches)
             self.graph = "captured"  # stands for the CUDA graph captured after the warm-up
             if self.nonfinite_at is not None and int(self.step_count) >= self.nonfinite_at:
-                self.nonfinite_streak.fill_(1)
+                self.nonfinite_streak.fill_(1)  # as a skipped step leaves the streak and the count
+                self.scaler.skipped_steps.add_(1)
 
         def release_graph(self):
             events.append(("release_graph", self.graph))
@@ -66,6 +67,24 @@ def lifetimes(monkeypatch):
     monkeypatch.setattr(fasttrain.run, "TrainStep", RecordingStep)  # build_run makes the step
     monkeypatch.setattr(fasttrain.train, "cleanup", recording_cleanup)
     return SimpleNamespace(events=events, step=RecordingStep)
+
+
+def test_one_skipped_step_between_log_rows_stops_an_fp32_run(tmp_path, monkeypatch):
+    # The seed asserts on a NaN loss at every step. The trainer looked only at the streak at its log
+    # step, which the next good step resets: one non-finite step between rows let the run go on.
+    class OneBadStep(TrainStep):
+        def __call__(self, batches):
+            super().__call__(batches)
+            if int(self.step_count) == 2:  # step 2 skipped, as a non-finite loss makes it
+                self.nonfinite_streak.fill_(1)
+                self.scaler.skipped_steps.add_(1)
+
+    monkeypatch.setattr(fasttrain.run, "TrainStep", OneBadStep)
+    cfg = _cfg(tmp_path, precision="fp32", log_every=4, max_steps=8, checkpoint_every=100)
+    with pytest.raises(TrainingStopped, match="the loss was not finite at 1 of steps 1-4"):
+        train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4] and rows[0]["skipped_steps"] == 1
 
 
 def test_an_error_after_capture_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):

@@ -1,0 +1,104 @@
+"""A model's BatchNorm running statistics, as the training step keeps them.
+
+- `BufferGuard`: a step whose update is skipped (found_inf: a non-finite loss or gradient) leaves the
+  statistics as they were before it, as it leaves the weights, the optimizer state and the EMAs. Its
+  forward pass had updated them already, with non-finite values when the loss was not finite; from
+  then on every evaluation read NaN, and so did the checkpoints, in a run that trained on.
+- `BufferEMA`: the Inception seed's ExponentialMovingAverage of moving_mean / moving_variance,
+  shadow -= (1 - d) * (shadow - buffer), d = min(decay, (1 + n) / (10 + n)), n = applied steps.
+
+Both work on one flat copy of all the model's floating-point buffers, gathered by one torch.cat: a
+few kernels a step whatever the number of BN layers (a kernel per buffer was about 100 launches a step
+for ResNet-50, each a few microseconds of a replayed graph). The buffers themselves stay the module's
+own tensors: views into one flat tensor would be aliased inputs to a compiled region that mutates them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def float_buffers(model: torch.nn.Module) -> tuple[list[str], list[torch.Tensor]]:
+    """The names and tensors of the model's floating-point buffers (BN's running_mean and running_var;
+    not num_batches_tracked)."""
+    named = [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
+    return [n for n, _ in named], [b for _, b in named]
+
+
+def _flat_like(buffers: list[torch.Tensor]) -> torch.Tensor:
+    """An fp32 tensor with room for every buffer (empty when there is none)."""
+    device = buffers[0].device if buffers else torch.device("cpu")
+    return torch.zeros(sum(b.numel() for b in buffers), dtype=torch.float32, device=device)
+
+
+def _gather(buffers: list[torch.Tensor], out: torch.Tensor) -> None:
+    torch.cat([b.detach().reshape(-1).float() for b in buffers], out=out)
+
+
+def _views(flat: torch.Tensor, buffers: list[torch.Tensor]) -> list[torch.Tensor]:
+    parts = flat.split([b.numel() for b in buffers])
+    return [part.view(b.shape) for part, b in zip(parts, buffers)]
+
+
+class BufferGuard:
+    """save() before a step's forward, restore(found_inf) once found_inf is known: on a skipped step
+    the buffers get back the values save() read (device-side, no host sync, graph-capturable)."""
+
+    def __init__(self, model: torch.nn.Module):
+        _, self.buffers = float_buffers(model)
+        self.saved = _flat_like(self.buffers)
+        self.current = torch.zeros_like(self.saved)
+        self._current_views = _views(self.current, self.buffers)
+
+    def save(self) -> None:
+        if self.buffers:
+            _gather(self.buffers, self.saved)
+
+    def restore(self, found_inf: torch.Tensor) -> None:
+        if not self.buffers:
+            return
+        _gather(self.buffers, self.current)
+        # where, not lerp: 0 * NaN is NaN, so a blend with weight 0 would keep the step's NaN.
+        self.current.copy_(torch.where(found_inf.bool(), self.saved, self.current))
+        torch._foreach_copy_(self.buffers, self._current_views)
+
+
+class BufferEMA:
+    """EMA of BatchNorm running statistics, the seed's averaging of moving_mean/moving_variance.
+
+    shadow -= (1 - d) * (shadow - buffer), d = min(decay, (1 + n) / (10 + n)), n = applied steps;
+    a skipped step (found_inf) leaves the shadows as they were. `shadows` are views into one flat
+    tensor, in the order of `names`.
+    """
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.names, self.buffers = float_buffers(model)
+        self.flat = _flat_like(self.buffers)
+        if self.buffers:
+            _gather(self.buffers, self.flat)
+        self.shadows = _views(self.flat, self.buffers)
+        self._current = torch.zeros_like(self.flat)
+
+    def update(self, applied_steps: torch.Tensor, found_inf: torch.Tensor) -> None:
+        if not self.buffers:
+            return
+        n = applied_steps.to(torch.float32)
+        d = torch.clamp((1 + n) / (10 + n), max=self.decay)
+        _gather(self.buffers, self._current)
+        averaged = self.flat.lerp(self._current, 1 - d)
+        self.flat.copy_(torch.where(found_inf.bool(), self.flat, averaged))  # where: see BufferGuard
+
+    def swap(self) -> None:
+        """Exchange shadows and live buffers (call twice to undo)."""
+        for shadow, buf in zip(self.shadows, self.buffers):
+            tmp = buf.clone()
+            buf.copy_(shadow)
+            shadow.copy_(tmp)
+
+    def state_dict(self) -> dict:
+        return {name: shadow.clone() for name, shadow in zip(self.names, self.shadows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, shadow in zip(self.names, self.shadows):
+            shadow.copy_(state[name])
