@@ -22,7 +22,7 @@ from PIL import Image, JpegImagePlugin
 from fasttrain.data import DataError
 from fasttrain.data.color import ColorParams
 from fasttrain.data.jpeg import decode as jpeg
-from fasttrain.data.jpeg.decode import CROP_DECODE, decode_and_crop_jpeg, decode_jpeg
+from fasttrain.data.jpeg.decode import CROP_DECODE, decode_and_crop_jpeg, decode_jpeg, decode_window_rows
 from fasttrain.data.transforms import (
     TrainParams,
     apply_eval,
@@ -74,6 +74,21 @@ def test_cropped_decode_is_tensorflows_decode_and_crop_bit_for_bit(case, referen
     ours = decode_and_crop_jpeg(_jpeg(case["file"]), case["window"])
     assert ours.shape == reference[case["key"]].shape
     assert np.array_equal(ours, reference[case["key"]])
+
+
+@pytest.mark.parametrize("case", CASES["decode_crop"], ids=lambda case: case["key"])
+@pytest.mark.parametrize("turbo", [True, False], ids=["turbojpeg", "without-turbojpeg"])
+def test_window_rows_are_tensorflows_decode_and_crop(case, turbo, reference, monkeypatch):
+    """decode_window_rows (the consumers' in-place form of decode_and_crop_jpeg) holds TF's window."""
+    if turbo and not CROP_DECODE:
+        pytest.skip("the turbojpeg wheel (libturbojpeg 3) is not installed")
+    if not turbo:
+        monkeypatch.setattr(jpeg, "_turbo", None)
+    top, left, h, w = case["window"]
+    rows, x = decode_window_rows(_jpeg(case["file"]), case["window"])
+    ours = rows.reshape(h, -1, 3)[:, left - x : left - x + w]
+    if turbo or case["file"] not in SUBSAMPLED:
+        np.testing.assert_array_equal(ours, reference[case["key"]])
 
 
 @pytest.mark.parametrize("case", CASES["decode_crop"], ids=lambda case: case["key"])
