@@ -179,7 +179,8 @@ def test_eval_geometry_is_tensorflows_for_every_listed_size():
 def test_dali_eval_against_tensorflow(tmp_path, reference, preprocess):
     """DALI's eval images (CPU mode) against TF's: the geometry and resize are TF's (test_dali_pipeline),
     the decoder is not (libjpeg-turbo's accurate IDCT in DALI, the fast one in TF): about 1 level on
-    average, the figure the README gives."""
+    average, the figure the README gives. The small photos' Inception crops are upscaled to S, where
+    the bilinear taps of the crop's last rows and columns clamp at the crop's edge as TF's do."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
     import torch
 
@@ -208,8 +209,14 @@ def test_dali_eval_against_tensorflow(tmp_path, reference, preprocess):
     # The same normalisation on both sides, then back to levels of 255.
     scale = 127.5 if preprocess == "inception" else 1.0
     diff = (images - normalize_images(theirs, preprocess).permute(0, 2, 3, 1)).abs() * scale
-    print(f"DALI vs TensorFlow, {preprocess} eval: mean {float(diff.mean()):.2f} levels")
+    worst = {case["file"]: float(d.max()) for case, d in zip(cases, diff)}
+    print(f"DALI vs TensorFlow, {preprocess} eval: mean {float(diff.mean()):.2f} levels, max {worst}")
     assert float(diff.mean()) < 1.5
+    # The two IDCTs' outputs differ by up to 7 levels at a pixel on these photos (DALI's decode against
+    # TF's, measured); a bilinear tap is a convex combination of four decoded pixels, so the resize
+    # cannot make that worse, and the rest is rounding (0.5 level for each side). Taps read from beyond
+    # Inception's crop put the small photos 20 and 26 levels off (up to 139 on a 20x15 photo at 299).
+    assert max(worst.values()) <= 8, worst
 
 
 @pytest.mark.skipif(not CROP_DECODE, reason="the turbojpeg wheel (libturbojpeg 3) is not installed")

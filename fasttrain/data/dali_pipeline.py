@@ -27,10 +27,12 @@ Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: a
             x = (x - mean_c(x)) * U[0.5, 1.5] + mean_c(x);  x = clamp(x, 0, 255)
         y = crop_mirror_normalize(x, flip with p = 1/2, (x - mean) / std, HWC layout, float)
     eval: the whole image decoded; the seed's eval geometry (fasttrain.data.transforms: central_crop
-        0.875, or TF official's truncated aspect-preserving size and central crop) as a resize ROI,
-        shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear does, without
-        antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's own eval outputs
-        (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding: see the README.
+        0.875, sliced out first so that the resize's taps clamp at the crop's edges as TF's do, or TF
+        official's truncated aspect-preserving size and central crop, a ROI of the whole image) as a
+        resize ROI, shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear
+        does, without antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's
+        own eval outputs (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding:
+        see the README.
     vgg (the ResNet seed's, fasttrain.data.vgg): side = U{256..512} (eval 256), (H', W') by its float32
         truncated rule, top = floor(U[0, 1) * (H' - S + 1)) and left likewise (eval: the central
         offsets), the whole image decoded and resized with the ROI that makes DALI's samples TF1's
@@ -70,7 +72,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data.dali_ops import distort_color, eval_box, vgg_images
+from fasttrain.data.dali_ops import distort_color, eval_images, vgg_images
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg.decode import decode_jpeg
@@ -416,15 +418,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
         mirror = fn.random.coin_flip(probability=0.5)
     else:
         images = fn.decoders.image(jpegs, **decoder)
-        top, left, bottom, right = eval_box(dmath, height, width, size, cfg.preprocess)
-        images = fn.resize(
-            images,
-            size=[size, size],
-            roi_start=fn.stack(top, left),
-            roi_end=fn.stack(bottom, right),
-            interp_type=types.INTERP_LINEAR,
-            antialias=False,  # TF1's resize_bilinear has none: 2 x 2 taps whatever the scale
-        )
+        images = eval_images(fn, dmath, types, images, height, width, size, cfg.preprocess)
         mirror = 0
     mean, std = _MEAN_STD[cfg.preprocess]
     images = fn.crop_mirror_normalize(

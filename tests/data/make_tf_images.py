@@ -11,8 +11,10 @@ hubble_restart.jpg (`cjpeg -restart 2B`: a DRI marker, an RST marker every 2 MCU
 cases.json): baseline 4:2:0 q90 and q75, 4:2:2, 4:4:4, progressive, grayscale (1 component) plain and
 progressive, restart, EXIF (Orientation 6, which TF ignores), ICC profile + COM comment, Adobe CMYK with
 black (K = 255 - max(R, G, B)), the same kind of CMYK file with its Adobe APP14 segment removed (libjpeg
-then takes the data as plain, not inverted, CMYK: cmyk-plain), large (1201x901, q40) and tiny (7x5, 2x3,
-1x1); large and tiny are decode only. TF 2.21 on the CPU, TF_ENABLE_ONEDNN_OPTS=0, computes everything
+then takes the data as plain, not inverted, CMYK: cmyk-plain), large (1201x901, q40), tiny (7x5, 2x3,
+1x1) and small (40x30, 61x47 and 400x60: Inception's central crop is under S = 56 px on a side, so its
+eval resize upsamples, where the bilinear taps clamp at the crop's edge); large and tiny are decode
+only, small is decode and eval. TF 2.21 on the CPU, TF_ENABLE_ONEDNN_OPTS=0, computes everything
 in cases.json:
 - "decode", every file: shape, sha256 of `tf.io.decode_jpeg(data, channels=3)` (uint8, C order),
   per-channel sums; "simplejpeg_equal": simplejpeg.decode_jpeg(fastdct=True, fastupsample=False) gave
@@ -23,8 +25,8 @@ in cases.json:
   (libjpeg-turbo's jpeg_crop_scanline makes the decoded region's ends edges for the fancy chroma
   upsampling: with 4:2:x chroma only column 0, when left > 0 is a multiple of 16, and column w - 1,
   when left + w < width is even, can differ; checked on 150 random windows per file, up to 31 levels).
-- "eval", image_size S = 56, every photo except the CMYK ones, graph functions with dynamic shapes like
-  the seeds':
+- "eval", image_size S = 56, every photo except the CMYK ones, the small ones too, graph functions with
+  dynamic shapes like the seeds':
   inception (research/inception/inception/image_processing.py, decode_jpeg + eval_image):
     decode_jpeg(channels=3) -> convert_image_dtype(float32) -> central_crop(0.875) ->
     compat.v1.image.resize_bilinear([S, S], align_corners=False); stored * 255 (not the seed's final
@@ -105,8 +107,12 @@ FILES = {
     "tiny_7x5": ("tiny", "chelsea", None, (5, 7), {}),
     "tiny_2x3": ("tiny", "astronaut", None, (3, 2), {}),
     "tiny_1x1": ("tiny", "coffee", (200, 100, 260, 160), (1, 1), {}),
+    "chelsea_small_40x30": ("small", "chelsea", (20, 10, 411, 297), (30, 40), {}),
+    "astronaut_small_61x47": ("small", "astronaut", (100, 40, 420, 300), (47, 61), {}),
+    "rocket_wide_400x60": ("small", "rocket", (0, 150, 640, 250), (60, 400), {}),
 }
 DECODE_ONLY = {"large", "tiny"}
+SMALL = {"small"}  # decode and eval only: too small for the crop windows and the train cases
 
 
 def _photo(name):
@@ -312,7 +318,7 @@ def _crop_windows(h, w):
 def decode_crop_cases(jpegs, arrays):
     cases = []
     for name, (kind, data) in jpegs.items():
-        if kind in DECODE_ONLY:
+        if kind in DECODE_ONLY | SMALL:
             continue
         full = tf_decode(data)
         for i, window in enumerate(_crop_windows(*full.shape[:2])):
@@ -327,14 +333,14 @@ def decode_crop_cases(jpegs, arrays):
 
 
 def _photos(jpegs):
-    """The names eval and train use: every photo but the decode-only and CMYK files."""
-    return [n for n, (kind, _) in jpegs.items() if kind not in DECODE_ONLY | {"cmyk", "cmyk-plain"}]
+    """The names train uses: every photo but the decode-only, small and CMYK files."""
+    return [n for n, (kind, _) in jpegs.items() if kind not in DECODE_ONLY | SMALL | {"cmyk", "cmyk-plain"}]
 
 
 def eval_cases(jpegs, arrays):
     cases = []
     resize_min = round(S * 256 / 224)  # 64: the seed's 256 for 224 scaled to S
-    for name in _photos(jpegs):
+    for name in _photos(jpegs) + [n for n, (kind, _) in jpegs.items() if kind in SMALL]:
         data = jpegs[name][1]
         key = f"eval/inception/{name}"
         arrays[key] = tf_eval_inception(data, S).numpy().astype(np.float16)
