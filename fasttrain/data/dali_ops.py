@@ -1,10 +1,12 @@
 """The per-setting pieces of the DALI graph (fasttrain/data/dali_pipeline.py, whose docstring states
-their equations): the Inception seed's colour distortion, the eval crop and resize that make DALI's
-resize TF1's, and the ResNet seed's vgg geometry. Each takes DALI's `fn`, `math` and `types` modules from the
-graph that calls it, so this module imports no DALI itself.
+their equations): the train crop window, the Inception seed's colour distortion, the eval crop and
+resize that make DALI's resize TF1's, and the ResNet seed's vgg geometry. Each takes DALI's `fn`,
+`math` and `types` modules from the graph that calls it, so this module imports no DALI itself.
 """
 
 from __future__ import annotations
+
+import math
 
 
 def distort_color(fn, dmath, types, images, gpu):
@@ -20,6 +22,44 @@ def distort_color(fn, dmath, types, images, gpu):
     mean = fn.reductions.mean(x, axes=[0, 1])  # (3,) per image, as tf.image.adjust_contrast
     x = (x - mean) * gpu(fn.random.uniform(range=[0.5, 1.5])) + mean
     return dmath.clamp(x, 0.0, 255.0)
+
+
+def train_window(fn, dmath, types, boxes, width, height):
+    """(anchor, extent, start, shape): the seeds' distorted bounding-box crop of a (W, H) image with
+    boxes (n, 4) xyXY fractions (dali_pipeline.py's docstring). anchor (x, y) and extent (w, h) are
+    random_bbox_crop's window, fractions of the image (the whole image for an empty one); start (x, y)
+    and shape (w, h), int32, the same window in whole pixels for decoders.image_slice, at least one
+    pixel a side and inside the image.
+
+    An empty extent (no window with a valid aspect ratio, very wide or tall images) is the whole
+    image, as TF's fallback. DALI would round the fractions to pixels itself, and a window of a tiny
+    image (1x1, 3x2: the side fraction at least sqrt(0.05) = 0.22) could round to no pixel, which fails
+    its decode ("Invalid crop window"); TF's sample_distorted_bounding_box draws whole pixels, at least
+    one a side.
+    """
+    anchor, extent, _ = fn.random_bbox_crop(
+        boxes,
+        input_shape=fn.cast(fn.stack(width, height), dtype=types.INT32),
+        bbox_layout="xyXY",
+        aspect_ratio=[0.75, 1.33],
+        scaling=[math.sqrt(0.05), 1.0],
+        thresholds=[0.1],
+        threshold_type="overlap",
+        all_boxes_above_threshold=False,
+        bbox_prune_threshold=0.1,  # keep the covered box, so the window is not rejected for it
+        allow_no_crop=False,
+        num_attempts=100,
+        total_num_attempts=100,
+        quiet=True,
+    )
+    extent = extent + fn.cast(extent <= 0.0, dtype=types.FLOAT)  # an empty window: the whole image
+    start, shape = [], []
+    for a, e, full in ((anchor[0], extent[0], width), (anchor[1], extent[1], height)):
+        pixels = dmath.max(dmath.floor(e * full + 0.5), 1.0)
+        start.append(dmath.min(dmath.floor(a * full + 0.5), full - pixels))
+        shape.append(pixels)
+    as_int32 = [fn.cast(fn.stack(*v), dtype=types.INT32) for v in (start, shape)]
+    return anchor, extent, *as_int32
 
 
 def eval_images(fn, dmath, types, images, height, width, size: int, preprocess: str):
