@@ -141,11 +141,12 @@ def test_eval_batches_have_tensorflows_geometry(data_dir, preprocess, size):
     reference = np.stack([apply_eval(image, size, preprocess) for image in decoded])
     reference = normalize_images(torch.from_numpy(reference), preprocess).permute(0, 2, 3, 1)  # NHWC
     levels = (images - reference).abs() * (127.5 if preprocess == "inception" else 1.0)
-    # Both round to uint8 (one level where they round a value near .5 differently); a few pixels per
-    # image differ by up to 6 levels (DALI's resampling near the clamped edges, measured: 23 images,
-    # mean 0.03 levels). A wrong geometry (no ROI shift, or rounding instead of TF's truncated size)
-    # gives several levels on average.
-    assert float(levels.mean()) < 0.15 and float(levels.flatten().quantile(0.99)) <= 1.0 + 1e-3
+    # Both round to uint8: one level where they round a value near .5 differently, nothing more
+    # (measured: 23 images, mean 0.02 levels for inception, 0.0002 for resnet). A wrong geometry (no ROI
+    # shift, or rounding instead of TF's truncated size) gives several levels on average; taps beyond
+    # Inception's central crop where it is upscaled (most of these 24-96 px images at 40), up to 6
+    # levels at the crop's last rows and columns.
+    assert float(levels.mean()) < 0.15 and float(levels.max()) <= 1.0 + 1e-3
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -39,7 +39,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from fasttrain.data.jpeg.decode import reaches_end_marker
+from fasttrain.data.jpeg.decode import reaches_end_marker, saw_adobe_marker
 
 PNG_NAME = "n02105855_2933.JPEG"
 # build_imagenet_data.py's list (from github.com/cytsai/ilsvrc-cmyk-image-list).
@@ -132,7 +132,7 @@ def _jpeg_pixels_any_channels(data: bytes) -> np.ndarray:
     except ValueError as e:  # sampling factors TurboJPEG's API cannot describe: TF's pixels are out of reach
         raise BadImage(f"is not re-encoded: TurboJPEG does not decode it ({e})") from None
     c, k = cmyk[..., :3].astype(np.int32), cmyk[..., 3:].astype(np.int32)
-    rgb = k * c // 255 if _saw_adobe_marker(data) else (255 - k) * (255 - c) // 255
+    rgb = k * c // 255 if saw_adobe_marker(data) else (255 - k) * (255 - c) // 255
     return rgb.astype(np.uint8)
 
 
@@ -182,21 +182,3 @@ def check_jpeg(data: bytes) -> tuple[int, int]:
 def _check_size(height: int, width: int, components: int) -> None:
     if height * width * components >= MAX_DECODE_BYTES:
         raise BadImage(f"is {width}x{height}, beyond the 2^29 bytes TensorFlow's decode_jpeg accepts")
-
-
-def _saw_adobe_marker(data: bytes) -> bool:
-    """libjpeg's cinfo.saw_Adobe_marker: an APP14 segment of at least 12 bytes starting 'Adobe',
-    before the first scan."""
-    n, pos = len(data), 2
-    while pos + 4 <= n and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0xDA:  # start of scan: the header is over
-            return False
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if marker == 0xEE and length - 2 >= 12 and data[pos + 4 : pos + 9] == b"Adobe":
-            return True
-        pos += 2 + length
-    return False

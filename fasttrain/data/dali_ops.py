@@ -1,10 +1,12 @@
 """The per-setting pieces of the DALI graph (fasttrain/data/dali_pipeline.py, whose docstring states
-their equations): the Inception seed's colour distortion, the eval resize box that makes DALI's resize
-TF1's, and the ResNet seed's vgg geometry. Each takes DALI's `fn`, `math` and `types` modules from the
-graph that calls it, so this module imports no DALI itself.
+their equations): the train crop window, the Inception seed's colour distortion, the eval crop and
+resize that make DALI's resize TF1's, and the ResNet seed's vgg geometry. Each takes DALI's `fn`,
+`math` and `types` modules from the graph that calls it, so this module imports no DALI itself.
 """
 
 from __future__ import annotations
+
+import math
 
 
 def distort_color(fn, dmath, types, images, gpu):
@@ -22,26 +24,87 @@ def distort_color(fn, dmath, types, images, gpu):
     return dmath.clamp(x, 0.0, 255.0)
 
 
-def eval_box(dmath, height, width, size: int, preprocess: str):
-    """(top, left, bottom, right) ROI whose DALI resize is TF's eval resize (dali_pipeline.py's
-    docstring).
+def train_window(fn, dmath, types, boxes, width, height):
+    """(anchor, extent, start, shape): the seeds' distorted bounding-box crop of a (W, H) image with
+    boxes (n, 4) xyXY fractions (dali_pipeline.py's docstring). anchor (x, y) and extent (w, h) are
+    random_bbox_crop's window, fractions of the image (the whole image for an empty one); start (x, y)
+    and shape (w, h), int32, the same window in whole pixels for decoders.image_slice, at least one
+    pixel a side and inside the image.
+
+    An empty extent (no window with a valid aspect ratio, very wide or tall images) is the whole
+    image, as TF's fallback. DALI would round the fractions to pixels itself, and a window of a tiny
+    image (1x1, 3x2: the side fraction at least sqrt(0.05) = 0.22) could round to no pixel, which fails
+    its decode ("Invalid crop window"); TF's sample_distorted_bounding_box draws whole pixels, at least
+    one a side.
+    """
+    anchor, extent, _ = fn.random_bbox_crop(
+        boxes,
+        input_shape=fn.cast(fn.stack(width, height), dtype=types.INT32),
+        bbox_layout="xyXY",
+        aspect_ratio=[0.75, 1.33],
+        scaling=[math.sqrt(0.05), 1.0],
+        thresholds=[0.1],
+        threshold_type="overlap",
+        all_boxes_above_threshold=False,
+        bbox_prune_threshold=0.1,  # keep the covered box, so the window is not rejected for it
+        allow_no_crop=False,
+        num_attempts=100,
+        total_num_attempts=100,
+        quiet=True,
+    )
+    extent = extent + fn.cast(extent <= 0.0, dtype=types.FLOAT)  # an empty window: the whole image
+    start, shape = [], []
+    for a, e, full in ((anchor[0], extent[0], width), (anchor[1], extent[1], height)):
+        pixels = dmath.max(dmath.floor(e * full + 0.5), 1.0)
+        start.append(dmath.min(dmath.floor(a * full + 0.5), full - pixels))
+        shape.append(pixels)
+    as_int32 = [fn.cast(fn.stack(*v), dtype=types.INT32) for v in (start, shape)]
+    return anchor, extent, *as_int32
+
+
+def eval_images(fn, dmath, types, images, height, width, size: int, preprocess: str):
+    """The decoded images (H, W, 3) resized as the seed's eval does (dali_pipeline.py's docstring):
+    (S, S, 3).
 
     TF1's resize samples source index y * scale (no half-pixel offset); DALI samples at pixel centres,
     index roi_start + (y + 0.5) * scale - 0.5. Starting the ROI 0.5 * (1 - scale) later makes the two
-    the same.
+    the same. Both clamp the taps to the resized tensor's last row and column, and DALI's resize
+    clamps them to its input, not to the ROI: so Inception's central crop is cut out first, as TF's
+    central_crop cuts it before resize_bilinear. A ROI on the whole image read rows and columns
+    beyond the crop wherever the crop is upscaled (a central crop under S pixels on a side), up to
+    139 levels from TF in the last columns of a 20x15 image at S = 299.
     """
     if preprocess == "inception":
-        top = dmath.floor((height - height * 0.875) / 2)  # tf.image.central_crop(image, 0.875)
+        # tf.image.central_crop(image, 0.875): offset int((H - 0.875 H) / 2), size H - 2 * offset
+        top = dmath.floor((height - height * 0.875) / 2)
         left = dmath.floor((width - width * 0.875) / 2)
-        sy, sx = (height - 2 * top) / size, (width - 2 * left) / size
+        height, width = height - 2 * top, width - 2 * left
+        images = fn.slice(
+            images,
+            fn.stack(top, left),
+            fn.stack(height, width),
+            axis_names="HW",
+            normalized_anchor=False,
+            normalized_shape=False,
+        )
+        sy, sx = height / size, width / size
+        top, left = 0.0, 0.0
     else:
-        # TF official's _smallest_size_at_least: float32 scale, the new size truncated.
+        # TF official's _smallest_size_at_least: float32 scale, the new size truncated. The central
+        # crop of the resized image is a ROI: its taps clamp to the whole resized image, as TF's do.
         ratio = float(round(size * 256 / 224)) / dmath.min(height, width)
         new_h, new_w = dmath.floor(height * ratio), dmath.floor(width * ratio)
         sy, sx = height / new_h, width / new_w  # source pixels per resized pixel
         top, left = dmath.floor((new_h - size) / 2) * sy, dmath.floor((new_w - size) / 2) * sx
     top, left = top + 0.5 * (1 - sy), left + 0.5 * (1 - sx)
-    return top, left, top + size * sy, left + size * sx
+    return fn.resize(
+        images,
+        size=[size, size],
+        roi_start=fn.stack(top, left),
+        roi_end=fn.stack(top + size * sy, left + size * sx),
+        interp_type=types.INTERP_LINEAR,
+        antialias=False,  # TF1's resize_bilinear has none: 2 x 2 taps whatever the scale
+    )
 
 
 def vgg_images(fn, dmath, types, jpegs, decoder, height, width, size: int, training: bool):

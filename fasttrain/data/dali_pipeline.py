@@ -20,17 +20,20 @@ Graph (CUDA: "mixed" nvJPEG decode and GPU ops; CPU-only mode, device_id=None: a
         anchor, size = random_bbox_crop(boxes, input_shape = (W, H) of the JPEG, pixel aspect ratio
             w/h in [0.75, 1.33], each side in [sqrt(0.05), 1] of the image's, intersection / box area
             >= 0.1 for some box, 100 attempts); the whole image when no window had a valid aspect
-        x = image_slice(jpeg, anchor, size) resized to S x S (bilinear with antialiasing; inception:
-            bilinear, nearest, bicubic, bilinear at random, as the seed's four thread_id % 4 methods)
+        x = image_slice(jpeg, anchor, size rounded to whole pixels, at least 1 a side: dali_ops.train_window)
+            resized to S x S (bilinear with antialiasing; inception: bilinear, nearest, bicubic,
+            bilinear at random, as the seed's four thread_id % 4 methods)
         inception colour (color_distort): x = clamp(x + U[-32, 32], 0, 255);
             x = hsv(x, hue + U[-72, 72] degrees, saturation * U[0.5, 1.5]);
             x = (x - mean_c(x)) * U[0.5, 1.5] + mean_c(x);  x = clamp(x, 0, 255)
         y = crop_mirror_normalize(x, flip with p = 1/2, (x - mean) / std, HWC layout, float)
     eval: the whole image decoded; the seed's eval geometry (fasttrain.data.transforms: central_crop
-        0.875, or TF official's truncated aspect-preserving size and central crop) as a resize ROI,
-        shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear does, without
-        antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's own eval outputs
-        (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding: see the README.
+        0.875, sliced out first so that the resize's taps clamp at the crop's edges as TF's do, or TF
+        official's truncated aspect-preserving size and central crop, a ROI of the whole image) as a
+        resize ROI, shifted so that DALI's pixel-centre bilinear samples where TF1's resize_bilinear
+        does, without antialiasing; y = crop_mirror_normalize(x) without flip. Against TensorFlow's
+        own eval outputs (tests/test_transforms_tf.py) the difference is DALI's decoder and rounding:
+        see the README.
     vgg (the ResNet seed's, fasttrain.data.vgg): side = U{256..512} (eval 256), (H', W') by its float32
         truncated rule, top = floor(U[0, 1) * (H' - S + 1)) and left likewise (eval: the central
         offsets), the whole image decoded and resized with the ROI that makes DALI's samples TF1's
@@ -59,7 +62,6 @@ batch's records on the host (fasttrain.data.jpeg.decode) to name the shard and r
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
 import tempfile
@@ -70,7 +72,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data.dali_ops import distort_color, eval_box, vgg_images
+from fasttrain.data.dali_ops import distort_color, eval_images, train_window, vgg_images
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg.decode import decode_jpeg
@@ -345,7 +347,8 @@ def _runs(positions: np.ndarray, file_ids: np.ndarray) -> list[np.ndarray]:
 
 def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool, cuda: bool, dtype):
     """DataNodes images (S, S, 3) `dtype` on the device, labels () int64 on the CPU, and in training
-    the crop window (anchor (x, y) and extent (w, h), fractions of the image; image (W, H) pixels)."""
+    the crop window (anchor (x, y) and extent (w, h), fractions of the image, as dali_ops.train_window
+    has them before it rounds them to pixels; image (W, H) pixels)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
     import nvidia.dali.tfrecord as tfrec
@@ -386,26 +389,12 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
         coords = [
             fn.pad(c, fill_value=d, axes=(0,), shape=(1,), align=(1,)) for c, (_, d) in zip(coords, _BOX_KEYS)
         ]
-        anchor, extent, _ = fn.random_bbox_crop(
-            fn.stack(*coords, axis=1),
-            input_shape=fn.cast(fn.stack(width, height), dtype=types.INT32),
-            bbox_layout="xyXY",
-            aspect_ratio=[0.75, 1.33],
-            scaling=[math.sqrt(0.05), 1.0],
-            thresholds=[0.1],
-            threshold_type="overlap",
-            all_boxes_above_threshold=False,
-            bbox_prune_threshold=0.1,  # keep the covered box, so the window is not rejected for it
-            allow_no_crop=False,
-            num_attempts=100,
-            total_num_attempts=100,
-            quiet=True,
-        )
-        # No window with a valid aspect ratio (very wide or tall images): DALI returns an empty one;
-        # take the whole image, as TF does.
-        extent = extent + fn.cast(extent <= 0.0, dtype=types.FLOAT)
+        boxes = fn.stack(*coords, axis=1)
+        anchor, extent, start, shape = train_window(fn, dmath, types, boxes, width, height)
         crop = (anchor, extent, fn.stack(width, height))
-        images = fn.decoders.image_slice(jpegs, anchor, extent, **decoder)
+        images = fn.decoders.image_slice(
+            jpegs, start, shape, normalized_anchor=False, normalized_shape=False, **decoder
+        )
         interp = types.INTERP_LINEAR
         if cfg.preprocess == "inception":
             methods = [types.INTERP_LINEAR, types.INTERP_NN, types.INTERP_CUBIC, types.INTERP_LINEAR]
@@ -416,15 +405,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
         mirror = fn.random.coin_flip(probability=0.5)
     else:
         images = fn.decoders.image(jpegs, **decoder)
-        top, left, bottom, right = eval_box(dmath, height, width, size, cfg.preprocess)
-        images = fn.resize(
-            images,
-            size=[size, size],
-            roi_start=fn.stack(top, left),
-            roi_end=fn.stack(bottom, right),
-            interp_type=types.INTERP_LINEAR,
-            antialias=False,  # TF1's resize_bilinear has none: 2 x 2 taps whatever the scale
-        )
+        images = eval_images(fn, dmath, types, images, height, width, size, cfg.preprocess)
         mirror = 0
     mean, std = _MEAN_STD[cfg.preprocess]
     images = fn.crop_mirror_normalize(

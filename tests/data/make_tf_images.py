@@ -10,17 +10,23 @@ JPEGs `<name>.jpg`: cut and resized (LANCZOS) from photos scikit-image ships, en
 hubble_restart.jpg (`cjpeg -restart 2B`: a DRI marker, an RST marker every 2 MCUs). Kinds ("kind" in
 cases.json): baseline 4:2:0 q90 and q75, 4:2:2, 4:4:4, progressive, grayscale (1 component) plain and
 progressive, restart, EXIF (Orientation 6, which TF ignores), ICC profile + COM comment, Adobe CMYK with
-black (K = 255 - max(R, G, B)), large (1201x901, q40) and tiny (7x5, 2x3, 1x1); large and tiny are
-decode only. TF 2.21 on the CPU, TF_ENABLE_ONEDNN_OPTS=0, computes everything in cases.json:
+black (K = 255 - max(R, G, B)), the same kind of CMYK file with its Adobe APP14 segment removed (libjpeg
+then takes the data as plain, not inverted, CMYK: cmyk-plain), large (1201x901, q40), tiny (7x5, 2x3,
+1x1) and small (40x30, 61x47 and 400x60: Inception's central crop is under S = 56 px on a side, so its
+eval resize upsamples, where the bilinear taps clamp at the crop's edge); large and tiny are decode
+only, small is decode and eval. TF 2.21 on the CPU, TF_ENABLE_ONEDNN_OPTS=0, computes everything
+in cases.json:
 - "decode", every file: shape, sha256 of `tf.io.decode_jpeg(data, channels=3)` (uint8, C order),
   per-channel sums; "simplejpeg_equal": simplejpeg.decode_jpeg(fastdct=True, fastupsample=False) gave
-  the same array (CMYK: colorspace="CMYK", then TF's jpeg_mem.cc formula r = k * c // 255).
+  the same array (CMYK: colorspace="CMYK", then TF's jpeg_mem.cc formula r = k * c // 255 after an
+  Adobe marker, r = (255 - k) * (255 - c) // 255 without).
 - "decode_crop", 3 windows [top, left, h, w] per non-decode-only file: `tf.image.decode_and_crop_jpeg(
   data, window, channels=3)`; "vs_crop_of_decode": mean/max |difference| to slicing decode_jpeg's output
   (libjpeg-turbo's jpeg_crop_scanline makes the decoded region's ends edges for the fancy chroma
   upsampling: with 4:2:x chroma only column 0, when left > 0 is a multiple of 16, and column w - 1,
   when left + w < width is even, can differ; checked on 150 random windows per file, up to 31 levels).
-- "eval", image_size S = 56, every photo except CMYK, graph functions with dynamic shapes like the seeds':
+- "eval", image_size S = 56, every photo except the CMYK ones, the small ones too, graph functions with
+  dynamic shapes like the seeds':
   inception (research/inception/inception/image_processing.py, decode_jpeg + eval_image):
     decode_jpeg(channels=3) -> convert_image_dtype(float32) -> central_crop(0.875) ->
     compat.v1.image.resize_bilinear([S, S], align_corners=False); stored * 255 (not the seed's final
@@ -96,12 +102,17 @@ FILES = {
     "ihc_exif": ("exif", "immunohistochemistry", (0, 100, 512, 440), (203, 307), {}),
     "retina_icc_comment": ("icc-comment", "retina", (200, 150, 1160, 1150), (311, 299), {}),
     "coffee_cmyk": ("cmyk", "coffee", (150, 40, 470, 280), (181, 241), {}),
+    "coffee_cmyk_plain": ("cmyk-plain", "coffee", (60, 20, 560, 380), (223, 311), {}),
     "rocket_large": ("large", "rocket", (0, 60, 640, 427), (901, 1201), {"quality": 40}),
     "tiny_7x5": ("tiny", "chelsea", None, (5, 7), {}),
     "tiny_2x3": ("tiny", "astronaut", None, (3, 2), {}),
     "tiny_1x1": ("tiny", "coffee", (200, 100, 260, 160), (1, 1), {}),
+    "chelsea_small_40x30": ("small", "chelsea", (20, 10, 411, 297), (30, 40), {}),
+    "astronaut_small_61x47": ("small", "astronaut", (100, 40, 420, 300), (47, 61), {}),
+    "rocket_wide_400x60": ("small", "rocket", (0, 150, 640, 250), (60, 400), {}),
 }
 DECODE_ONLY = {"large", "tiny"}
+SMALL = {"small"}  # decode and eval only: too small for the crop windows and the train cases
 
 
 def _photo(name):
@@ -143,14 +154,30 @@ def _encode(kind, image, args):
         icc[24:36] = struct.pack(">6H", 2026, 11, 23, 0, 0, 0)  # LittleCMS stamps the current time here
         args["icc_profile"] = bytes(icc)
         args["comment"] = b"fasttrain fixture: cut from skimage.data.retina"
-    if kind == "cmyk":
-        image = Image.fromarray(_cmyk(np.asarray(image)), "CMYK")
+    if kind.startswith("cmyk"):
+        cmyk = _cmyk(np.asarray(image))
+        # Pillow stores CMYK inverted (Adobe's convention); read as plain CMYK once the marker is gone,
+        # the complement's data decodes to the photo's colours: (255 - c) * (255 - k) / 255 ~ R.
+        image = Image.fromarray(255 - cmyk if kind == "cmyk-plain" else cmyk, "CMYK")
         # Pillow's CMYK default, all four components at full resolution: subsampling=2 would subsample
         # C alone, which TF decodes but TurboJPEG's header reader (simplejpeg) refuses
         args["subsampling"] = 0
     out = io.BytesIO()
     image.save(out, "JPEG", **args)
-    return out.getvalue()
+    return _without_adobe_marker(out.getvalue()) if kind == "cmyk-plain" else out.getvalue()
+
+
+def _without_adobe_marker(data):
+    """The JPEG without its APP14 (Adobe) segments: Pillow writes one with every CMYK JPEG."""
+    out, pos = bytearray(data[:2]), 2
+    while True:
+        assert data[pos] == 0xFF
+        marker, length = data[pos + 1], (data[pos + 2] << 8) | data[pos + 3]
+        if marker == 0xDA:  # start of scan: the rest is kept as it is
+            return bytes(out + data[pos:])
+        if marker != 0xEE:
+            out += data[pos : pos + 2 + length]
+        pos += 2 + length
 
 
 def write_jpegs():
@@ -247,9 +274,11 @@ def tf_decode(data):
 
 def _simplejpeg_decode(kind, data):
     """simplejpeg's libjpeg-turbo with the fast IDCT; CMYK through TF's formula (jpeg_mem.cc)."""
-    if kind == "cmyk":
+    if kind.startswith("cmyk"):
         cmyk = simplejpeg.decode_jpeg(data, colorspace="CMYK", fastdct=True, fastupsample=False)
         cmyk = cmyk.astype(np.int32)
+        if kind == "cmyk-plain":  # no saw_Adobe_marker: r = (255 - k) * (255 - c) / 255
+            cmyk = 255 - cmyk
         # saw_Adobe_marker: r = k * c / 255 (integer division) on libjpeg's (inverted) CMYK output
         return (cmyk[..., :3] * cmyk[..., 3:] // 255).astype(np.uint8)
     return simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=False)
@@ -289,7 +318,7 @@ def _crop_windows(h, w):
 def decode_crop_cases(jpegs, arrays):
     cases = []
     for name, (kind, data) in jpegs.items():
-        if kind in DECODE_ONLY:
+        if kind in DECODE_ONLY | SMALL:
             continue
         full = tf_decode(data)
         for i, window in enumerate(_crop_windows(*full.shape[:2])):
@@ -304,14 +333,14 @@ def decode_crop_cases(jpegs, arrays):
 
 
 def _photos(jpegs):
-    """The names eval and train use: every photo but the decode-only and CMYK files."""
-    return [n for n, (kind, _) in jpegs.items() if kind not in DECODE_ONLY | {"cmyk"}]
+    """The names train uses: every photo but the decode-only, small and CMYK files."""
+    return [n for n, (kind, _) in jpegs.items() if kind not in DECODE_ONLY | SMALL | {"cmyk", "cmyk-plain"}]
 
 
 def eval_cases(jpegs, arrays):
     cases = []
     resize_min = round(S * 256 / 224)  # 64: the seed's 256 for 224 scaled to S
-    for name in _photos(jpegs):
+    for name in _photos(jpegs) + [n for n, (kind, _) in jpegs.items() if kind in SMALL]:
         data = jpegs[name][1]
         key = f"eval/inception/{name}"
         arrays[key] = tf_eval_inception(data, S).numpy().astype(np.float16)

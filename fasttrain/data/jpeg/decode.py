@@ -27,7 +27,9 @@ view into its record buffer). Only the decode itself releases the GIL: the heade
 it back several times an image.
 
 CMYK JPEGs (which build_imagenet_data converts away, so ImageNet shards hold none) are decoded to CMYK
-and converted as TensorFlow's jpeg_mem.cc does for Adobe (inverted) CMYK: channel = c * k / 255.
+and converted as TensorFlow's jpeg_mem.cc does, by libjpeg's saw_Adobe_marker (`saw_adobe_marker`):
+after an Adobe APP14 marker the data is inverted CMYK, channel = c * k / 255; without one it is plain
+CMYK, channel = (255 - c) * (255 - k) / 255 (integer division both ways; tests/test_transforms_tf.py).
 
 Damaged files decode where TensorFlow's do, to its pixels (tests/test_jpeg_damaged.py, against what
 TensorFlow 2.21 made of each file of tests/data/tf-build/damaged/). libjpeg's warnings, corrupt data it
@@ -85,7 +87,8 @@ def decode_jpeg(jpeg: bytes, file="", offset: int = 0) -> np.ndarray:
 
 def _simplejpeg_decode(jpeg, cmyk: bool, strict: bool) -> np.ndarray:
     if cmyk:
-        return _cmyk_to_rgb(simplejpeg.decode_jpeg(jpeg, colorspace="CMYK", fastdct=True, strict=strict))
+        out = simplejpeg.decode_jpeg(jpeg, colorspace="CMYK", fastdct=True, strict=strict)
+        return _cmyk_to_rgb(out, jpeg)
     return simplejpeg.decode_jpeg(jpeg, colorspace="RGB", fastdct=True, fastupsample=False, strict=strict)
 
 
@@ -179,9 +182,30 @@ def decode_window_rows(jpeg: bytes, window, file="", offset: int = 0) -> tuple[n
         raise undecodable(file, offset, e) from None
 
 
-def _cmyk_to_rgb(cmyk: np.ndarray) -> np.ndarray:
-    k = cmyk[..., 3:4].astype(np.uint16)
-    return (cmyk[..., :3].astype(np.uint16) * k // 255).astype(np.uint8)
+def _cmyk_to_rgb(cmyk: np.ndarray, jpeg) -> np.ndarray:
+    """(..., 3) uint8 RGB from libjpeg's (..., 4) CMYK output of `jpeg`, as jpeg_mem.cc converts it."""
+    c, k = cmyk[..., :3].astype(np.uint16), cmyk[..., 3:4].astype(np.uint16)
+    if not saw_adobe_marker(jpeg if type(jpeg) is bytes else bytes(jpeg)):
+        c, k = 255 - c, 255 - k  # plain CMYK: libjpeg inverts only Adobe's
+    return (c * k // 255).astype(np.uint8)
+
+
+def saw_adobe_marker(data: bytes) -> bool:
+    """libjpeg's cinfo.saw_Adobe_marker: an APP14 segment of at least 12 bytes starting 'Adobe',
+    before the first scan."""
+    n, pos = len(data), 2
+    while pos + 4 <= n and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker == 0xDA:  # start of scan: the header is over
+            return False
+        length = (data[pos + 2] << 8) | data[pos + 3]
+        if marker == 0xEE and length - 2 >= 12 and data[pos + 4 : pos + 9] == b"Adobe":
+            return True
+        pos += 2 + length
+    return False
 
 
 class _Region(ctypes.Structure):
@@ -259,14 +283,14 @@ class _TurboJPEG:
     def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
         out, x, channels = self._decode(jpeg, top, left, h, w, None)
         out = out.reshape(out.shape[0], -1, channels)[:, left - x : left - x + w]
-        return _cmyk_to_rgb(out) if channels == 4 else out
+        return _cmyk_to_rgb(out, jpeg) if channels == 4 else out
 
     def decode_rows(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> tuple[np.ndarray, int]:
         """(rows, x): rows (h, span * 3) uint8, the window's rows from column x <= left on, decoded into
         this thread's reused buffer (valid until the thread's next call)."""
         out, x, channels = self._decode(jpeg, top, left, h, w, self.local)
         if channels == 4:
-            out = np.ascontiguousarray(_cmyk_to_rgb(out.reshape(out.shape[0], -1, 4)))
+            out = np.ascontiguousarray(_cmyk_to_rgb(out.reshape(out.shape[0], -1, 4), jpeg))
             out = out.reshape(out.shape[0], -1)
         return out, x
 
