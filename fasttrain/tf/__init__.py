@@ -2,6 +2,8 @@
 
     table.py       the SSTable both checkpoint formats are built on (its byte layout in the docstring)
     checkpoint.py  TF checkpoints V1 and V2 (tensor bundle): open_checkpoint, write_checkpoint
+    checkpoint_v1.py  the V1 (tensor slices) reader
+    proto.py       TF's checkpoint protobuf messages and dtypes, shared by both readers
     names/         the name maps, one per seed family (fasttrain state_dict key <-> TF variable name)
     state.py       a TF run's variables <-> fasttrain's model, optimizer slots, EMA and step (import
                    for resume, pretrained weights and evaluation; export for convert to-tf)

@@ -19,135 +19,37 @@ masked crc32c of the bytes), slices=7}. The bytes are PREFIX.data-{shard_id:05d}
 [offset, offset+size), the tensor in C order, little endian. A partitioned variable (entry.slices, its
 parts under keys that start with byte 0) and string tensors are refused with a clear error.
 
-V1 (TF until 2016, the Inception seed's era; `Saver(write_version=V1)` still writes it): one table per
-file, PREFIX or PREFIX-{k:05d}-of-{n:05d}. Every value is a SavedTensorSlices {meta=1, data=2}. Key ""
--> meta: SavedTensorSliceMeta {tensor=1: repeated SavedSliceMeta {name=1, shape=2, type=3, slice=4}}.
-Other keys (OrderedCode: 0x00, the name with 0x00 -> 00 ff and 0xff -> ff 00 escaped, ending 00 01,
-then the slice) -> data: SavedSlice {name=1, slice=2 TensorSliceProto, data=3 TensorProto} with the
-values in the TensorProto's typed list (float_val=5, double_val=6, int_val=7, int64_val=10,
-bool_val=11, half_val=13) or tensor_content=4. The slices of a partitioned variable are assembled.
-
-The protobuf messages are built from descriptors at import time (as fasttrain.data.example does), with
-TensorFlow's field numbers; enum fields are read as int32, their wire type.
+V1 (TF until 2016; `Saver(write_version=V1)` still writes it): read by fasttrain/tf/checkpoint_v1.py,
+which states its layout. The protobuf messages are in fasttrain/tf/proto.py.
 """
 
 from __future__ import annotations
 
 import codecs
 import math
-import mmap
 import os
 import re
 import struct
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError
 
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.data.tfrecord import masked_crc32c
+from fasttrain.tf.checkpoint_v1 import CheckpointV1
+from fasttrain.tf.proto import (
+    _DT_BFLOAT16,
+    _MSG,
+    DTYPE_CODES,
+    _dtype,
+    _finish,
+    _Mapped,
+    _parse,
+    _shape,
+)
 from fasttrain.tf.table import FOOTER_BYTES, TABLE_MAGIC, build_table, read_table
 
-# tensorflow/core/framework/types.proto DataType -> numpy dtype (bfloat16, 14, is read as float32).
-DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8, 9: np.int64,
-          10: np.bool_, 17: np.uint16, 19: np.float16, 22: np.uint32, 23: np.uint64}  # fmt: skip
-_DT_BFLOAT16 = 14
-DTYPE_CODES = {np.dtype(v): k for k, v in DTYPES.items()}
-
-
-# --- protobuf messages ---------------------------------------------------------------------------
-
-
-# TensorFlow's messages, one a line: "number name type", `*` before a repeated field's type; a capitalised
-# type is a message. Enums (DataType, Endianness) are int32 on the wire.
-_MESSAGES = """
-Dim: 1 size int64, 2 name string
-TensorShapeProto: 2 dim *Dim, 3 unknown_rank bool
-Extent: 1 start int64, 2 length int64
-TensorSliceProto: 1 extent *Extent
-VersionDef: 1 producer int32, 2 min_consumer int32, 3 bad_consumers *int32
-BundleHeaderProto: 1 num_shards int32, 2 endianness int32, 3 version VersionDef
-BundleEntryProto: 1 dtype int32, 2 shape TensorShapeProto, 3 shard_id int32, 4 offset int64, 5 size int64,
-    6 crc32c fixed32, 7 slices *TensorSliceProto
-TensorProto: 1 dtype int32, 2 tensor_shape TensorShapeProto, 4 tensor_content bytes, 5 float_val *float,
-    6 double_val *double, 7 int_val *int32, 8 string_val *bytes, 10 int64_val *int64, 11 bool_val *bool,
-    13 half_val *int32
-SavedSliceMeta: 1 name string, 2 shape TensorShapeProto, 3 type int32, 4 slice *TensorSliceProto
-SavedTensorSliceMeta: 1 tensor *SavedSliceMeta, 2 versions VersionDef
-SavedSlice: 1 name string, 2 slice TensorSliceProto, 3 data TensorProto
-SavedTensorSlices: 1 meta SavedTensorSliceMeta, 2 data SavedSlice
-"""
-
-
-def _build_messages() -> dict:
-    F = descriptor_pb2.FieldDescriptorProto
-    # proto2, so that Extent.length can be told absent (a full extent) from 0.
-    file = descriptor_pb2.FileDescriptorProto(name="fasttrain/tf/checkpoint.proto", package="ftckpt")
-    file.syntax = "proto2"
-    names = []
-    for definition in re.split(r"\n(?=\w)", _MESSAGES.strip()):
-        name, fields = definition.split(":", 1)
-        msg = file.message_type.add(name=name)
-        names.append(name)
-        for field in fields.split(","):
-            number, field_name, kind = field.split()
-            label = F.LABEL_REPEATED if kind.startswith("*") else F.LABEL_OPTIONAL
-            kind = kind.lstrip("*")
-            f = msg.field.add(name=field_name, number=int(number), label=label)
-            if kind[0].isupper():
-                f.type, f.type_name = F.TYPE_MESSAGE, f".ftckpt.{kind}"
-            else:
-                f.type = getattr(F, f"TYPE_{kind.upper()}")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"ftckpt.{n}")) for n in names}
-
-
-_MSG = _build_messages()
-
-
-def _parse(kind: str, value, path: Path, offset: int):
-    message = _MSG[kind]()
-    try:
-        message.ParseFromString(bytes(value))
-    except DecodeError:
-        raise CheckpointError(f"{path} is corrupt: the {kind} at offset {offset} does not parse") from None
-    return message
-
-
-def _shape(proto) -> tuple[int, ...]:
-    return tuple(int(d.size) for d in proto.dim)
-
-
-def _dtype(code: int, name: str, path: Path):
-    if code == _DT_BFLOAT16:
-        return np.dtype(np.uint16)  # converted to float32 by _finish
-    if code not in DTYPES:
-        raise CheckpointError(f"{path}: variable {name} has TF dtype {code} (string or other), not supported")
-    return np.dtype(DTYPES[code])
-
-
-def _finish(array: np.ndarray, code: int) -> np.ndarray:
-    if code == _DT_BFLOAT16:  # bfloat16 is the upper half of a float32
-        return (array.astype(np.uint32) << 16).view(np.float32)
-    return array
-
-
-# --- readers -------------------------------------------------------------------------------------
-
-
-class _Mapped:
-    """A file's bytes through mmap (a checkpoint can be gigabytes); CheckpointError when unreadable."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {path} ({exc.strerror})") from None
+# --- V2 reader -----------------------------------------------------------------------------------
 
 
 class CheckpointV2:
@@ -219,88 +121,6 @@ class CheckpointV2:
             )
         array = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype).reshape(shape)
         return _finish(array, entry.dtype)
-
-
-_V1_FIELDS = {np.float32: "float_val", np.float64: "double_val", np.int64: "int64_val", np.bool_: "bool_val",
-              np.float16: "half_val", np.uint16: "half_val"}  # fmt: skip
-
-
-def _v1_name(key: bytes) -> str | None:
-    """The tensor name an OrderedCode slice key starts with (ordered_code.cc WriteString), or None."""
-    if not key.startswith(b"\x00"):
-        return None
-    out, pos = bytearray(), 1
-    while pos + 1 < len(key):
-        byte, following = key[pos], key[pos + 1]
-        if byte == 0x00 and following == 0x01:
-            return out.decode("utf-8", "replace")
-        if byte in (0x00, 0xFF):
-            out.append(byte)
-            pos += 2
-        else:
-            out.append(byte)
-            pos += 1
-    return None
-
-
-class CheckpointV1:
-    """A V1 checkpoint: one table per file (PREFIX, or PREFIX-?????-of-?????)."""
-
-    version = "V1"
-
-    def __init__(self, prefix: Path, files: list[Path]):
-        self.prefix, self.files = prefix, files
-        self.meta: dict[str, object] = {}
-        self.parts: dict[str, list[tuple[Path, memoryview, int]]] = {}
-        for path in files:
-            for key, value, offset in read_table(_Mapped(path).data, path):
-                if key == b"":
-                    for m in _parse("SavedTensorSlices", value, path, offset).meta.tensor:
-                        self.meta[m.name] = m
-                elif (name := _v1_name(key)) is not None:
-                    self.parts.setdefault(name, []).append((path, value, offset))
-                else:
-                    raise CheckpointError(f"{path} is corrupt: an unreadable key at offset {offset}")
-        if not self.meta:
-            raise CheckpointError(f'{files[0]} has no tensor list (key ""): not a TensorFlow V1 checkpoint')
-
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        out = {}
-        for n, m in self.meta.items():
-            dtype = _dtype(m.type, n, self.files[0])
-            out[n] = (_shape(m.shape), np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype)
-        return out
-
-    def get(self, name: str) -> np.ndarray:
-        meta = self.meta[name]
-        dtype, shape = _dtype(meta.type, name, self.files[0]), _shape(meta.shape)
-        full = np.zeros(shape, dtype)
-        covered = 0
-        for path, value, offset in self.parts.get(name, []):
-            saved = _parse("SavedTensorSlices", value, path, offset).data
-            index = tuple(
-                slice(e.start, e.start + e.length) if e.HasField("length") else slice(None)
-                for e in saved.slice.extent
-            )
-            target = full[index]
-            tensor = saved.data
-            if tensor.tensor_content:
-                values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
-            else:
-                values = np.asarray(getattr(tensor, _V1_FIELDS.get(dtype.type, "int_val")))
-                values = values.astype(np.uint16).view(np.float16) if dtype == np.float16 else values
-            if values.size != target.size:
-                raise CheckpointError(
-                    f"{path} is corrupt: a slice of {name} at offset {offset} holds {values.size} values "
-                    f"for {target.size} places"
-                )
-            full[index] = values.astype(dtype).reshape(target.shape)
-            covered += target.size
-        if covered != full.size:
-            raise CheckpointError(
-                f"{self.files[0]}: variable {name} is incomplete ({covered} of {full.size} values)"
-            )
-        return _finish(full, meta.type)
 
 
 # --- finding a checkpoint ------------------------------------------------------------------------

@@ -1,0 +1,104 @@
+"""TensorFlow V1 checkpoints (tensor slices): read.
+
+V1 (TF until 2016, the Inception seed's era; `Saver(write_version=V1)` still writes it): one table per
+file, PREFIX or PREFIX-{k:05d}-of-{n:05d}. Every value is a SavedTensorSlices {meta=1, data=2}. Key ""
+-> meta: SavedTensorSliceMeta {tensor=1: repeated SavedSliceMeta {name=1, shape=2, type=3, slice=4}}.
+Other keys (OrderedCode: 0x00, the name with 0x00 -> 00 ff and 0xff -> ff 00 escaped, ending 00 01,
+then the slice) -> data: SavedSlice {name=1, slice=2 TensorSliceProto, data=3 TensorProto} with the
+values in the TensorProto's typed list (float_val=5, double_val=6, int_val=7, int64_val=10,
+bool_val=11, half_val=13) or tensor_content=4. The slices of a partitioned variable are assembled.
+
+Source: core/util/saved_tensor_slice{.proto,_util.cc}, core/lib/strings/ordered_code.cc; the container
+is an SSTable (fasttrain/tf/table.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from fasttrain.checkpoint import CheckpointError
+from fasttrain.tf.proto import _DT_BFLOAT16, _dtype, _finish, _Mapped, _parse, _shape
+from fasttrain.tf.table import read_table
+
+_V1_FIELDS = {np.float32: "float_val", np.float64: "double_val", np.int64: "int64_val", np.bool_: "bool_val",
+              np.float16: "half_val", np.uint16: "half_val"}  # fmt: skip
+
+
+def _v1_name(key: bytes) -> str | None:
+    """The tensor name an OrderedCode slice key starts with (ordered_code.cc WriteString), or None."""
+    if not key.startswith(b"\x00"):
+        return None
+    out, pos = bytearray(), 1
+    while pos + 1 < len(key):
+        byte, following = key[pos], key[pos + 1]
+        if byte == 0x00 and following == 0x01:
+            return out.decode("utf-8", "replace")
+        if byte in (0x00, 0xFF):
+            out.append(byte)
+            pos += 2
+        else:
+            out.append(byte)
+            pos += 1
+    return None
+
+
+class CheckpointV1:
+    """A V1 checkpoint: one table per file (PREFIX, or PREFIX-?????-of-?????)."""
+
+    version = "V1"
+
+    def __init__(self, prefix: Path, files: list[Path]):
+        self.prefix, self.files = prefix, files
+        self.meta: dict[str, object] = {}
+        self.parts: dict[str, list[tuple[Path, memoryview, int]]] = {}
+        for path in files:
+            for key, value, offset in read_table(_Mapped(path).data, path):
+                if key == b"":
+                    for m in _parse("SavedTensorSlices", value, path, offset).meta.tensor:
+                        self.meta[m.name] = m
+                elif (name := _v1_name(key)) is not None:
+                    self.parts.setdefault(name, []).append((path, value, offset))
+                else:
+                    raise CheckpointError(f"{path} is corrupt: an unreadable key at offset {offset}")
+        if not self.meta:
+            raise CheckpointError(f'{files[0]} has no tensor list (key ""): not a TensorFlow V1 checkpoint')
+
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        out = {}
+        for n, m in self.meta.items():
+            dtype = _dtype(m.type, n, self.files[0])
+            out[n] = (_shape(m.shape), np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype)
+        return out
+
+    def get(self, name: str) -> np.ndarray:
+        meta = self.meta[name]
+        dtype, shape = _dtype(meta.type, name, self.files[0]), _shape(meta.shape)
+        full = np.zeros(shape, dtype)
+        covered = 0
+        for path, value, offset in self.parts.get(name, []):
+            saved = _parse("SavedTensorSlices", value, path, offset).data
+            index = tuple(
+                slice(e.start, e.start + e.length) if e.HasField("length") else slice(None)
+                for e in saved.slice.extent
+            )
+            target = full[index]
+            tensor = saved.data
+            if tensor.tensor_content:
+                values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
+            else:
+                values = np.asarray(getattr(tensor, _V1_FIELDS.get(dtype.type, "int_val")))
+                values = values.astype(np.uint16).view(np.float16) if dtype == np.float16 else values
+            if values.size != target.size:
+                raise CheckpointError(
+                    f"{path} is corrupt: a slice of {name} at offset {offset} holds {values.size} values "
+                    f"for {target.size} places"
+                )
+            full[index] = values.astype(dtype).reshape(target.shape)
+            covered += target.size
+        if covered != full.size:
+            raise CheckpointError(
+                f"{self.files[0]}: variable {name} is incomplete ({covered} of {full.size} values)"
+            )
+        return _finish(full, meta.type)
