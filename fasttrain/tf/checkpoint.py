@@ -142,6 +142,9 @@ def newest_in_directory(directory: Path) -> Path:
         raise CheckpointError(f"{state} names no model_checkpoint_path")
     # A text-format string: C escapes, non-ASCII bytes as octal \NNN (protobuf's CEscape).
     named = Path(codecs.escape_decode(match.group(1).encode())[0].decode("utf-8", "replace"))
+    # A sharded V1 Saver names the files' pattern, "model.ckpt-0-?????-of-00002" (saver.py
+    # _GetShardedFileName): the prefix is what comes before it.
+    named = named.with_name(_strip_shard(named.name))
     prefix = named if named.is_absolute() else directory / named
     # A run directory moved since TF wrote an absolute path: the checkpoint is beside the state file.
     if named.is_absolute() and not _exists(prefix) and _exists(directory / named.name):
@@ -149,20 +152,63 @@ def newest_in_directory(directory: Path) -> Path:
     return prefix
 
 
+# A V1 shard's name after its prefix (TF's "%s-%05d-of-%05d"), or the pattern a sharded Saver records.
+_V1_SHARD = re.compile(r"-(\d{5,}|\?{5})-of-(\d{5,})")
+
+
+def _strip_shard(name: str) -> str:
+    if (m := _V1_SHARD.search(name)) and m.end() == len(name) and m.start() > 0:
+        return name[: m.start()]
+    return name
+
+
 def _exists(prefix: Path) -> bool:
-    return Path(f"{prefix}.index").is_file() or prefix.is_file() or bool(_v1_shards(prefix))
+    return Path(f"{prefix}.index").is_file() or prefix.is_file() or bool(_v1_shard_files(prefix))
+
+
+def _v1_shard_files(prefix: Path) -> dict[Path, tuple[int, int]]:
+    """The files named PREFIX-{k:05d}-of-{n:05d} beside `prefix`: path -> (k, n)."""
+    out = {}
+    try:
+        found = list(prefix.parent.iterdir())
+    except OSError:
+        return {}
+    for path in found:
+        m = _V1_SHARD.fullmatch(path.name[len(prefix.name) :]) if path.name.startswith(prefix.name) else None
+        if m and "?" not in m.group(1):
+            out[path] = (int(m.group(1)), int(m.group(2)))
+    return out
 
 
 def _v1_shards(prefix: Path) -> list[Path]:
-    return sorted(prefix.parent.glob(f"{glob_escape(prefix.name)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9]*"))
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
+    """The shards of the V1 checkpoint `prefix` in order, all n of them ([] if it has none); a
+    CheckpointError naming the first one missing, or the files of two different shard counts."""
+    files = _v1_shard_files(prefix)
+    if not files:
+        return []
+    counts = sorted({n for _, n in files.values()})
+    if len(counts) > 1:
+        raise CheckpointError(
+            f"V1 checkpoint {prefix} has shard files of {len(counts)} different counts ("
+            + ", ".join(f"-of-{n:05d}" for n in counts)
+            + "): files of two saves; remove the stale ones"
+        )
+    n = counts[0]
+    by_index = {k: path for path, (k, _) in files.items()}
+    for k in range(n):
+        if k not in by_index:
+            raise CheckpointError(
+                f"{prefix}-{k:05d}-of-{n:05d} is missing (shard {k + 1} of the {n} of V1 checkpoint {prefix})"
+            )
+    if len(by_index) != n:  # an index >= n
+        extra = min(k for k in by_index if k >= n)
+        raise CheckpointError(f"{by_index[extra]} is not a shard of a {n}-shard checkpoint: a stray file")
+    return [by_index[k] for k in range(n)]
 
 
 def checkpoint_prefix(path: str | Path) -> Path:
-    """The prefix `path` names: itself, a directory's newest, or PREFIX.index / PREFIX.data-* given whole."""
+    """The prefix `path` names: itself, a directory's newest, PREFIX.index / PREFIX.data-* given whole,
+    or a V1 shard PREFIX-00000-of-00002 (or the pattern PREFIX-?????-of-00002)."""
     path = Path(path)
     if path.is_dir():
         return newest_in_directory(path)
@@ -171,7 +217,7 @@ def checkpoint_prefix(path: str | Path) -> Path:
         return Path(text[: -len(".index")])
     if m := re.fullmatch(r"(.*)\.data-\d{5}-of-\d{5}", text):
         return Path(m.group(1))
-    return path
+    return path.with_name(_strip_shard(path.name))
 
 
 def is_tf_checkpoint(path: str | Path) -> bool:
@@ -181,7 +227,7 @@ def is_tf_checkpoint(path: str | Path) -> bool:
     if path.is_dir():
         return (path / "checkpoint").is_file()
     prefix = checkpoint_prefix(path)
-    if Path(f"{prefix}.index").is_file() or _v1_shards(prefix):
+    if Path(f"{prefix}.index").is_file() or _v1_shard_files(prefix):
         return True
     try:
         with open(prefix, "rb") as f:

@@ -1,0 +1,77 @@
+"""fasttrain.tf.checkpoint on the edge cases of checkpoints TensorFlow 2.21 wrote
+(tests/data/make_tf_checkpoints_extra.py): a sharded V1 save named by its train directory (whose
+`checkpoint` file names the pattern "model.ckpt-7-?????-of-00002"), a shard of it missing, string
+variables beside the numeric ones (V1 and V2), and a V1 uint16."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fasttrain.checkpoint import CheckpointError
+from fasttrain.tf.checkpoint import checkpoint_prefix, is_tf_checkpoint, open_checkpoint
+
+FIXTURES = Path(__file__).parent / "data" / "tf-checkpoints" / "extra"
+
+
+def expected() -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / "expected.npz") as saved:
+        return {k.replace("|", "/"): saved[k] for k in saved.files}
+
+
+def _numeric() -> dict[str, np.ndarray]:
+    return {k: v for k, v in expected().items() if k != "uint16/value"}
+
+
+def _check_values(ckpt, want: dict[str, np.ndarray]) -> None:
+    shapes = ckpt.shapes()
+    for name, value in want.items():
+        got = ckpt.get(name)
+        assert shapes[name] == (value.shape, value.dtype), name
+        assert got.dtype == value.dtype and np.array_equal(got, value), name
+
+
+def test_v1_sharded_named_by_its_directory():
+    d = FIXTURES / "v1-sharded"
+    assert '"model.ckpt-7-?????-of-00002"' in (d / "checkpoint").read_text()  # as TF's Saver names it
+    ckpt = open_checkpoint(d)
+    assert ckpt.version == "V1" and ckpt.prefix == d / "model.ckpt-7"
+    assert ckpt.files == [d / "model.ckpt-7-00000-of-00002", d / "model.ckpt-7-00001-of-00002"]
+    assert sorted(ckpt.shapes()) == sorted(_numeric())
+    _check_values(ckpt, _numeric())
+
+
+@pytest.mark.parametrize(
+    "given", ["model.ckpt-7", "model.ckpt-7-00001-of-00002", "model.ckpt-7-?????-of-00002"]
+)
+def test_v1_sharded_prefix_forms(given):
+    d = FIXTURES / "v1-sharded"
+    assert checkpoint_prefix(d / given) == d / "model.ckpt-7"
+    assert is_tf_checkpoint(d / given)
+    assert sorted(open_checkpoint(d / given).shapes()) == sorted(_numeric())
+
+
+def test_v1_sharded_moved_directory_with_tfs_absolute_pattern(tmp_path):
+    d = tmp_path / "moved"
+    shutil.copytree(FIXTURES / "v1-sharded", d)
+    (d / "checkpoint").write_text('model_checkpoint_path: "/gone/run/model.ckpt-7-?????-of-00002"\n')
+    assert open_checkpoint(d).prefix == d / "model.ckpt-7"
+
+
+@pytest.mark.parametrize("missing", [0, 1])
+def test_v1_missing_shard_is_named(tmp_path, missing):
+    d = tmp_path / "v1"
+    shutil.copytree(FIXTURES / "v1-sharded", d)
+    gone = d / f"model.ckpt-7-{missing:05d}-of-00002"
+    gone.unlink()
+    with pytest.raises(CheckpointError, match=rf"^{gone} is missing \(shard {missing + 1} of the 2 "):
+        open_checkpoint(d)
+
+
+def test_v1_shards_of_two_saves_are_refused(tmp_path):
+    d = tmp_path / "v1"
+    shutil.copytree(FIXTURES / "v1-sharded", d)
+    shutil.copy(d / "model.ckpt-7-00000-of-00002", d / "model.ckpt-7-00000-of-00003")
+    with pytest.raises(CheckpointError, match=r"shard files of 2 different counts \(-of-00002, -of-00003\)"):
+        open_checkpoint(d)
