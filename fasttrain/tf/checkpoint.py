@@ -81,7 +81,7 @@ class CheckpointV2:
         self._shards: dict[int, _Mapped] = {}
 
     def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {n: (_shape(e.shape), self._dtype(n, e)) for n, e in self.entries.items()}
+        return {n: (_shape(e.shape, n, self.index_path), self._dtype(n, e)) for n, e in self.entries.items()}
 
     def _dtype(self, name: str, entry) -> np.dtype:
         dtype = _dtype(entry.dtype, name, self.index_path)
@@ -93,7 +93,7 @@ class CheckpointV2:
             raise CheckpointError(
                 f"{self.index_path}: variable {name} is partitioned, which is not supported"
             )
-        dtype, shape = _dtype(entry.dtype, name, self.index_path), _shape(entry.shape)
+        dtype, shape = _dtype(entry.dtype, name, self.index_path), _shape(entry.shape, name, self.index_path)
         if entry.shard_id >= self.num_shards or entry.shard_id < 0:
             raise CheckpointError(
                 f"{self.index_path} is corrupt: variable {name} names shard {entry.shard_id}"

@@ -14,6 +14,7 @@ is an SSTable (fasttrain/tf/table.py).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -69,36 +70,66 @@ class CheckpointV1:
         out = {}
         for n, m in self.meta.items():
             dtype = _dtype(m.type, n, self.files[0])
-            out[n] = (_shape(m.shape), np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype)
+            out[n] = (
+                _shape(m.shape, n, self.files[0]),
+                np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype,
+            )
         return out
 
     def get(self, name: str) -> np.ndarray:
-        meta = self.meta[name]
-        dtype, shape = _dtype(meta.type, name, self.files[0]), _shape(meta.shape)
-        full = np.zeros(shape, dtype)
-        covered = 0
+        meta, where = self.meta[name], self.files[0]
+        dtype, shape = _dtype(meta.type, name, where), _shape(meta.shape, name, where)
+        pieces, held = [], 0
         for path, value, offset in self.parts.get(name, []):
             saved = _parse("SavedTensorSlices", value, path, offset).data
-            index = tuple(
-                slice(e.start, e.start + e.length) if e.HasField("length") else slice(None)
-                for e in saved.slice.extent
+            index = _slice_index(
+                saved.slice, shape, f"{path} is corrupt: a slice of {name} at offset {offset}"
             )
-            target = full[index]
+            places = math.prod(s.stop - s.start for s in index)
             tensor = saved.data
             if tensor.tensor_content:
                 values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
             else:
                 values = np.asarray(getattr(tensor, _V1_FIELDS.get(dtype.type, "int_val")))
                 values = values.astype(np.uint16).view(np.float16) if dtype == np.float16 else values
-            if values.size != target.size:
+            if values.size != places:
                 raise CheckpointError(
                     f"{path} is corrupt: a slice of {name} at offset {offset} holds {values.size} values "
-                    f"for {target.size} places"
+                    f"for {places} places"
                 )
-            full[index] = values.astype(dtype).reshape(target.shape)
-            covered += target.size
-        if covered != full.size:
+            pieces.append((index, values, path, offset))
+            held += places
+        # Before allocating: a declared shape (e.g. (2**40, 2**20)) its slices cannot fill is refused here,
+        # not by numpy's allocation.
+        if held < math.prod(shape):
             raise CheckpointError(
-                f"{self.files[0]}: variable {name} is incomplete ({covered} of {full.size} values)"
+                f"{where}: variable {name} is incomplete ({held} of {math.prod(shape)} values)"
+            )
+        full, covered = np.zeros(shape, dtype), np.zeros(shape, np.bool_)
+        for index, values, path, offset in pieces:
+            if covered[index].any():
+                raise CheckpointError(
+                    f"{path} is corrupt: a slice of {name} at offset {offset} overlaps another of its slices"
+                )
+            covered[index] = True
+            full[index] = values.astype(dtype).reshape(full[index].shape)
+        if not covered.all():
+            raise CheckpointError(
+                f"{where}: variable {name} is incomplete ({int(covered.sum())} of {full.size} values)"
             )
         return _finish(full, meta.type)
+
+
+def _slice_index(proto, shape: tuple[int, ...], what: str) -> tuple[slice, ...]:
+    """The index of a TensorSliceProto in a tensor of `shape`: one extent per dimension, each within it
+    (an extent without a length is the whole dimension, TensorSlice's kFullExtent)."""
+    if len(proto.extent) != len(shape):
+        raise CheckpointError(f"{what} has {len(proto.extent)} extents for its {len(shape)} dimensions")
+    index = []
+    for axis, (extent, dim) in enumerate(zip(proto.extent, shape)):
+        start = int(extent.start)
+        stop = start + int(extent.length) if extent.HasField("length") else dim
+        if not 0 <= start <= stop <= dim:
+            raise CheckpointError(f"{what} spans [{start}, {stop}) of dimension {axis}, of size {dim}")
+        index.append(slice(start, stop))
+    return tuple(index)

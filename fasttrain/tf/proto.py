@@ -81,8 +81,12 @@ def _parse(kind: str, value, path: Path, offset: int):
     return message
 
 
-def _shape(proto) -> tuple[int, ...]:
-    return tuple(int(d.size) for d in proto.dim)
+def _shape(proto, name: str, path: Path) -> tuple[int, ...]:
+    """A TensorShapeProto's dimensions; CheckpointError for a negative one (unknown: no saved tensor)."""
+    shape = tuple(int(d.size) for d in proto.dim)
+    if any(d < 0 for d in shape):
+        raise CheckpointError(f"{path} is corrupt: variable {name} has shape {shape}, a negative dimension")
+    return shape
 
 
 def _dtype(code: int, name: str, path: Path):
