@@ -23,35 +23,35 @@ def _v1_key(name: str, part: int) -> bytes:
     )
 
 
-def _write_v1(path: Path, shape, slices, dtype: int = 1) -> Path:
-    """A V1 table of one float32 variable "w" of the declared `shape`, from `slices`: a list of
+def write_v1(path: Path, shape, slices, dtype: int = 1, name: str = "w") -> Path:
+    """A V1 table of one float32 variable `name` of the declared `shape`, from `slices`: a list of
     (extents, values), an extent a dict of start/length (empty: the whole dimension)."""
     meta = _MSG["SavedTensorSlices"]()
-    m = meta.meta.tensor.add(name="w", type=dtype)
+    m = meta.meta.tensor.add(name=name, type=dtype)
     for d in shape:
         m.shape.dim.add(size=d)
     items = [(b"", meta.SerializeToString())]
     for i, (extents, values) in enumerate(slices):
         saved = _MSG["SavedTensorSlices"]()
-        saved.data.name = "w"
+        saved.data.name = name
         for e in extents:
             saved.data.slice.extent.add(**e)
         saved.data.data.dtype = dtype
         saved.data.data.float_val.extend(values)
-        items.append((_v1_key("w", i), saved.SerializeToString()))
+        items.append((_v1_key(name, i), saved.SerializeToString()))
     path.write_bytes(build_table(items))
     return path
 
 
 def test_v1_slices_assembled(tmp_path):
-    path = _write_v1(
+    path = write_v1(
         tmp_path / "ok", (2, 2), [([{}, {"start": 1, "length": 1}], [2, 4]), ([{}, {"length": 1}], [1, 3])]
     )
     assert np.array_equal(open_checkpoint(path).get("w"), np.array([[1, 2], [3, 4]], np.float32))
 
 
 def test_v1_overlapping_slices(tmp_path):
-    path = _write_v1(tmp_path / "overlap", (4,), [([{"start": 0, "length": 2}], [1, 2])] * 2)
+    path = write_v1(tmp_path / "overlap", (4,), [([{"start": 0, "length": 2}], [1, 2])] * 2)
     with pytest.raises(
         CheckpointError, match=rf"^{path} is corrupt: a slice of w at offset \d+ overlaps another"
     ):
@@ -59,12 +59,12 @@ def test_v1_overlapping_slices(tmp_path):
 
 
 def test_v1_slices_overlapping_in_part_or_short(tmp_path):
-    path = _write_v1(
+    path = write_v1(
         tmp_path / "gap", (4,), [([{"start": 0, "length": 2}], [1, 2]), ([{"start": 1, "length": 2}], [3, 4])]
     )
     with pytest.raises(CheckpointError, match=r"overlaps another"):  # 4 values held, but [1, 2) twice
         open_checkpoint(path).get("w")
-    path = _write_v1(tmp_path / "short", (4,), [([{"start": 0, "length": 2}], [1, 2])])
+    path = write_v1(tmp_path / "short", (4,), [([{"start": 0, "length": 2}], [1, 2])])
     with pytest.raises(CheckpointError, match=rf"^{path}: variable w is incomplete \(2 of 4 values\)"):
         open_checkpoint(path).get("w")
 
@@ -80,19 +80,19 @@ def test_v1_slices_overlapping_in_part_or_short(tmp_path):
     ],
 )
 def test_v1_slice_outside_its_tensor(tmp_path, extents, why):
-    path = _write_v1(tmp_path / "bad", (4,), [(extents, [1, 2, 3, 4])])
+    path = write_v1(tmp_path / "bad", (4,), [(extents, [1, 2, 3, 4])])
     with pytest.raises(CheckpointError, match=rf"^{path} is corrupt: a slice of w at offset \d+ .*({why})"):
         open_checkpoint(path).get("w")
 
 
 def test_v1_declared_shape_larger_than_its_slices_is_refused_before_allocating(tmp_path):
-    path = _write_v1(tmp_path / "huge", (2**40, 2**20), [([{"length": 1}, {"length": 1}], [1.0])])
+    path = write_v1(tmp_path / "huge", (2**40, 2**20), [([{"length": 1}, {"length": 1}], [1.0])])
     with pytest.raises(CheckpointError, match=rf"^{path}: variable w is incomplete \(1 of {2**60} values\)"):
         open_checkpoint(path).get("w")
 
 
 def test_v1_negative_dimension(tmp_path):
-    path = _write_v1(tmp_path / "neg", (-1,), [([{}], [1.0])])
+    path = write_v1(tmp_path / "neg", (-1,), [([{}], [1.0])])
     with pytest.raises(
         CheckpointError, match=rf"^{path} is corrupt: variable w has shape \(-1,\), a negative"
     ):
