@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.tf.checkpoint import checkpoint_prefix, is_tf_checkpoint, open_checkpoint
@@ -75,3 +76,38 @@ def test_v1_shards_of_two_saves_are_refused(tmp_path):
     shutil.copy(d / "model.ckpt-7-00000-of-00002", d / "model.ckpt-7-00000-of-00003")
     with pytest.raises(CheckpointError, match=r"shard files of 2 different counts \(-of-00002, -of-00003\)"):
         open_checkpoint(d)
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_string_variables_are_listed_and_leave_the_rest_readable(version):
+    ckpt = open_checkpoint(FIXTURES / f"{version}-string")
+    shapes = ckpt.shapes()
+    assert shapes["run_note"] == ((), None) and shapes["tags"] == ((3,), None)  # TF's DT_STRING: not read
+    _check_values(ckpt, _numeric())
+    with pytest.raises(
+        CheckpointError, match=r"variable tags has TF dtype 7 \(string or other\), not supported"
+    ):
+        ckpt.get("tags")
+
+
+def test_a_string_variable_does_not_stop_an_import(tmp_path):
+    """The ResNet fixture with TF's string variable run_note added to its index imports the same weights."""
+    from fasttrain.models import create_model
+    from fasttrain.tf.proto import _MSG
+    from fasttrain.tf.state import model_state, network_widths, read_global_step
+    from fasttrain.tf.table import build_table, read_table
+
+    source = Path(__file__).parent / "data" / "tf-resnet-v2" / "resnet18_v2_w4"
+    d = tmp_path / "with-note"
+    shutil.copytree(source, d)
+    index = d / "model.ckpt-0.index"
+    items = [(k, bytes(v)) for k, v, _ in read_table(index.read_bytes(), index)]
+    note = _MSG["BundleEntryProto"](dtype=7, offset=0, size=0)  # DT_STRING, as strvar.py's TF run wrote
+    index.write_bytes(build_table(sorted(items + [(b"run_note", note.SerializeToString())])))
+    with_note, plain = open_checkpoint(d), open_checkpoint(source)
+    assert with_note.shapes()["run_note"] == ((), None)
+    assert network_widths(with_note, "resnet18_v2") == network_widths(plain, "resnet18_v2") == (1001, 4)
+    model = create_model("resnet18_v2", 1001, base_channels=4)
+    got, want = model_state(with_note, "resnet18_v2", model), model_state(plain, "resnet18_v2", model)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+    assert read_global_step(with_note) == read_global_step(plain)

@@ -1,14 +1,16 @@
 """TensorFlow checkpoints without TensorFlow: read V2 bundles and V1 tables, write V2 bundles.
 
     ckpt = open_checkpoint("runs/tf/model.ckpt-1234")   # a prefix, or a directory with a `checkpoint` file
-    ckpt.shapes()  -> {"conv0/weights": ((3, 3, 3, 32), dtype('float32')), ...}
+    ckpt.shapes()  -> {"conv0/weights": ((3, 3, 3, 32), dtype('float32')), "note": ((), None), ...}
     ckpt.get("conv0/weights")  -> np.ndarray (TF's layout, HWIO for a conv kernel)
     write_checkpoint("out/model.ckpt-0", {"global_step": np.int64(0), ...})   # V2, + out/checkpoint
 
-Every failure a user can meet (missing or truncated file, bad checksum, a file that is not TF's, an
-unsupported dtype) is a CheckpointError in one line naming the file, and the byte offset where one
-applies. Source of the layouts: tensorflow/core/lib/io/{format,block,table}.cc, core/util/tensor_bundle/
-tensor_bundle.{h,cc,proto}, core/util/saved_tensor_slice{.proto,_util.cc}, core/lib/strings/ordered_code.cc.
+A variable of a dtype not read here (string, ...) is listed by shapes() with dtype None, and get() of
+it is an error. Every failure a user can meet (missing or truncated file, bad checksum, a file that is
+not TF's, get() of an unsupported dtype) is a CheckpointError in one line naming the file, and the byte
+offset where one applies. Source of the layouts: tensorflow/core/lib/io/{format,block,table}.cc,
+core/util/tensor_bundle/tensor_bundle.{h,cc,proto}, core/util/saved_tensor_slice{.proto,_util.cc},
+core/lib/strings/ordered_code.cc.
 
 The container of both versions is an SSTable (fasttrain/tf/table.py states its layout).
 
@@ -17,7 +19,7 @@ endianness=2 (0 little), version=3 {producer=1, min_consumer=2}}; every other ke
 name, sorted -> BundleEntryProto {dtype=1, shape=2, shard_id=3, offset=4, size=5, crc32c=6 (fixed32,
 masked crc32c of the bytes), slices=7}. The bytes are PREFIX.data-{shard_id:05d}-of-{num_shards:05d}
 [offset, offset+size), the tensor in C order, little endian. A partitioned variable (entry.slices, its
-parts under keys that start with byte 0) and string tensors are refused with a clear error.
+parts under keys that start with byte 0) and string tensors are refused by get() with a clear error.
 
 V1 (TF until 2016; `Saver(write_version=V1)` still writes it): read by fasttrain/tf/checkpoint_v1.py,
 which states its layout. The protobuf messages are in fasttrain/tf/proto.py.
@@ -38,13 +40,13 @@ from fasttrain.checkpoint import CheckpointError
 from fasttrain.data.tfrecord import masked_crc32c
 from fasttrain.tf.checkpoint_v1 import CheckpointV1
 from fasttrain.tf.proto import (
-    _DT_BFLOAT16,
     _MSG,
     DTYPE_CODES,
     _dtype,
     _finish,
     _Mapped,
     _parse,
+    _read_as,
     _shape,
 )
 from fasttrain.tf.table import FOOTER_BYTES, TABLE_MAGIC, build_table, read_table
@@ -80,12 +82,8 @@ class CheckpointV2:
         self.num_shards = max(1, header.num_shards)
         self._shards: dict[int, _Mapped] = {}
 
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {n: (_shape(e.shape, n, self.index_path), self._dtype(n, e)) for n, e in self.entries.items()}
-
-    def _dtype(self, name: str, entry) -> np.dtype:
-        dtype = _dtype(entry.dtype, name, self.index_path)
-        return np.dtype(np.float32) if entry.dtype == _DT_BFLOAT16 else dtype
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype | None]]:
+        return {n: (_shape(e.shape, n, self.index_path), _read_as(e.dtype)) for n, e in self.entries.items()}
 
     def get(self, name: str) -> np.ndarray:
         entry = self.entries[name]

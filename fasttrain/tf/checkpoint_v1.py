@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fasttrain.checkpoint import CheckpointError
-from fasttrain.tf.proto import _DT_BFLOAT16, _dtype, _finish, _Mapped, _parse, _shape
+from fasttrain.tf.proto import _dtype, _finish, _Mapped, _parse, _read_as, _shape
 from fasttrain.tf.table import read_table
 
 _V1_FIELDS = {np.float32: "float_val", np.float64: "double_val", np.int64: "int64_val", np.bool_: "bool_val",
@@ -66,15 +66,8 @@ class CheckpointV1:
         if not self.meta:
             raise CheckpointError(f'{files[0]} has no tensor list (key ""): not a TensorFlow V1 checkpoint')
 
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        out = {}
-        for n, m in self.meta.items():
-            dtype = _dtype(m.type, n, self.files[0])
-            out[n] = (
-                _shape(m.shape, n, self.files[0]),
-                np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype,
-            )
-        return out
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype | None]]:
+        return {n: (_shape(m.shape, n, self.files[0]), _read_as(m.type)) for n, m in self.meta.items()}
 
     def get(self, name: str) -> np.ndarray:
         meta, where = self.meta[name], self.files[0]

@@ -97,6 +97,15 @@ def _dtype(code: int, name: str, path: Path):
     return np.dtype(DTYPES[code])
 
 
+def _read_as(code: int) -> np.dtype | None:
+    """The dtype get() returns for TF dtype `code` (float32 for bfloat16); None where it reads none
+    (string, resource, ...): shapes() lists such a variable, and only get() of it is an error, so an
+    unrelated string (a run note, TF2's _CHECKPOINTABLE_OBJECT_GRAPH) does not stop an import."""
+    if code == _DT_BFLOAT16:
+        return np.dtype(np.float32)
+    return np.dtype(DTYPES[code]) if code in DTYPES else None
+
+
 def _finish(array: np.ndarray, code: int) -> np.ndarray:
     if code == _DT_BFLOAT16:  # bfloat16 is the upper half of a float32
         return (array.astype(np.uint32) << 16).view(np.float32)
