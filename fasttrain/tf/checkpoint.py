@@ -28,6 +28,7 @@ which states its layout. The protobuf messages are in fasttrain/tf/proto.py.
 from __future__ import annotations
 
 import codecs
+import errno
 import math
 import os
 import re
@@ -256,16 +257,48 @@ def open_checkpoint(path: str | Path) -> CheckpointV1 | CheckpointV2:
 def write_checkpoint(prefix: str | Path, tensors: dict[str, np.ndarray], *, state_file: bool = True) -> Path:
     """Write `tensors` (name -> array in TF's layout) as the V2 checkpoint PREFIX.index +
     PREFIX.data-00000-of-00001, and (state_file) the directory's `checkpoint` file naming it.
-    The index is written last and renamed into place: it is what makes the checkpoint exist for TF."""
+
+    Both files are written whole to temporary files first, then renamed into place, the index last: it
+    is what makes the checkpoint exist for TF. A failure (a full disk) removes the temporary files and a
+    data file this call put in place without its index, and is a CheckpointError naming the file and
+    the reason; a checkpoint already at `prefix` is then as it was, unless the renames themselves fail."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    data_path = Path(f"{prefix}.data-00000-of-00001")
-    items, offset = [], 0
+    data_path, index = Path(f"{prefix}.data-00000-of-00001"), Path(f"{prefix}.index")
+    data_tmp, index_tmp = (p.with_name(f".{p.name}.tmp") for p in (data_path, index))
+    data_was_there, placed, current = data_path.exists(), [], data_path  # current: named in an error
+    try:
+        items = _write_data(data_tmp, tensors)
+        current = index
+        with open(index_tmp, "wb") as f:
+            f.write(build_table(items))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(data_tmp, data_path)
+        placed.append(data_path)
+        os.replace(index_tmp, index)
+        placed.append(index)
+        if state_file:
+            current = prefix.parent / "checkpoint"
+            write_state_file(prefix)
+    except BaseException as exc:
+        for path in (data_tmp, index_tmp):
+            path.unlink(missing_ok=True)
+        if placed == [data_path] and not data_was_there:
+            data_path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
+            raise CheckpointError(f"cannot write {current} ({code}{exc.strerror or exc})") from None
+        raise
+    return prefix
+
+
+def _write_data(path: Path, tensors: dict[str, np.ndarray]) -> list[tuple[bytes, bytes]]:
+    """The tensors' bytes in name order into `path` (fsynced); the index's items (key, entry)."""
     header = _MSG["BundleHeaderProto"](num_shards=1, endianness=0)
     header.version.producer = 1
-    items.append((b"", header.SerializeToString()))
-    tmp = data_path.with_name(f".{data_path.name}.tmp")
-    with open(tmp, "wb") as f:
+    items, offset = [(b"", header.SerializeToString())], 0
+    with open(path, "wb") as f:
         for name in sorted(tensors, key=lambda n: n.encode()):
             array = np.asarray(tensors[name])  # not ascontiguousarray: it makes a scalar 1-D
             if array.dtype not in DTYPE_CODES:
@@ -280,12 +313,10 @@ def write_checkpoint(prefix: str | Path, tensors: dict[str, np.ndarray], *, stat
             items.append((name.encode(), entry.SerializeToString()))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, data_path)
-    index = Path(f"{prefix}.index")
-    tmp = index.with_name(f".{index.name}.tmp")
-    tmp.write_bytes(build_table(items))
-    os.replace(tmp, index)
-    if state_file:
-        text = f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n'
-        (prefix.parent / "checkpoint").write_text(text)
-    return prefix
+    return items
+
+
+def write_state_file(prefix: Path) -> None:
+    """The directory's `checkpoint` file naming `prefix` (relative), written whole or not at all."""
+    text = f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n'
+    (prefix.parent / "checkpoint").write_text(text)
