@@ -1,7 +1,9 @@
 """fasttrain.tf.checkpoint on the edge cases of checkpoints TensorFlow 2.21 wrote
 (tests/data/make_tf_checkpoints_extra.py): a sharded V1 save named by its train directory (whose
 `checkpoint` file names the pattern "model.ckpt-7-?????-of-00002"), a shard of it missing, string
-variables beside the numeric ones (V1 and V2), and a V1 uint16."""
+variables beside the numeric ones (V1 and V2), and a V1 uint16 (in TensorProto.int_val). Also the
+`checkpoint` file the writer makes for a name with quotes, a backslash or non-ASCII bytes: C-escaped
+as protobuf's CEscape writes it (TF 2.21's get_checkpoint_state read the quoted one back by hand)."""
 
 import shutil
 from pathlib import Path
@@ -111,3 +113,33 @@ def test_a_string_variable_does_not_stop_an_import(tmp_path):
     got, want = model_state(with_note, "resnet18_v2", model), model_state(plain, "resnet18_v2", model)
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
     assert read_global_step(with_note) == read_global_step(plain)
+
+
+def test_v1_uint16_is_read_from_int_val():
+    ckpt = open_checkpoint(FIXTURES / "v1-uint16")
+    want = expected()["uint16/value"]  # [0, 1, 40000, 65535], as TF was given it
+    assert ckpt.shapes()["uint16/value"] == ((4,), np.dtype(np.uint16))
+    got = ckpt.get("uint16/value")
+    assert got.dtype == np.uint16 and np.array_equal(got, want)
+    _check_values(
+        ckpt, {k: v for k, v in _numeric().items() if k != "float16/value"} | {"uint16/value": want}
+    )
+
+
+@pytest.mark.parametrize(
+    "name, written",
+    [
+        ('say "hi"\\model.ckpt-3', r"say \"hi\"\\model.ckpt-3"),
+        ("mod\u00e8le\tckpt-3", r"mod\303\250le\tckpt-3"),  # protobuf CEscape's octal, as TF writes
+    ],
+)
+def test_state_file_is_c_escaped(tmp_path, name, written):
+    from fasttrain.tf.checkpoint import write_checkpoint
+
+    prefix = write_checkpoint(tmp_path / name, {"w": np.arange(3, dtype=np.float32)})
+    assert (tmp_path / "checkpoint").read_text().splitlines() == [
+        f'model_checkpoint_path: "{written}"',
+        f'all_model_checkpoint_paths: "{written}"',
+    ]
+    assert open_checkpoint(tmp_path).prefix == prefix
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

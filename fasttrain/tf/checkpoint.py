@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fasttrain.checkpoint import CheckpointError
+from fasttrain.checkpoint import CheckpointError, write_atomic
 from fasttrain.data.tfrecord import masked_crc32c
 from fasttrain.tf.checkpoint_v1 import CheckpointV1
 from fasttrain.tf.proto import (
@@ -318,5 +318,20 @@ def _write_data(path: Path, tensors: dict[str, np.ndarray]) -> list[tuple[bytes,
 
 def write_state_file(prefix: Path) -> None:
     """The directory's `checkpoint` file naming `prefix` (relative), written whole or not at all."""
-    text = f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n'
-    (prefix.parent / "checkpoint").write_text(text)
+    name = _c_escape(prefix.name)
+    text = f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n'
+    write_atomic(prefix.parent / "checkpoint", lambda f: f.write(text.encode()))
+
+
+def _c_escape(text: str) -> str:
+    """A text-format string's body, as protobuf's CEscape writes it (newest_in_directory's inverse): the
+    UTF-8 bytes, quotes, backslashes and control bytes escaped, bytes outside printable ASCII as \\NNN."""
+    named = {
+        ord("\n"): "\\n",
+        ord("\r"): "\\r",
+        ord("\t"): "\\t",
+        ord('"'): '\\"',
+        ord("'"): "\\'",
+        ord("\\"): "\\\\",
+    }
+    return "".join(named.get(b) or (chr(b) if 0x20 <= b < 0x7F else f"\\{b:03o}") for b in text.encode())

@@ -6,7 +6,8 @@ file, PREFIX or PREFIX-{k:05d}-of-{n:05d}. Every value is a SavedTensorSlices {m
 Other keys (OrderedCode: 0x00, the name with 0x00 -> 00 ff and 0xff -> ff 00 escaped, ending 00 01,
 then the slice) -> data: SavedSlice {name=1, slice=2 TensorSliceProto, data=3 TensorProto} with the
 values in the TensorProto's typed list (float_val=5, double_val=6, int_val=7, int64_val=10,
-bool_val=11, half_val=13) or tensor_content=4. The slices of a partitioned variable are assembled.
+bool_val=11, half_val=13 for half and bfloat16, uint32_val=16, uint64_val=17; uint8, int8, int16
+and uint16 in int_val) or tensor_content=4. The slices of a partitioned variable are assembled.
 
 Source: core/util/saved_tensor_slice{.proto,_util.cc}, core/lib/strings/ordered_code.cc; the container
 is an SSTable (fasttrain/tf/table.py).
@@ -23,8 +24,11 @@ from fasttrain.checkpoint import CheckpointError
 from fasttrain.tf.proto import _dtype, _finish, _Mapped, _parse, _read_as, _shape
 from fasttrain.tf.table import read_table
 
-_V1_FIELDS = {np.float32: "float_val", np.float64: "double_val", np.int64: "int64_val", np.bool_: "bool_val",
-              np.float16: "half_val", np.uint16: "half_val"}  # fmt: skip
+# TF dtype code -> the TensorProto list that holds its values (tensor_util's per-dtype field: the int_val
+# of DT_UINT16 too; half_val only for half and bfloat16, as their bits).
+_V1_FIELDS = {1: "float_val", 2: "double_val", 3: "int_val", 4: "int_val", 5: "int_val", 6: "int_val",
+              9: "int64_val", 10: "bool_val", 14: "half_val", 17: "int_val", 19: "half_val",
+              22: "uint32_val", 23: "uint64_val"}  # fmt: skip
 
 
 def _v1_name(key: bytes) -> str | None:
@@ -83,7 +87,7 @@ class CheckpointV1:
             if tensor.tensor_content:
                 values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
             else:
-                values = np.asarray(getattr(tensor, _V1_FIELDS.get(dtype.type, "int_val")))
+                values = np.asarray(getattr(tensor, _V1_FIELDS[meta.type]))
                 values = values.astype(np.uint16).view(np.float16) if dtype == np.float16 else values
             if values.size != places:
                 raise CheckpointError(

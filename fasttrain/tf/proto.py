@@ -37,7 +37,7 @@ BundleEntryProto: 1 dtype int32, 2 shape TensorShapeProto, 3 shard_id int32, 4 o
     6 crc32c fixed32, 7 slices *TensorSliceProto
 TensorProto: 1 dtype int32, 2 tensor_shape TensorShapeProto, 4 tensor_content bytes, 5 float_val *float,
     6 double_val *double, 7 int_val *int32, 8 string_val *bytes, 10 int64_val *int64, 11 bool_val *bool,
-    13 half_val *int32
+    13 half_val *int32, 16 uint32_val *uint32, 17 uint64_val *uint64
 SavedSliceMeta: 1 name string, 2 shape TensorShapeProto, 3 type int32, 4 slice *TensorSliceProto
 SavedTensorSliceMeta: 1 tensor *SavedSliceMeta, 2 versions VersionDef
 SavedSlice: 1 name string, 2 slice TensorSliceProto, 3 data TensorProto
