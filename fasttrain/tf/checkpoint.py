@@ -1,14 +1,16 @@
 """TensorFlow checkpoints without TensorFlow: read V2 bundles and V1 tables, write V2 bundles.
 
     ckpt = open_checkpoint("runs/tf/model.ckpt-1234")   # a prefix, or a directory with a `checkpoint` file
-    ckpt.shapes()  -> {"conv0/weights": ((3, 3, 3, 32), dtype('float32')), ...}
+    ckpt.shapes()  -> {"conv0/weights": ((3, 3, 3, 32), dtype('float32')), "note": ((), None), ...}
     ckpt.get("conv0/weights")  -> np.ndarray (TF's layout, HWIO for a conv kernel)
     write_checkpoint("out/model.ckpt-0", {"global_step": np.int64(0), ...})   # V2, + out/checkpoint
 
-Every failure a user can meet (missing or truncated file, bad checksum, a file that is not TF's, an
-unsupported dtype) is a CheckpointError in one line naming the file, and the byte offset where one
-applies. Source of the layouts: tensorflow/core/lib/io/{format,block,table}.cc, core/util/tensor_bundle/
-tensor_bundle.{h,cc,proto}, core/util/saved_tensor_slice{.proto,_util.cc}, core/lib/strings/ordered_code.cc.
+A variable of a dtype not read here (string, ...) is listed by shapes() with dtype None, and get() of
+it is an error. Every failure a user can meet (missing or truncated file, bad checksum, a file that is
+not TF's, get() of an unsupported dtype) is a CheckpointError in one line naming the file, and the byte
+offset where one applies. Source of the layouts: tensorflow/core/lib/io/{format,block,table}.cc,
+core/util/tensor_bundle/tensor_bundle.{h,cc,proto}, core/util/saved_tensor_slice{.proto,_util.cc},
+core/lib/strings/ordered_code.cc.
 
 The container of both versions is an SSTable (fasttrain/tf/table.py states its layout).
 
@@ -17,137 +19,40 @@ endianness=2 (0 little), version=3 {producer=1, min_consumer=2}}; every other ke
 name, sorted -> BundleEntryProto {dtype=1, shape=2, shard_id=3, offset=4, size=5, crc32c=6 (fixed32,
 masked crc32c of the bytes), slices=7}. The bytes are PREFIX.data-{shard_id:05d}-of-{num_shards:05d}
 [offset, offset+size), the tensor in C order, little endian. A partitioned variable (entry.slices, its
-parts under keys that start with byte 0) and string tensors are refused with a clear error.
+parts under keys that start with byte 0) and string tensors are refused by get() with a clear error.
 
-V1 (TF until 2016, the Inception seed's era; `Saver(write_version=V1)` still writes it): one table per
-file, PREFIX or PREFIX-{k:05d}-of-{n:05d}. Every value is a SavedTensorSlices {meta=1, data=2}. Key ""
--> meta: SavedTensorSliceMeta {tensor=1: repeated SavedSliceMeta {name=1, shape=2, type=3, slice=4}}.
-Other keys (OrderedCode: 0x00, the name with 0x00 -> 00 ff and 0xff -> ff 00 escaped, ending 00 01,
-then the slice) -> data: SavedSlice {name=1, slice=2 TensorSliceProto, data=3 TensorProto} with the
-values in the TensorProto's typed list (float_val=5, double_val=6, int_val=7, int64_val=10,
-bool_val=11, half_val=13) or tensor_content=4. The slices of a partitioned variable are assembled.
-
-The protobuf messages are built from descriptors at import time (as fasttrain.data.example does), with
-TensorFlow's field numbers; enum fields are read as int32, their wire type.
+V1 (TF until 2016; `Saver(write_version=V1)` still writes it): read by fasttrain/tf/checkpoint_v1.py,
+which states its layout. The protobuf messages are in fasttrain/tf/proto.py.
 """
 
 from __future__ import annotations
 
 import codecs
+import errno
 import math
-import mmap
 import os
 import re
 import struct
 from pathlib import Path
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError
 
-from fasttrain.checkpoint import CheckpointError
+from fasttrain.checkpoint import CheckpointError, write_atomic
 from fasttrain.data.tfrecord import masked_crc32c
+from fasttrain.tf.checkpoint_v1 import CheckpointV1
+from fasttrain.tf.proto import (
+    _MSG,
+    DTYPE_CODES,
+    _dtype,
+    _finish,
+    _Mapped,
+    _parse,
+    _read_as,
+    _shape,
+)
 from fasttrain.tf.table import FOOTER_BYTES, TABLE_MAGIC, build_table, read_table
 
-# tensorflow/core/framework/types.proto DataType -> numpy dtype (bfloat16, 14, is read as float32).
-DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6: np.int8, 9: np.int64,
-          10: np.bool_, 17: np.uint16, 19: np.float16, 22: np.uint32, 23: np.uint64}  # fmt: skip
-_DT_BFLOAT16 = 14
-DTYPE_CODES = {np.dtype(v): k for k, v in DTYPES.items()}
-
-
-# --- protobuf messages ---------------------------------------------------------------------------
-
-
-# TensorFlow's messages, one a line: "number name type", `*` before a repeated field's type; a capitalised
-# type is a message. Enums (DataType, Endianness) are int32 on the wire.
-_MESSAGES = """
-Dim: 1 size int64, 2 name string
-TensorShapeProto: 2 dim *Dim, 3 unknown_rank bool
-Extent: 1 start int64, 2 length int64
-TensorSliceProto: 1 extent *Extent
-VersionDef: 1 producer int32, 2 min_consumer int32, 3 bad_consumers *int32
-BundleHeaderProto: 1 num_shards int32, 2 endianness int32, 3 version VersionDef
-BundleEntryProto: 1 dtype int32, 2 shape TensorShapeProto, 3 shard_id int32, 4 offset int64, 5 size int64,
-    6 crc32c fixed32, 7 slices *TensorSliceProto
-TensorProto: 1 dtype int32, 2 tensor_shape TensorShapeProto, 4 tensor_content bytes, 5 float_val *float,
-    6 double_val *double, 7 int_val *int32, 8 string_val *bytes, 10 int64_val *int64, 11 bool_val *bool,
-    13 half_val *int32
-SavedSliceMeta: 1 name string, 2 shape TensorShapeProto, 3 type int32, 4 slice *TensorSliceProto
-SavedTensorSliceMeta: 1 tensor *SavedSliceMeta, 2 versions VersionDef
-SavedSlice: 1 name string, 2 slice TensorSliceProto, 3 data TensorProto
-SavedTensorSlices: 1 meta SavedTensorSliceMeta, 2 data SavedSlice
-"""
-
-
-def _build_messages() -> dict:
-    F = descriptor_pb2.FieldDescriptorProto
-    # proto2, so that Extent.length can be told absent (a full extent) from 0.
-    file = descriptor_pb2.FileDescriptorProto(name="fasttrain/tf/checkpoint.proto", package="ftckpt")
-    file.syntax = "proto2"
-    names = []
-    for definition in re.split(r"\n(?=\w)", _MESSAGES.strip()):
-        name, fields = definition.split(":", 1)
-        msg = file.message_type.add(name=name)
-        names.append(name)
-        for field in fields.split(","):
-            number, field_name, kind = field.split()
-            label = F.LABEL_REPEATED if kind.startswith("*") else F.LABEL_OPTIONAL
-            kind = kind.lstrip("*")
-            f = msg.field.add(name=field_name, number=int(number), label=label)
-            if kind[0].isupper():
-                f.type, f.type_name = F.TYPE_MESSAGE, f".ftckpt.{kind}"
-            else:
-                f.type = getattr(F, f"TYPE_{kind.upper()}")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return {n: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"ftckpt.{n}")) for n in names}
-
-
-_MSG = _build_messages()
-
-
-def _parse(kind: str, value, path: Path, offset: int):
-    message = _MSG[kind]()
-    try:
-        message.ParseFromString(bytes(value))
-    except DecodeError:
-        raise CheckpointError(f"{path} is corrupt: the {kind} at offset {offset} does not parse") from None
-    return message
-
-
-def _shape(proto) -> tuple[int, ...]:
-    return tuple(int(d.size) for d in proto.dim)
-
-
-def _dtype(code: int, name: str, path: Path):
-    if code == _DT_BFLOAT16:
-        return np.dtype(np.uint16)  # converted to float32 by _finish
-    if code not in DTYPES:
-        raise CheckpointError(f"{path}: variable {name} has TF dtype {code} (string or other), not supported")
-    return np.dtype(DTYPES[code])
-
-
-def _finish(array: np.ndarray, code: int) -> np.ndarray:
-    if code == _DT_BFLOAT16:  # bfloat16 is the upper half of a float32
-        return (array.astype(np.uint32) << 16).view(np.float32)
-    return array
-
-
-# --- readers -------------------------------------------------------------------------------------
-
-
-class _Mapped:
-    """A file's bytes through mmap (a checkpoint can be gigabytes); CheckpointError when unreadable."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                self.data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        except OSError as exc:
-            raise CheckpointError(f"cannot read {path} ({exc.strerror})") from None
+# --- V2 reader -----------------------------------------------------------------------------------
 
 
 class CheckpointV2:
@@ -178,12 +83,8 @@ class CheckpointV2:
         self.num_shards = max(1, header.num_shards)
         self._shards: dict[int, _Mapped] = {}
 
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {n: (_shape(e.shape), self._dtype(n, e)) for n, e in self.entries.items()}
-
-    def _dtype(self, name: str, entry) -> np.dtype:
-        dtype = _dtype(entry.dtype, name, self.index_path)
-        return np.dtype(np.float32) if entry.dtype == _DT_BFLOAT16 else dtype
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype | None]]:
+        return {n: (_shape(e.shape, n, self.index_path), _read_as(e.dtype)) for n, e in self.entries.items()}
 
     def get(self, name: str) -> np.ndarray:
         entry = self.entries[name]
@@ -191,7 +92,7 @@ class CheckpointV2:
             raise CheckpointError(
                 f"{self.index_path}: variable {name} is partitioned, which is not supported"
             )
-        dtype, shape = _dtype(entry.dtype, name, self.index_path), _shape(entry.shape)
+        dtype, shape = _dtype(entry.dtype, name, self.index_path), _shape(entry.shape, name, self.index_path)
         if entry.shard_id >= self.num_shards or entry.shard_id < 0:
             raise CheckpointError(
                 f"{self.index_path} is corrupt: variable {name} names shard {entry.shard_id}"
@@ -221,88 +122,6 @@ class CheckpointV2:
         return _finish(array, entry.dtype)
 
 
-_V1_FIELDS = {np.float32: "float_val", np.float64: "double_val", np.int64: "int64_val", np.bool_: "bool_val",
-              np.float16: "half_val", np.uint16: "half_val"}  # fmt: skip
-
-
-def _v1_name(key: bytes) -> str | None:
-    """The tensor name an OrderedCode slice key starts with (ordered_code.cc WriteString), or None."""
-    if not key.startswith(b"\x00"):
-        return None
-    out, pos = bytearray(), 1
-    while pos + 1 < len(key):
-        byte, following = key[pos], key[pos + 1]
-        if byte == 0x00 and following == 0x01:
-            return out.decode("utf-8", "replace")
-        if byte in (0x00, 0xFF):
-            out.append(byte)
-            pos += 2
-        else:
-            out.append(byte)
-            pos += 1
-    return None
-
-
-class CheckpointV1:
-    """A V1 checkpoint: one table per file (PREFIX, or PREFIX-?????-of-?????)."""
-
-    version = "V1"
-
-    def __init__(self, prefix: Path, files: list[Path]):
-        self.prefix, self.files = prefix, files
-        self.meta: dict[str, object] = {}
-        self.parts: dict[str, list[tuple[Path, memoryview, int]]] = {}
-        for path in files:
-            for key, value, offset in read_table(_Mapped(path).data, path):
-                if key == b"":
-                    for m in _parse("SavedTensorSlices", value, path, offset).meta.tensor:
-                        self.meta[m.name] = m
-                elif (name := _v1_name(key)) is not None:
-                    self.parts.setdefault(name, []).append((path, value, offset))
-                else:
-                    raise CheckpointError(f"{path} is corrupt: an unreadable key at offset {offset}")
-        if not self.meta:
-            raise CheckpointError(f'{files[0]} has no tensor list (key ""): not a TensorFlow V1 checkpoint')
-
-    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        out = {}
-        for n, m in self.meta.items():
-            dtype = _dtype(m.type, n, self.files[0])
-            out[n] = (_shape(m.shape), np.dtype(np.float32) if m.type == _DT_BFLOAT16 else dtype)
-        return out
-
-    def get(self, name: str) -> np.ndarray:
-        meta = self.meta[name]
-        dtype, shape = _dtype(meta.type, name, self.files[0]), _shape(meta.shape)
-        full = np.zeros(shape, dtype)
-        covered = 0
-        for path, value, offset in self.parts.get(name, []):
-            saved = _parse("SavedTensorSlices", value, path, offset).data
-            index = tuple(
-                slice(e.start, e.start + e.length) if e.HasField("length") else slice(None)
-                for e in saved.slice.extent
-            )
-            target = full[index]
-            tensor = saved.data
-            if tensor.tensor_content:
-                values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
-            else:
-                values = np.asarray(getattr(tensor, _V1_FIELDS.get(dtype.type, "int_val")))
-                values = values.astype(np.uint16).view(np.float16) if dtype == np.float16 else values
-            if values.size != target.size:
-                raise CheckpointError(
-                    f"{path} is corrupt: a slice of {name} at offset {offset} holds {values.size} values "
-                    f"for {target.size} places"
-                )
-            full[index] = values.astype(dtype).reshape(target.shape)
-            covered += target.size
-        if covered != full.size:
-            raise CheckpointError(
-                f"{self.files[0]}: variable {name} is incomplete ({covered} of {full.size} values)"
-            )
-        return _finish(full, meta.type)
-
-
 # --- finding a checkpoint ------------------------------------------------------------------------
 
 _STATE_LINE = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"\s*$', re.M)
@@ -322,6 +141,9 @@ def newest_in_directory(directory: Path) -> Path:
         raise CheckpointError(f"{state} names no model_checkpoint_path")
     # A text-format string: C escapes, non-ASCII bytes as octal \NNN (protobuf's CEscape).
     named = Path(codecs.escape_decode(match.group(1).encode())[0].decode("utf-8", "replace"))
+    # A sharded V1 Saver names the files' pattern, "model.ckpt-0-?????-of-00002" (saver.py
+    # _GetShardedFileName): the prefix is what comes before it.
+    named = named.with_name(_strip_shard(named.name))
     prefix = named if named.is_absolute() else directory / named
     # A run directory moved since TF wrote an absolute path: the checkpoint is beside the state file.
     if named.is_absolute() and not _exists(prefix) and _exists(directory / named.name):
@@ -329,20 +151,63 @@ def newest_in_directory(directory: Path) -> Path:
     return prefix
 
 
+# A V1 shard's name after its prefix (TF's "%s-%05d-of-%05d"), or the pattern a sharded Saver records.
+_V1_SHARD = re.compile(r"-(\d{5,}|\?{5})-of-(\d{5,})")
+
+
+def _strip_shard(name: str) -> str:
+    if (m := _V1_SHARD.search(name)) and m.end() == len(name) and m.start() > 0:
+        return name[: m.start()]
+    return name
+
+
 def _exists(prefix: Path) -> bool:
-    return Path(f"{prefix}.index").is_file() or prefix.is_file() or bool(_v1_shards(prefix))
+    return Path(f"{prefix}.index").is_file() or prefix.is_file() or bool(_v1_shard_files(prefix))
+
+
+def _v1_shard_files(prefix: Path) -> dict[Path, tuple[int, int]]:
+    """The files named PREFIX-{k:05d}-of-{n:05d} beside `prefix`: path -> (k, n)."""
+    out = {}
+    try:
+        found = list(prefix.parent.iterdir())
+    except OSError:
+        return {}
+    for path in found:
+        m = _V1_SHARD.fullmatch(path.name[len(prefix.name) :]) if path.name.startswith(prefix.name) else None
+        if m and "?" not in m.group(1):
+            out[path] = (int(m.group(1)), int(m.group(2)))
+    return out
 
 
 def _v1_shards(prefix: Path) -> list[Path]:
-    return sorted(prefix.parent.glob(f"{glob_escape(prefix.name)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9]*"))
-
-
-def glob_escape(name: str) -> str:
-    return re.sub(r"([*?\[])", r"[\1]", name)
+    """The shards of the V1 checkpoint `prefix` in order, all n of them ([] if it has none); a
+    CheckpointError naming the first one missing, or the files of two different shard counts."""
+    files = _v1_shard_files(prefix)
+    if not files:
+        return []
+    counts = sorted({n for _, n in files.values()})
+    if len(counts) > 1:
+        raise CheckpointError(
+            f"V1 checkpoint {prefix} has shard files of {len(counts)} different counts ("
+            + ", ".join(f"-of-{n:05d}" for n in counts)
+            + "): files of two saves; remove the stale ones"
+        )
+    n = counts[0]
+    by_index = {k: path for path, (k, _) in files.items()}
+    for k in range(n):
+        if k not in by_index:
+            raise CheckpointError(
+                f"{prefix}-{k:05d}-of-{n:05d} is missing (shard {k + 1} of the {n} of V1 checkpoint {prefix})"
+            )
+    if len(by_index) != n:  # an index >= n
+        extra = min(k for k in by_index if k >= n)
+        raise CheckpointError(f"{by_index[extra]} is not a shard of a {n}-shard checkpoint: a stray file")
+    return [by_index[k] for k in range(n)]
 
 
 def checkpoint_prefix(path: str | Path) -> Path:
-    """The prefix `path` names: itself, a directory's newest, or PREFIX.index / PREFIX.data-* given whole."""
+    """The prefix `path` names: itself, a directory's newest, PREFIX.index / PREFIX.data-* given whole,
+    or a V1 shard PREFIX-00000-of-00002 (or the pattern PREFIX-?????-of-00002)."""
     path = Path(path)
     if path.is_dir():
         return newest_in_directory(path)
@@ -351,7 +216,7 @@ def checkpoint_prefix(path: str | Path) -> Path:
         return Path(text[: -len(".index")])
     if m := re.fullmatch(r"(.*)\.data-\d{5}-of-\d{5}", text):
         return Path(m.group(1))
-    return path
+    return path.with_name(_strip_shard(path.name))
 
 
 def is_tf_checkpoint(path: str | Path) -> bool:
@@ -361,7 +226,7 @@ def is_tf_checkpoint(path: str | Path) -> bool:
     if path.is_dir():
         return (path / "checkpoint").is_file()
     prefix = checkpoint_prefix(path)
-    if Path(f"{prefix}.index").is_file() or _v1_shards(prefix):
+    if Path(f"{prefix}.index").is_file() or _v1_shard_files(prefix):
         return True
     try:
         with open(prefix, "rb") as f:
@@ -392,16 +257,48 @@ def open_checkpoint(path: str | Path) -> CheckpointV1 | CheckpointV2:
 def write_checkpoint(prefix: str | Path, tensors: dict[str, np.ndarray], *, state_file: bool = True) -> Path:
     """Write `tensors` (name -> array in TF's layout) as the V2 checkpoint PREFIX.index +
     PREFIX.data-00000-of-00001, and (state_file) the directory's `checkpoint` file naming it.
-    The index is written last and renamed into place: it is what makes the checkpoint exist for TF."""
+
+    Both files are written whole to temporary files first, then renamed into place, the index last: it
+    is what makes the checkpoint exist for TF. A failure (a full disk) removes the temporary files and a
+    data file this call put in place without its index, and is a CheckpointError naming the file and
+    the reason; a checkpoint already at `prefix` is then as it was, unless the renames themselves fail."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    data_path = Path(f"{prefix}.data-00000-of-00001")
-    items, offset = [], 0
+    data_path, index = Path(f"{prefix}.data-00000-of-00001"), Path(f"{prefix}.index")
+    data_tmp, index_tmp = (p.with_name(f".{p.name}.tmp") for p in (data_path, index))
+    data_was_there, placed, current = data_path.exists(), [], data_path  # current: named in an error
+    try:
+        items = _write_data(data_tmp, tensors)
+        current = index
+        with open(index_tmp, "wb") as f:
+            f.write(build_table(items))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(data_tmp, data_path)
+        placed.append(data_path)
+        os.replace(index_tmp, index)
+        placed.append(index)
+        if state_file:
+            current = prefix.parent / "checkpoint"
+            write_state_file(prefix)
+    except BaseException as exc:
+        for path in (data_tmp, index_tmp):
+            path.unlink(missing_ok=True)
+        if placed == [data_path] and not data_was_there:
+            data_path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
+            raise CheckpointError(f"cannot write {current} ({code}{exc.strerror or exc})") from None
+        raise
+    return prefix
+
+
+def _write_data(path: Path, tensors: dict[str, np.ndarray]) -> list[tuple[bytes, bytes]]:
+    """The tensors' bytes in name order into `path` (fsynced); the index's items (key, entry)."""
     header = _MSG["BundleHeaderProto"](num_shards=1, endianness=0)
     header.version.producer = 1
-    items.append((b"", header.SerializeToString()))
-    tmp = data_path.with_name(f".{data_path.name}.tmp")
-    with open(tmp, "wb") as f:
+    items, offset = [(b"", header.SerializeToString())], 0
+    with open(path, "wb") as f:
         for name in sorted(tensors, key=lambda n: n.encode()):
             array = np.asarray(tensors[name])  # not ascontiguousarray: it makes a scalar 1-D
             if array.dtype not in DTYPE_CODES:
@@ -416,12 +313,25 @@ def write_checkpoint(prefix: str | Path, tensors: dict[str, np.ndarray], *, stat
             items.append((name.encode(), entry.SerializeToString()))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, data_path)
-    index = Path(f"{prefix}.index")
-    tmp = index.with_name(f".{index.name}.tmp")
-    tmp.write_bytes(build_table(items))
-    os.replace(tmp, index)
-    if state_file:
-        text = f'model_checkpoint_path: "{prefix.name}"\nall_model_checkpoint_paths: "{prefix.name}"\n'
-        (prefix.parent / "checkpoint").write_text(text)
-    return prefix
+    return items
+
+
+def write_state_file(prefix: Path) -> None:
+    """The directory's `checkpoint` file naming `prefix` (relative), written whole or not at all."""
+    name = _c_escape(prefix.name)
+    text = f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n'
+    write_atomic(prefix.parent / "checkpoint", lambda f: f.write(text.encode()))
+
+
+def _c_escape(text: str) -> str:
+    """A text-format string's body, as protobuf's CEscape writes it (newest_in_directory's inverse): the
+    UTF-8 bytes, quotes, backslashes and control bytes escaped, bytes outside printable ASCII as \\NNN."""
+    named = {
+        ord("\n"): "\\n",
+        ord("\r"): "\\r",
+        ord("\t"): "\\t",
+        ord('"'): '\\"',
+        ord("'"): "\\'",
+        ord("\\"): "\\\\",
+    }
+    return "".join(named.get(b) or (chr(b) if 0x20 <= b < 0x7F else f"\\{b:03o}") for b in text.encode())

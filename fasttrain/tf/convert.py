@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
+import os
 import sys
 from pathlib import Path
 
@@ -101,15 +103,41 @@ def from_tf(args: argparse.Namespace) -> Path:
         "config": {"model": args.model, "num_classes": num_classes, "base_channels": base_channels},
         "source": f"TensorFlow {reader.version} {reader.prefix} ({args.weights} weights)",
     }
-    # A run's checksum beside a file --overwrite replaces describes the old file: gone first, so that
-    # the new file never stands beside a sum it fails.
-    out.with_name(out.name + ".sha256").unlink(missing_ok=True)
-    ckpt_io.write_atomic(out, lambda f: torch.save(saved, f))
+    _write_pt(out, saved)
     print(
         f"wrote {out}: {args.model}, {num_classes} classes, step {step}, "
         f"{args.weights} weights of {reader.prefix}"
     )
     return out
+
+
+def _write_pt(out: Path, saved: dict) -> None:
+    """torch.save `saved` as `out`, whole or not at all: into a temporary file beside it, fsynced, then
+    renamed over it. A failure (a full disk) is a CheckpointError naming `out`, any old `out` as it was.
+    A run's checksum beside a file --overwrite replaces describes the old file: removed once the new
+    file is complete, just before the rename (the old file without a sum still loads; the new file
+    beside the old sum would not)."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            sink = ckpt_io._Sink(f)  # torch's zip writer replaces an OSError by "unexpected pos"
+            try:
+                torch.save(saved, sink)
+            except RuntimeError:
+                if sink.error is None:
+                    raise
+                raise sink.error from None
+            f.flush()
+            os.fsync(f.fileno())
+        out.with_name(out.name + ".sha256").unlink(missing_ok=True)
+        os.replace(tmp, out)
+    except BaseException as exc:
+        left = "" if ckpt_io._remove(tmp) else f"; {tmp} could not be removed"
+        if isinstance(exc, OSError):
+            kept = "it is as it was" if out.exists() else "nothing was written"
+            code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
+            raise CheckpointError(f"cannot write {out} ({code}{exc.strerror or exc}): {kept}{left}") from None
+        raise
 
 
 def _saved_config(state: dict, model: str):

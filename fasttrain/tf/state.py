@@ -50,6 +50,7 @@ from fasttrain.models import classifier_names, create_model
 from fasttrain.tf.names import variable_map
 from fasttrain.tf.names.inception_v3 import zero_debias_names
 from fasttrain.tf.names.variable import TFVariable, to_tf, to_torch
+from fasttrain.tf.validate import read_count
 
 EMA = "ExponentialMovingAverage"
 GLOBAL_STEP = "global_step"
@@ -94,9 +95,9 @@ def zero_debias_counts(ckpt, model_name: str, model: torch.nn.Module) -> dict[st
         steps = {zd[f"{s}/local_step"] for s in ("moving_mean", "moving_variance")} & set(names)
         count = 0
         if steps:
-            values = {name: float(np.asarray(ckpt.get(name))) for name in sorted(steps)}
-            count = int(next(iter(values.values())))
-            if len(set(values.values())) > 1 or any(v != count or v < 0 for v in values.values()):
+            values = {name: read_count(ckpt, name, names) for name in sorted(steps)}
+            count = next(iter(values.values()))
+            if len(set(values.values())) > 1:
                 first = sorted(values)[0]
                 raise _fail(ckpt, model_name, f"variable {first} is {values} (want equal whole counts)")
             keep = _decay_keep(model, key)
@@ -281,7 +282,7 @@ def read_global_step(ckpt) -> int:
         raise CheckpointError(
             f"TensorFlow checkpoint {ckpt.prefix} has no global_step, so no step to continue"
         )
-    return int(ckpt.get(GLOBAL_STEP))
+    return read_count(ckpt, GLOBAL_STEP, _shapes(ckpt))
 
 
 def _param_names(model: torch.nn.Module, optimizer) -> list[str]:

@@ -16,8 +16,9 @@ Layout (all integers little endian):
     index   = one entry per data block: a key >= the block's last key -> varint64 (offset, size)
     masked crc32c(b) = ((c >> 15) | (c << 17)) + 0xa282ead8 mod 2^32, c = crc32c(b) (as TFRecord's)
 
-Every failure (a length or handle outside its block or file, a checksum mismatch, a compressed block)
-is a CheckpointError naming the file and the byte offset.
+Every failure (a length or handle outside its block or file, a checksum mismatch, a compressed block,
+data blocks overlapping or out of file order, keys not strictly rising) is a CheckpointError naming
+the file and the byte offset.
 """
 
 from __future__ import annotations
@@ -101,10 +102,31 @@ def read_table(data, path: Path):
     # The metaindex holds nothing TF's writers use, but a damaged one is a damaged file: verify it.
     for _ in _entries(_block(data, meta_offset, meta_size, path), meta_offset, path):
         pass
+    if meta_offset + meta_size + _TRAILER_BYTES > index_offset:
+        raise CheckpointError(f"{path} is corrupt: the metaindex at offset {meta_offset} runs into the index")
+    # The data blocks lie in file order, each after the previous one's trailer and all before the
+    # metaindex (table_builder.cc), and the keys rise strictly: a handle that names a block again (n
+    # handles to one block of n entries: quadratic time, hours for 1 MB) or keys out of order (a
+    # duplicate: the last would win) are a damaged file, refused at the handle or key.
+    block_end, last_key = 0, None
     for _, handle, at in _entries(_block(data, index_offset, index_size, path), index_offset, path):
         offset, p = _varint(handle, 0, len(handle), (path, at))
         size, _ = _varint(handle, p, len(handle), (path, at))
-        yield from _entries(_block(data, offset, size, path), offset, path)
+        if offset < block_end or offset + size + _TRAILER_BYTES > meta_offset:
+            raise CheckpointError(
+                f"{path} is corrupt: the index entry at offset {at} names a block at offset {offset} of "
+                f"{size} bytes, not after the previous block (ends at {block_end}) and before the metaindex "
+                f"(at {meta_offset})"
+            )
+        block_end = offset + size + _TRAILER_BYTES
+        for key, value, value_at in _entries(_block(data, offset, size, path), offset, path):
+            if last_key is not None and key <= last_key:
+                raise CheckpointError(
+                    f"{path} is corrupt: the key of the entry whose value is at offset {value_at} "
+                    f"{'repeats' if key == last_key else 'sorts before'} the previous key"
+                )
+            last_key = key
+            yield key, value, value_at
 
 
 def _put_varint(out: bytearray, value: int) -> None:
