@@ -205,7 +205,7 @@ def build_eager_row(
 ) -> Row:
     """Rows (b), (c) and (d): the conventional PyTorch training step."""
     model = _model(cfg, device, precision.channels_last)
-    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
+    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias, cfg.no_decay_bn)
     lr = cfg.initial_learning_rate
     if cfg.optimizer == "rmsprop":
         opt = torch.optim.RMSprop(

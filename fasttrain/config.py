@@ -193,6 +193,8 @@ class Config:
     """L2 weight decay added to the gradient, g += wd * w (TensorFlow's loss term)."""
     no_decay_bn_bias: bool = False
     """Exempt BatchNorm parameters and biases from weight decay."""
+    no_decay_bn: bool = False
+    """Exempt BatchNorm parameters only from weight decay, biases kept (TF official ResNet's L2 filter)."""
     ema_decay: float = 0.0
     """Exponential moving average of weights and BN statistics (0: off; 0.9999 in the Inception seed)."""
     grad_accum_steps: int = 1

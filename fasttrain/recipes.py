@@ -140,6 +140,9 @@ def _resnet_v15(size: int) -> dict:
         learning_rate_decay_factor=0.1,
         momentum=0.9,
         weight_decay=1e-4,
+        # resnet_run_loop.py: l2_loss over tf.trainable_variables() if loss_filter_fn(v.name), whose
+        # default exclude_batch_norm leaves out 'batch_normalization' variables: the dense bias decays
+        no_decay_bn=True,
         bn_momentum=0.003,
         bn_eps=1e-5,
         checkpoint_every=5000,

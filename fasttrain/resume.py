@@ -42,7 +42,7 @@ _BOOKKEEPING = {
 # Settings that decide the shapes and names of what a checkpoint holds: a change makes the load fail.
 _STATE_SHAPING = {
     "model", "resnet_size", "base_channels", "num_classes", "optimizer", "ema_decay", "no_decay_bn_bias",
-    "sync_bn", "inception_bn_gamma",
+    "no_decay_bn", "sync_bn", "inception_bn_gamma",
 }  # fmt: skip
 
 

@@ -145,7 +145,7 @@ def make_loss(cfg: Config):
 
 
 def build_optimizer(cfg: Config, model: torch.nn.Module):
-    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias)
+    groups = param_groups(model, cfg.weight_decay, cfg.no_decay_bn_bias, cfg.no_decay_bn)
     ema = cfg.ema_decay or None
     if cfg.optimizer == "rmsprop":
         return FusedRMSPropTF(

@@ -55,7 +55,8 @@ def upgrade_saved_config(saved: dict) -> dict:
     (resnet_size 50 beside model "resnet101" trained resnet50). Before inception_bn_gamma existed,
     inception_v3 always had a BN gamma (torchvision's structure), which is inception_bn_gamma=True now.
     Before loader existed, the torch backend's only loader was DataLoader processes; before "auto", the
-    default was threads, and config.json has held the loader a run used since then."""
+    default was threads, and config.json has held the loader a run used since then. Before no_decay_bn
+    existed, no run exempted BN alone from weight decay (the v1.5 recipes decayed gamma and beta)."""
     saved = dict(saved)
     text = saved.get("lr_boundary_epochs")
     if isinstance(text, str):
@@ -75,4 +76,5 @@ def upgrade_saved_config(saved: dict) -> dict:
         saved["loader"] = "processes"
     if "inception_bn_gamma" not in saved and saved.get("model") == "inception_v3":
         saved["inception_bn_gamma"] = True
+    saved.setdefault("no_decay_bn", False)
     return saved

@@ -313,7 +313,8 @@ def test_a_config_saved_before_lr_boundary_epochs_was_a_list_still_loads():
     saved = json.loads(_SAVED_BEFORE_LISTS)
     assert saved["lr_boundary_epochs"] == "30,60,80,90"
     now = make_config(recipe="resnet50_v1.5", data_dir="/data/imagenet", train_dir="runs/r50")
-    now = dataclasses.replace(now, num_workers=4, loader="processes")  # then the only loader
+    # then the only loader; and BN's gamma and beta decayed, as the recipe did then
+    now = dataclasses.replace(now, num_workers=4, loader="processes", no_decay_bn=False)
     assert Config(**upgrade_saved_config(saved)) == now  # as the evaluator reads config.json
     assert changed_settings(saved, now) == []  # as a resume compares a checkpoint's config
     assert changed_settings(saved, dataclasses.replace(now, lr_boundary_epochs=[30, 60])) == [
@@ -335,3 +336,13 @@ def test_an_inception_config_saved_before_inception_bn_gamma_is_the_gamma_networ
     assert changes == ["inception_bn_gamma True -> False"]
     assert shaping_changes(changes) == changes
     assert "inception_bn_gamma" not in upgrade_saved_config({"model": "resnet50_v2"})
+
+
+def test_a_v15_config_saved_before_no_decay_bn_decayed_bn_and_its_resume_names_the_change():
+    # The v1.5 recipes decay every parameter but BN's (TF official's exclude_batch_norm) since
+    # no_decay_bn exists; a run begun before decayed gamma and beta too, in one parameter group.
+    old = dataclasses.asdict(make_config(recipe="resnet50_v1.5"))
+    del old["no_decay_bn"]
+    assert upgrade_saved_config(old)["no_decay_bn"] is False
+    changes = changed_settings(old, make_config(recipe="resnet50_v1.5"))
+    assert changes == ["no_decay_bn False -> True"] and shaping_changes(changes) == changes

@@ -298,6 +298,27 @@ def test_param_groups_split_bn_and_bias_in_registration_order(name):
     assert len(exempt["params"]) == 2 * n_bn + len(classifier_names(model))  # gamma, beta; fc biases
 
 
+def test_no_decay_bn_exempts_batch_norm_only_as_tf_official_resnet():
+    # resnet_run_loop.py's exclude_batch_norm: L2 on every trainable variable whose name lacks
+    # 'batch_normalization', the dense bias included. The v1.5 recipe decayed BN's gamma and beta too.
+    from fasttrain.config import make_config
+
+    model = _pristine("resnet18", 10)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, exempt = param_groups(model, 1e-4, no_decay_bn_bias=False, no_decay_bn=True)
+    bn = {
+        n
+        for m_name, m in model.named_modules()
+        if isinstance(m, nn.BatchNorm2d)
+        for n in (f"{m_name}.weight", f"{m_name}.bias")
+    }
+    assert {names[id(p)] for p in exempt["params"]} == bn and exempt["weight_decay"] == 0.0
+    assert "fc.bias" in {names[id(p)] for p in decay["params"]}
+    for recipe in ("resnet50_v1.5", "resnet101_v1.5"):
+        cfg = make_config(recipe=recipe)
+        assert (cfg.no_decay_bn, cfg.no_decay_bn_bias, cfg.weight_decay) == (True, False, 1e-4)
+
+
 def test_param_groups_drive_torch_sgd_weight_decay():
     model = _small_resnet()
     with torch.no_grad():

@@ -108,20 +108,25 @@ def reset_classifier(model: nn.Module) -> None:
         _unwrap(model).reset_classifier()
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_decay_bn_bias: bool) -> list[dict]:
+def param_groups(
+    model: nn.Module, weight_decay: float, no_decay_bn_bias: bool, no_decay_bn: bool = False
+) -> list[dict]:
     """torch.optim parameter groups: [{'params': [...], 'weight_decay': wd}, ...].
 
-    no_decay_bn_bias=False: one group with every parameter. True: a group with the conv and fc
-    weights at weight_decay, then a group with every BN gamma/beta and every bias at 0. Within a
-    group parameters keep model.parameters() order (registration order); empty groups are left out.
+    Both False: one group with every parameter. no_decay_bn_bias: a group with the conv and fc
+    weights at weight_decay, then a group with every BN gamma/beta and every bias at 0 (slim's
+    regularizers, the Inception seed). no_decay_bn: the same with only BN's gamma/beta at 0, biases
+    decayed (TF official ResNet's `exclude_batch_norm`: every trainable variable but batch_normalization
+    ones). Within a group parameters keep model.parameters() order (registration order); empty groups
+    are left out.
     """
     params = list(model.parameters())
-    if not no_decay_bn_bias:
+    if not (no_decay_bn_bias or no_decay_bn):
         return [{"params": params, "weight_decay": weight_decay}]
     exempt: set[int] = set()
     for module in model.modules():
         for pname, p in module.named_parameters(recurse=False):
-            if isinstance(module, nn.modules.batchnorm._NormBase) or pname == "bias":
+            if isinstance(module, nn.modules.batchnorm._NormBase) or (no_decay_bn_bias and pname == "bias"):
                 exempt.add(id(p))
     groups = [
         {"params": [p for p in params if id(p) not in exempt], "weight_decay": weight_decay},
