@@ -127,6 +127,18 @@ class FlatOptimizer(torch.optim.Optimizer):
             self.applied_steps += (found_inf == 0).to(torch.int64)
         return loss
 
+    @torch.no_grad()
+    def l2_term(self) -> torch.Tensor:
+        """The weight decay as the seeds' loss holds it, sum over groups of wd * sum(tf.nn.l2_loss(w)) =
+        0.5 * wd * ||w||^2, a device scalar (the update adds its gradient, wd * w; the loss fasttrain
+        computes leaves the term out). One pass over the flat weights: the pads between are zeros."""
+        total = torch.zeros((), dtype=torch.float32, device=self.flat.params.device)
+        for group, (start, end) in zip(self.param_groups, self.flat.group_ranges):
+            if group["weight_decay"]:
+                w = self.flat.params[start:end]
+                total += 0.5 * group["weight_decay"] * torch.dot(w, w)
+        return total
+
     def ema_parameters(self, params=None) -> list[torch.Tensor]:
         """The EMA of each of `params` (default: every parameter in `param_groups` order; pass
         `model.parameters()` to match `model.named_parameters()` when groups regroup them). Views,

@@ -212,9 +212,13 @@ def train(cfg: Config) -> dict:
         """The seeds' log line and a metrics row for the steps since the last one (their mean loss)."""
         nonlocal tick, tick_step, skipped_before
         # note: CPU-GPU sync point, once per log_every steps
-        loss, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+        cross_entropy, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+        # The seeds' logged loss holds the L2 term (fasttrain's update adds its gradient instead): of the
+        # weights after this step's update, theirs before it, one update apart.
+        l2 = run.optimizer.l2_term().item()
+        loss = cross_entropy + l2
         skipped = int(step_fn.scaler.skipped_steps.item())
-        loss_avg = step_fn.loss_sum.item() / (step - tick_step)
+        loss_avg = step_fn.loss_sum.item() / (step - tick_step) + l2
         train_top1 = step_fn.top1_sum.item() / (step - tick_step)
         step_fn.loss_sum.zero_()
         step_fn.top1_sum.zero_()
@@ -226,7 +230,9 @@ def train(cfg: Config) -> dict:
         record = dict(
             loss=loss,
             loss_avg=loss_avg,
-            loss_ema=step_fn.loss_average.item(),
+            loss_ema=step_fn.loss_average.item() + l2,
+            cross_entropy=cross_entropy,  # with the aux head's share (Inception): the loss without L2
+            l2_loss=l2,
             train_top1=train_top1,
             lr=schedule.at(step - 1),
             examples_per_sec=global_batch / sec_per_batch,

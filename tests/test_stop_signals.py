@@ -194,7 +194,13 @@ def test_a_stop_between_log_steps_logs_the_steps_since_the_last_row(data, tmp_pa
     loss = {
         r["step"]: r["loss"] for r in map(json.loads, (reference / "metrics.jsonl").read_text().splitlines())
     }
-    assert rows[-1]["loss"] == loss[6] and rows[-1]["loss_avg"] == pytest.approx((loss[5] + loss[6]) / 2)
+    assert rows[-1]["loss"] == loss[6]
+    # the window's mean cross-entropy (the L2 term, of step 6's weights, is added to it at the row)
+    ce = {
+        r["step"]: r["cross_entropy"]
+        for r in map(json.loads, (reference / "metrics.jsonl").read_text().splitlines())
+    }
+    assert rows[-1]["loss_avg"] - rows[-1]["l2_loss"] == pytest.approx((ce[5] + ce[6]) / 2)
     resumed = subprocess.run(
         command(data, run_dir, *args, "--max_steps=10"), env=ENV, capture_output=True, text=True
     )

@@ -238,3 +238,22 @@ def test_a_run_file_that_cannot_be_written_is_one_error_or_one_note(tmp_path, ca
     err = capsys.readouterr().err
     assert err.count("cannot write") == 1 and "metrics.jsonl (Is a directory); its rows are not kept" in err
     assert (tmp_path / "run" / "ckpt-4.pt").is_file()
+
+
+@pytest.mark.parametrize("exempt", [False, True])
+def test_the_logged_loss_holds_the_seeds_l2_term(tmp_path, exempt):
+    # Both seeds log cross-entropy + weight_decay * sum(tf.nn.l2_loss(w)); the trainer logged the
+    # cross-entropy alone (2.2 lower for resnet50_v2 at initialisation, 3.4 for Inception v3).
+    cfg = _cfg(tmp_path, weight_decay=0.01, no_decay_bn_bias=exempt, precision="fp32")
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "loss" in r][-1]
+    assert last["step"] == 4
+    state = torch.load(tmp_path / "run" / "ckpt-4.pt", weights_only=True)["model"]
+    model = fasttrain.run.build_model(cfg)
+    decayed = [n for n, p in model.named_parameters() if not (exempt and p.dim() == 1)]
+    # float64 from the checkpoint of the same step (the weights after its update, as logged)
+    expected = sum(0.5 * 0.01 * state[n].double().pow(2).sum().item() for n in decayed)
+    assert last["l2_loss"] == pytest.approx(expected, rel=1e-5)  # fp32 dot over ~50k values
+    assert last["loss"] == pytest.approx(last["cross_entropy"] + expected, rel=1e-5)
+    assert last["loss_avg"] == pytest.approx(last["cross_entropy"] + expected, rel=1e-5)  # log_every 1
