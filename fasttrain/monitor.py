@@ -15,7 +15,7 @@ from fasttrain.distributed import all_reduce_flag
 def log_step(
     log, progress, step: int, loss: float, examples_per_sec: float, sec_per_batch: float, train_top1: float
 ) -> None:
-    """The Inception seed's line, then the training top-1 (the ResNet seed's train_accuracy) of the
+    """The Inception seed's line, then the training top-1 (the ResNet seed logs a running train_accuracy) of the
     batches since the previous line."""
     line = (
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
