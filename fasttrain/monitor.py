@@ -15,8 +15,8 @@ from fasttrain.distributed import all_reduce_flag
 def log_step(
     log, progress, step: int, loss: float, examples_per_sec: float, sec_per_batch: float, train_top1: float
 ) -> None:
-    """The Inception seed's line, then the training top-1 (the ResNet seed logs a running train_accuracy) of the
-    batches since the previous line."""
+    """The Inception seed's line, then the training top-1 of the batches since the previous line (the
+    ResNet seed logs a running train_accuracy)."""
     line = (
         f"{time.strftime('%Y-%m-%d %H:%M:%S')}: step {step}, loss = {loss:.2f} "
         f"({examples_per_sec:.1f} examples/sec; {sec_per_batch:.3f} sec/batch), train top-1 {train_top1:.3f}"
