@@ -106,6 +106,18 @@ def write_atomic(path: Path, write: Callable) -> None:
         raise
 
 
+def torch_save_to(f, obj) -> None:
+    """torch.save(obj) into the open binary file f; a failed write raises its own OSError (a full
+    disk: ENOSPC, EFBIG), where torch's zip writer would say "unexpected pos 704 vs 598"."""
+    sink = _Sink(f)
+    try:
+        torch.save(obj, sink)
+    except RuntimeError:
+        if sink.error is None:
+            raise
+        raise sink.error from None
+
+
 class _Sink:
     """The file torch.save writes to, keeping the first OSError: torch's zip writer replaces it with
     "unexpected pos 704 vs 598" (a disk-full save said nothing about the disk)."""
@@ -139,13 +151,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
     placed = []  # files put in place by this save, taken back if it fails before the data file lands
     try:
         with open(tmp, "wb") as f:
-            sink = _Sink(f)
-            try:
-                torch.save(state, sink)
-            except RuntimeError:
-                if sink.error is None:
-                    raise
-                raise sink.error from None
+            torch_save_to(f, state)
             f.flush()
             os.fsync(f.fileno())
         digest = _sha256(tmp)
@@ -155,7 +161,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
         placed.clear()
         _fsync_dir(directory)
     except BaseException as exc:
-        left = [p for p in (tmp, *placed) if not _remove(p)]
+        left = [p for p in (tmp, *placed) if not remove_file(p)]
         if isinstance(exc, OSError):
             landed = not tmp.exists() and final.exists()  # only the directory's fsync failed
             raise CheckpointError(_write_failure(final, step, exc, left, landed)) from None
@@ -168,7 +174,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
     return final
 
 
-def _remove(path: Path) -> bool:
+def remove_file(path: Path) -> bool:
     """Delete path if it exists; False if it is still there (a read-only file system, EIO)."""
     try:
         path.unlink(missing_ok=True)

@@ -34,8 +34,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
-
 from fasttrain import checkpoint as ckpt_io
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.errors import FasttrainError, exit_code, print_error
@@ -120,19 +118,13 @@ def _write_pt(out: Path, saved: dict) -> None:
     tmp = out.with_name(f".{out.name}.tmp")
     try:
         with open(tmp, "wb") as f:
-            sink = ckpt_io._Sink(f)  # torch's zip writer replaces an OSError by "unexpected pos"
-            try:
-                torch.save(saved, sink)
-            except RuntimeError:
-                if sink.error is None:
-                    raise
-                raise sink.error from None
+            ckpt_io.torch_save_to(f, saved)  # a full disk's OSError, not torch's "unexpected pos"
             f.flush()
             os.fsync(f.fileno())
         out.with_name(out.name + ".sha256").unlink(missing_ok=True)
         os.replace(tmp, out)
     except BaseException as exc:
-        left = "" if ckpt_io._remove(tmp) else f"; {tmp} could not be removed"
+        left = "" if ckpt_io.remove_file(tmp) else f"; {tmp} could not be removed"
         if isinstance(exc, OSError):
             kept = "it is as it was" if out.exists() else "nothing was written"
             code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
