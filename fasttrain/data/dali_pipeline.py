@@ -72,6 +72,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
+from fasttrain.data.dali_boxes import records_have_box_keys
 from fasttrain.data.dali_ops import distort_color, eval_images, train_window, vgg_images
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import decode_record, label_range_error
@@ -134,6 +135,9 @@ class DaliLoader(EpochPosition):
         self.table, self._len = open_split(cfg, split, training, rank, world_size)
         self.num_records = len(self.table)
         self._shard_index = {p: str(ensure_index(p, cfg.data_cache_dir or None)) for p in self.table.files}
+        # Whether the train crop reads the records' boxes (fasttrain.data.dali_boxes: DALI reads garbage
+        # for a missing key); without them it crops with the whole-image box, as TensorFlow does.
+        self.box_keys = training and cfg.preprocess != "vgg" and records_have_box_keys(self.table)
         self._workdir = Path(tempfile.mkdtemp(prefix="fasttrain-dali-"))
         weakref.finalize(self, shutil.rmtree, self._workdir, True)
 
@@ -241,7 +245,9 @@ class DaliLoader(EpochPosition):
         paths, index_files = self._write_index_files(positions)
         dtype = getattr(types, _DALI_DTYPES[self.dtype])
         with pipe:
-            images, labels, crop = _graph(self.cfg, paths, index_files, self.training, cuda, dtype)
+            images, labels, crop = _graph(
+                self.cfg, paths, index_files, self.training, cuda, dtype, self.box_keys
+            )
             pipe.set_outputs(images, labels, *(crop if crop_outputs else ()))
         pipe.build()
         return pipe
@@ -345,7 +351,9 @@ def _runs(positions: np.ndarray, file_ids: np.ndarray) -> list[np.ndarray]:
 # --- the DALI graph ---------------------------------------------------------------------------------
 
 
-def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool, cuda: bool, dtype):
+def _graph(
+    cfg: Config, paths: list[str], index_files: list[str], training: bool, cuda: bool, dtype, box_keys: bool
+):
     """DataNodes images (S, S, 3) `dtype` on the device, labels () int64 on the CPU, and in training
     the crop window (anchor (x, y) and extent (w, h), fractions of the image, as dali_ops.train_window
     has them before it rounds them to pixels; image (W, H) pixels)."""
@@ -358,8 +366,7 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
         "image/encoded": tfrec.FixedLenFeature((), tfrec.string, ""),
         "image/class/label": tfrec.FixedLenFeature([1], tfrec.int64, -1),
     }
-    if training:
-        # A missing key reads as one default value: xmin, ymin 0 and xmax, ymax 1 is the whole image.
+    if box_keys:
         features.update(
             {f"image/object/bbox/{k}": tfrec.VarLenFeature(tfrec.float32, d) for k, d in _BOX_KEYS}
         )
@@ -384,12 +391,15 @@ def _graph(cfg: Config, paths: list[str], index_files: list[str], training: bool
     if cfg.preprocess == "vgg":
         images, mirror, crop = vgg_images(fn, dmath, types, jpegs, decoder, height, width, size, training)
     elif training:
-        # An empty list becomes the whole-image box: pad to at least one entry, never more.
-        coords = [fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]) for k, _ in _BOX_KEYS]
-        coords = [
-            fn.pad(c, fill_value=d, axes=(0,), shape=(1,), align=(1,)) for c, (_, d) in zip(coords, _BOX_KEYS)
-        ]
-        boxes = fn.stack(*coords, axis=1)
+        if box_keys:  # an empty list becomes the whole-image box: pad to at least one entry, never more
+            coords = [fn.reshape(inputs[f"image/object/bbox/{k}"], shape=[-1]) for k, _ in _BOX_KEYS]
+            coords = [
+                fn.pad(c, fill_value=d, axes=(0,), shape=(1,), align=(1,))
+                for c, (_, d) in zip(coords, _BOX_KEYS)
+            ]
+            boxes = fn.stack(*coords, axis=1)
+        else:  # records without the keys: the whole-image box, (xmin, ymin, xmax, ymax)
+            boxes = fn.constant(fdata=[d for _, d in _BOX_KEYS], shape=[1, 4], dtype=types.FLOAT)
         anchor, extent, start, shape = train_window(fn, dmath, types, boxes, width, height)
         crop = (anchor, extent, fn.stack(width, height))
         images = fn.decoders.image_slice(
