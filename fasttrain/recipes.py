@@ -121,7 +121,10 @@ def _resnet_seed(size: int) -> dict:
 def _resnet_v15(size: int) -> dict:
     # TF official ResNet from 2018 on (v1.5 with the imagenet_preprocessing distorted-bbox crop), also
     # MLPerf's and NVIDIA's reference: momentum 0.9, 32 per device, LR 0.1 x batch/256, x0.1 at epochs
-    # 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5, 90 epochs, 1000 classes.
+    # 30/60/80/90, weight decay 1e-4, 224 px, BN decay 0.997 eps 1e-5, 90 epochs. 1000 classes (the
+    # stored labels 1..1000 less one), as NVIDIA's PyTorch example trains; TF official's own
+    # imagenet_main.py keeps the background class (_NUM_CLASSES = 1001): --num_classes=1001
+    # --label_offset=0 is that, with the same top-1 (no image has label 0).
     return dict(
         recipe=f"resnet{size}_v1.5",
         model=f"resnet{size}",
