@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -58,12 +60,13 @@ class MetricsLog:
 
     def write(self, **record) -> None:
         if self.enabled:
-            if not self._tail_checked:
-                self._tail_checked = True
-                self._drop_torn_tail()
             try:
-                with open(self.path, "a", encoding="utf-8") as f:
-                    f.write(json.dumps({"time": time.time(), **record}) + "\n")
+                with self._locked():
+                    if not self._tail_checked:
+                        self._tail_checked = True
+                        self._drop_torn_tail()
+                    with open(self.path, "a", encoding="utf-8") as f:
+                        f.write(json.dumps({"time": time.time(), **record}) + "\n")
             except OSError as exc:  # a full disk: the run goes on (its checkpoints say for themselves)
                 if not self._failed:
                     sys.stderr.write(
@@ -89,6 +92,24 @@ class MetricsLog:
                 if all(record.get(k) == v for k, v in fields.items()):
                     return True
         return False
+
+    @contextlib.contextmanager
+    def _locked(self):
+        """An exclusive flock on the file's directory, held by each append and by resume_at's rewrite:
+        the evaluator (another process) appends to the trainer's file, and a row it appended while a
+        resuming trainer read and replaced the file went with the old file. Where the file system has
+        no locks (some network file systems), nothing is held."""
+        try:
+            fd = os.open(self.path.parent, os.O_RDONLY)
+        except OSError:
+            yield
+            return
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def _drop_torn_tail(self) -> None:
         """Before the first row this process appends: a last line without its newline (a writer killed
@@ -119,6 +140,10 @@ class MetricsLog:
         the new one). Returns the line to log ('' when nothing changed)."""
         if not self.enabled or not self.path.exists():
             return ""
+        with self._locked():
+            return self._rewrite_to(step)
+
+    def _rewrite_to(self, step: int) -> str:
         from fasttrain.checkpoint import write_atomic
 
         try:

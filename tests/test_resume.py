@@ -405,6 +405,34 @@ def test_a_failed_rewrite_keeps_the_file_whole(tmp_path, monkeypatch):
     assert MetricsLog(path, enabled=False).resume_at(0) == ""  # other ranks write no metrics
 
 
+def test_a_row_the_evaluator_appends_during_a_resumes_rewrite_is_kept(tmp_path, monkeypatch):
+    # fasttrain.evaluate (another process) appends to the trainer's metrics.jsonl. A row it appended
+    # after a resuming trainer had read the file and before it renamed the rewrite over it went with
+    # the old file. Here the evaluator's append comes while the rewrite is being written.
+    import threading
+    import time
+
+    import fasttrain.checkpoint
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"time": 0.0, "step": s, "loss": 1.0}) + "\n" for s in range(1, 6)))
+    real_write_atomic = fasttrain.checkpoint.write_atomic
+    evaluator = threading.Thread(
+        target=lambda: MetricsLog(path, enabled=True).write(step=2, split="validation", source="evaluate")
+    )
+
+    def write_atomic_meanwhile(target, write):
+        evaluator.start()
+        time.sleep(0.5)  # the append, unless something holds it back, lands in the file being replaced
+        real_write_atomic(target, write)
+
+    monkeypatch.setattr(fasttrain.checkpoint, "write_atomic", write_atomic_meanwhile)
+    assert MetricsLog(path, enabled=True).resume_at(2).startswith("metrics.jsonl: dropped 3 line(s)")
+    evaluator.join(timeout=10)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r.get("source")) for r in rows] == [(1, None), (2, None), (2, "evaluate")]
+
+
 def test_a_start_over_keeps_the_earlier_starts_rows_beside(tmp_path):
     # A directory whose run stopped before its first checkpoint, started again (perhaps with another
     # seed or learning rate): its rows were dropped, and with them all there was of that run.
