@@ -313,3 +313,33 @@ def test_row_checkpoints_leave_the_batches_as_they_are(synthetic, tmp_path, monk
     _same(_epoch(threads, 1), reference)
     _same(_epoch(TorchLoader(cfg, "train", True), 1), reference)
     assert sum(doctored) > len(doctored) // 2  # most decodes did go through a doctored stream
+
+
+def test_a_thread_dying_outside_a_sample_is_an_error_not_a_hang(synthetic, monkeypatch):
+    """A loader thread that dies outside the per-sample try (its reader's set-up; with CUDA, a slot's
+    release event whose synchronize raises after an asynchronous CUDA error) must not leave the
+    consumer waiting forever for a batch no thread will finish."""
+    import fasttrain.data.thread_loader as tl
+
+    class FailingEvent:
+        def synchronize(self):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(tl, "_release_events", lambda: True)
+    monkeypatch.setattr(tl, "_recorded_event", FailingEvent)
+    loader = ThreadLoader(_cfg(synthetic, batch_size=2), "train", True, reuse_buffers=True)
+    result = {}
+
+    def consume():
+        try:
+            for _ in loader:
+                pass
+        except RuntimeError as e:
+            result["error"] = e
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the consumer hangs"
+    assert "illegal memory access" in str(result["error"])
+    assert not _loader_threads()

@@ -210,6 +210,7 @@ class _Epoch:
         self.next_sample = 0  # the next sample (counted from batch `start`) a thread takes
         self.released = start  # batches below this one the consumer no longer holds
         self.stopping = False
+        self.failure: BaseException | None = None  # a thread that died outside a sample's try
         self.batches: dict[int, _Batch] = {}  # batches being made or ready, by index
         self.threads = []
         self.clocks = [ThreadTime(threads=1) for _ in range(loader.num_threads)]  # each its thread's own
@@ -234,6 +235,8 @@ class _Epoch:
             if not (j in self.batches and self.batches[j].ready):
                 waited = time.perf_counter()
                 while not (j in self.batches and self.batches[j].ready):
+                    if self.failure is not None:
+                        raise self.failure
                     self.cond.wait()
                 self.consumer_wait_s += time.perf_counter() - waited
             batch = self.batches.pop(j)
@@ -294,6 +297,14 @@ class _Epoch:
             return j, i, batch, self.events[j % self.slots] if self.ordered else None
 
     def _work(self, clock: ThreadTime) -> None:
+        try:
+            self._work_on(clock)
+        except BaseException as e:  # noqa: BLE001 - the consumer would otherwise wait forever
+            with self.cond:
+                self.failure = self.failure or e
+                self.cond.notify_all()
+
+    def _work_on(self, clock: ThreadTime) -> None:
         reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
         try:
             while (task := self._take(clock)) is not None:
