@@ -343,3 +343,19 @@ def test_a_thread_dying_outside_a_sample_is_an_error_not_a_hang(synthetic, monke
     assert not t.is_alive(), "the consumer hangs"
     assert "illegal memory access" in str(result["error"])
     assert not _loader_threads()
+
+
+@pytest.mark.parametrize("skip_corrupt", [False, True])
+@pytest.mark.parametrize("loader", ["threads", "processes"])
+def test_a_shard_deleted_while_training_is_one_error(synthetic, tmp_path, loader, skip_corrupt):
+    # open() of a shard gone since the split was listed raised FileNotFoundError: a traceback, as for a
+    # bug (with processes, "Caught FileNotFoundError in DataLoader worker process 0"), and skip_corrupt
+    # would have skipped every record of it, a line each.
+    data = tmp_path / "data"
+    shutil.copytree(synthetic, data)
+    cfg = _cfg(data, loader=loader, skip_corrupt=skip_corrupt, input_order="one_stream")
+    train = build_loader(cfg, "train", training=True)
+    gone = data / "train-00001-of-00003"
+    gone.unlink()
+    with pytest.raises(DataError, match=f"cannot read shard {gone} \\(No such file or directory\\)"):
+        _epoch(train, 0)

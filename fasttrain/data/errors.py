@@ -17,3 +17,15 @@ class LabelRangeError(DataError, SettingError):
     so the CLI exits 2 for it; never skipped by skip_corrupt (a wrong num_classes or label_offset would
     otherwise drop whole classes from training and evaluation without a word).
     """
+
+
+class ShardReadError(DataError):
+    """A shard that cannot be opened or read any more (deleted or moved while training, permissions, an
+    I/O error): never skipped by skip_corrupt, which is for bad records, not for a missing file (every
+    record of it would be skipped, one line each)."""
+
+
+def skip_reason(error: DataError) -> str:
+    """What a record skipped by skip_corrupt had, without the message's advice (which would say to
+    re-create the shard or to train with skip_corrupt, already on)."""
+    return str(error).split(";")[0]

@@ -42,7 +42,7 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
-from fasttrain.data.errors import DataError
+from fasttrain.data.errors import DataError, ShardReadError
 
 _HEADER = struct.Struct("<QI")  # length, masked CRC of the 8 length bytes
 _FOOTER = struct.Struct("<I")  # masked CRC of the data
@@ -228,13 +228,16 @@ class RecordBuffer:
         if size > len(self.data):
             self._allocate(max(size, 2 * len(self.data)))
         framed = self.view[:size]
-        if _preadv is not None:  # one call (no shared file position), more only after a short read
-            got, fd = 0, f.fileno()
-            while got < size and (n := _preadv(fd, [framed[got:]], offset + got)):
-                got += n  # (a network file system may return less than asked before the end)
-        else:
-            f.seek(offset)
-            got = f.readinto(framed) or 0
+        try:
+            if _preadv is not None:  # one call (no shared file position), more only after a short read
+                got, fd = 0, f.fileno()
+                while got < size and (n := _preadv(fd, [framed[got:]], offset + got)):
+                    got += n  # (a network file system may return less than asked before the end)
+            else:
+                f.seek(offset)
+                got = f.readinto(framed) or 0
+        except OSError as e:  # EIO from a failing disk, a network file system gone
+            raise ShardReadError(f"cannot read shard {path} at offset {offset} ({e.strerror})") from None
         if got < size:
             raise _truncated(offset, path, f"{got} of {size} bytes")
         length, length_crc = _HEADER.unpack_from(framed)

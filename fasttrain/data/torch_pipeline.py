@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
 from fasttrain.data import warm
-from fasttrain.data.errors import DataError, LabelRangeError
+from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, skip_reason
 from fasttrain.data.imagenet import SampleDecoder
 from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.row_index import RowIndexes
@@ -97,9 +97,9 @@ class _BatchDataset(IterableDataset):
             try:
                 labels.append(self._reader.sample(int(position), images[len(labels)]))
             except DataError as e:
-                if not self.skip_corrupt or isinstance(e, LabelRangeError):  # a flag mistake
+                if not self.skip_corrupt or isinstance(e, LabelRangeError | ShardReadError):  # not a record's
                     raise
-                sys.stderr.write(f"skipping: {e}\n")  # one write: workers share the pipe
+                sys.stderr.write(f"skipping: {skip_reason(e)}\n")  # one write: workers share the pipe
                 skipped += 1
         good = len(labels)
         if self.training and skipped:
@@ -144,7 +144,11 @@ class SampleReader:
         if f is None:
             if len(self._files) >= _MAX_OPEN_FILES:
                 self._files.popitem(last=False)[1].close()
-            f = open(self.table.files[file_id], "rb")  # noqa: SIM115 - closed by the LRU / close()
+            path = self.table.files[file_id]
+            try:
+                f = open(path, "rb")  # noqa: SIM115 - closed by the LRU / close()
+            except OSError as e:  # deleted, moved or unreadable since the split was listed
+                raise ShardReadError(f"cannot read shard {path} ({e.strerror})") from None
         self._files[file_id] = f
         return f
 
