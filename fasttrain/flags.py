@@ -34,6 +34,7 @@ from fasttrain.seed_flags import (  # noqa: F401 (BOTH_SEEDS_FLAGS ...: re-expor
     NOTED_FLAGS,
     RESNET_SEED_FLAGS,
     SEED_CONVERSIONS,
+    machine_batch,
     seed_recipe,
 )
 
@@ -138,18 +139,7 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
     chosen = ""
     if "recipe" not in values and (seed := seed_recipe(seen, values)):
         values["recipe"], chosen = seed
-    if "num_gpus" in values and "batch_size" in values and "node_batch_size" not in values:
-        # The Inception seed's --batch_size is one machine's, split over its --num_gpus towers
-        # (inception_train.py: split_batch_size = batch_size / num_gpus): fasttrain's node batch, divided
-        # over the node's processes. Read per process, --num_gpus=8 --batch_size=32 trained 8x the batch.
-        batch, gpus = values.pop("batch_size"), values["num_gpus"]
-        values["node_batch_size"], spelled["node_batch_size"] = batch, spelled.pop("batch_size")
-        if gpus != 1:
-            notes["batch_size"] = (
-                f"--batch_size={batch} with --num_gpus={gpus} is one machine's batch, as the Inception seed "
-                f"splits it over its GPUs: it sets --node_batch_size={batch}, divided over this node's "
-                "processes (torchrun --nproc_per_node)"
-            )
+    machine_batch(values, spelled, notes)
     if wants_help:
         print(_usage(make_config(recipe=values.get("recipe", "demo"))))
         raise SystemExit(0)

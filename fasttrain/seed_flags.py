@@ -6,7 +6,7 @@ fasttrain.flags parses the command line with these. Imports no torch.
 
 from __future__ import annotations
 
-from fasttrain.config import ConfigError
+from fasttrain.config import RECIPES, ConfigError
 
 # TF 1.4's fused batch norm raised any smaller epsilon to this (cuDNN's minimum): the ResNet seed's
 # layers, fused=True with epsilon 1e-5, ran at 1.001e-5 (tf.layers normalization.py, _fused_batch_norm).
@@ -134,3 +134,29 @@ def seed_recipe(seen: dict[str, str], values: dict) -> tuple[str, str] | None:
         f"fasttrain: recipe {recipe}: {program}'s program ({_PROGRAM[recipe]}), selected by its flags "
         f"{', '.join(resnet or inception)} (no --recipe given; --recipe NAME trains another)"
     )
+
+
+def machine_batch(values: dict, spelled: dict[str, str], notes: dict[str, str]) -> None:
+    """With --num_gpus, the Inception seed's --batch_size is one machine's, split over its --num_gpus towers
+    (inception_train.py: split_batch_size = batch_size / num_gpus): fasttrain's node batch, divided over
+    the node's processes; values (the parsed fields) and spelled get node_batch_size in its place, and
+    notes a line when it is split. Read per process, --num_gpus=8 --batch_size=32 trained 8x the batch.
+    Without --batch_size the seed's default, 32 (image_processing.py), is the machine's on the
+    inception_v3 recipe: --num_gpus=2 alone trained a global batch of 64."""
+    gpus = values.get("num_gpus")
+    if "num_gpus" not in values or "node_batch_size" in values:
+        return
+    if "batch_size" in values:
+        batch = values.pop("batch_size")
+        values["node_batch_size"], spelled["node_batch_size"] = batch, spelled.pop("batch_size")
+        given = f"--batch_size={batch} with --num_gpus={gpus}"
+    elif values.get("recipe") == "inception_v3" and gpus:
+        batch = values["node_batch_size"] = RECIPES["inception_v3"].batch_size
+        given = f"--num_gpus={gpus} without --batch_size: the seed's default --batch_size={batch}"
+    else:
+        return
+    if gpus != 1:
+        notes["batch_size"] = (
+            f"{given} is one machine's batch, as the Inception seed splits it over its GPUs: it sets "
+            f"--node_batch_size={batch}, divided over this node's processes (torchrun --nproc_per_node)"
+        )

@@ -135,6 +135,20 @@ def test_a_split_batch_is_noted(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("recipe", [[], ["--recipe=inception_v3"]])
+def test_num_gpus_alone_splits_the_seeds_default_batch(recipe, capsys, monkeypatch):
+    # image_processing.py: DEFINE_integer('batch_size', 32, ...), one machine's, split over --num_gpus
+    # towers (inception_train.py). torchrun --nproc_per_node=2 ... --num_gpus=2 trained 2 x 32 per step.
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = parse_args([*recipe, "--num_gpus=2", "--train_dir=T", "--data_dir=D"])
+    assert (cfg.recipe, cfg.node_batch_size) == ("inception_v3", 32)
+    assert resolve_node_batch(cfg, 2).batch_size == 16  # the seed's global batch of 32, as it wrote it out
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--num_gpus=2 without --batch_size" in line and "--node_batch_size=32" in line
+    # The ResNet recipes' batch is one node's already (--train-batch-size 128): left as it is.
+    assert parse_args(["--recipe=resnet50", "--num_gpus=2"]).node_batch_size == 128
+
+
 # --- the demo's own command lines ---------------------------------------------------------------------
 
 # Config fields that only the seeds' command lines have: alone, they select a seed's recipe.
