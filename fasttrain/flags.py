@@ -2,11 +2,11 @@
 same fields, docstrings and recipes.
 
 `--field=value` or `--field value` (not a next word that starts with --: `--train_dir --max_steps=3`
-is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field` and
-`--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
-comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe sets the defaults and the flags
-override it: --recipe's, else the seed's whose own flags the command line holds (`seed_recipe`), else
-the demo's. `python -m fasttrain.flags` prints README's table.
+is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field`,
+TF's `--nofield` and `--field=false`; a field typed `X | None` takes auto or none for None; a list field
+takes its items comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe sets the defaults and
+the flags override it: --recipe's, else the seed's whose own flags the command line holds
+(`seed_recipe`), else the demo's. `python -m fasttrain.flags` prints README's table.
 
 The seeds' command lines are accepted as they are spelled: the ResNet seed's (imagenet_main.py) names
 that are not field names are aliases (config.ALIASES, and seed_flags.SEED_CONVERSIONS for the two whose
@@ -31,6 +31,7 @@ from fasttrain.config_checks import without_effect
 from fasttrain.seed_flags import (  # noqa: F401 (BOTH_SEEDS_FLAGS ...: re-exported for the tests)
     BOTH_SEEDS_FLAGS,
     INCEPTION_SEED_FLAGS,
+    NOTED_BOOLEANS,
     NOTED_FLAGS,
     RESNET_SEED_FLAGS,
     SEED_CONVERSIONS,
@@ -90,20 +91,24 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
             raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
         flag, eq, text = arg.partition("=")
         raw = flag[2:].replace("-", "_")
+        if tf_false := _tf_negation(raw):  # --nofine_tune: TF's --fine_tune=false
+            raw = tf_false
         seen.setdefault(raw, flag)
         if raw in NOTED_FLAGS:
+            if tf_false and eq:
+                raise ConfigError(f"{flag} takes no value")
             # Its value, if any, is the next word unless that is a flag: --sync, --log_dir /data/logs.
-            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            if not tf_false and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 i += 1
             notes.setdefault(raw, f"{flag} is accepted for the seeds' command lines: {NOTED_FLAGS[raw]}")
             i += 1
             continue
-        name, negated = _canonical(flag)
+        name, negated = (ALIASES.get(raw, raw), True) if tf_false else _canonical(flag)
         if name not in _FIELDS:
             raise ConfigError(
                 f"unknown flag {flag}{_suggestion(raw)} (python -m fasttrain --help lists the flags)"
             )
-        is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
+        is_bool = _is_bool(name)
         if negated:
             if not is_bool:
                 raise ConfigError(
@@ -211,6 +216,20 @@ def _canonical(flag: str) -> tuple[str, bool]:
     return name, False
 
 
+def _is_bool(name: str) -> bool:
+    return bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
+
+
+def _tf_negation(raw: str) -> str:
+    """'fine_tune' for 'nofine_tune': TF's flags (absl) spell a boolean's false --noNAME, as the Inception
+    seed's --nofine_tune and --nolog_device_placement do; '' when raw is a flag of its own or NAME is no
+    field (a field that takes a value is returned, for its error) nor a noted boolean."""
+    base = raw[2:]
+    if not raw.startswith("no") or raw in known_flags() or base.startswith("_"):
+        return ""
+    return base if base in NOTED_BOOLEANS or ALIASES.get(base, base) in _FIELDS else ""
+
+
 def _is_alias(flag: str) -> bool:
     name = flag[2:].replace("-", "_")
     return name in ALIASES or name in SEED_CONVERSIONS
@@ -220,7 +239,8 @@ def _usage(recipe: Config) -> str:
     lines = [
         "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
         "",
-        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false. Lists: --flag=1,2,3.",
+        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag (TF's --noflag), --flag=false. "
+        "Lists: --flag=1,2,3.",
         f"Defaults shown are recipe {recipe.recipe}'s (without --recipe: the demo, or the seed's recipe "
         "its own flags select; --recipe NAME --help shows another's).",
         "",

@@ -59,6 +59,9 @@ NOTED_FLAGS = {
     "num_inter_threads": "torch runs a step's operators in order; the intra-op threads are fasttrain's "
     "choice (the run's first line; OMP_NUM_THREADS overrides)",
 }
+# The noted flags that are TF booleans (inception_train.py DEFINE_boolean): TF's flags spell their false
+# --noNAME (--nolog_device_placement), as they do the booleans that are fields (--nofine_tune).
+NOTED_BOOLEANS = ("log_device_placement",)
 
 
 # Which recipe a command line without --recipe trains (`seed_recipe`). The demo's own command lines
