@@ -33,6 +33,7 @@ from fasttrain.seed_flags import (  # noqa: F401 (BOTH_SEEDS_FLAGS ...: re-expor
     INCEPTION_SEED_FLAGS,
     NOTED_BOOLEANS,
     NOTED_FLAGS,
+    REFUSED_FLAGS,
     RESNET_SEED_FLAGS,
     SEED_CONVERSIONS,
     machine_batch,
@@ -94,6 +95,8 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
         if tf_false := _tf_negation(raw):  # --nofine_tune: TF's --fine_tune=false
             raw = tf_false
         seen.setdefault(raw, flag)
+        if raw in REFUSED_FLAGS:
+            raise ConfigError(REFUSED_FLAGS[raw])
         if raw in NOTED_FLAGS:
             if tf_false and eq:
                 raise ConfigError(f"{flag} takes no value")
@@ -249,6 +252,7 @@ def _usage(recipe: Config) -> str:
         lines.append(f"  --{name:<34} {doc} [default: {_flag_text(getattr(recipe, name))}]")
     lines += ["", "The seeds' spellings: " + ", ".join(f"--{a} (--{f})" for a, f in _seed_aliases().items())]
     lines.append("Accepted with a note (no effect): " + ", ".join(f"--{n}" for n in NOTED_FLAGS))
+    lines.append("Refused, saying what to give instead: " + ", ".join(f"--{n}" for n in REFUSED_FLAGS))
     lines += ["", "Other commands:"]
     lines += [f"  {command:<38} {what}" for command, what in ENTRY_POINTS]
     return "\n".join(lines)

@@ -59,6 +59,31 @@ NOTED_FLAGS = {
     "num_inter_threads": "torch runs a step's operators in order; the intra-op threads are fasttrain's "
     "choice (the run's first line; OMP_NUM_THREADS overrides)",
 }
+# The distributed Inception seed's flags (inception_distributed_train.py) that no fasttrain flag replaces
+# one for one: refused, each with what to run instead (a parameter-server job, or a run that checkpoints
+# at other times than the user asked, is not one to start on a guess).
+_PS_LAUNCH = (
+    "--job_name/--task_id/--ps_hosts/--worker_hosts are the parameter-server launch of "
+    "inception_distributed_train.py: launch with torchrun --nnodes=N --nproc_per_node=G ... -m fasttrain "
+    "--recipe inception_v3 (that program's own defaults were --initial_learning_rate=0.045 "
+    "--num_epochs_per_decay=2 --learning_rate_decay_factor=0.94)"
+)
+REFUSED_FLAGS = {
+    "job_name": _PS_LAUNCH,
+    "task_id": _PS_LAUNCH,
+    "ps_hosts": _PS_LAUNCH,
+    "worker_hosts": _PS_LAUNCH,
+    "num_replicas_to_aggregate": "--num_replicas_to_aggregate is SyncReplicasOptimizer's, of "
+    "inception_distributed_train.py: fasttrain's every step all-reduces the gradients of all processes "
+    "(torchrun's), as that program's default (-1: every worker) did; leave it out",
+    "save_interval_secs": "--save_interval_secs is inception_distributed_train.py's checkpoint interval in "
+    "seconds (600): fasttrain writes a checkpoint every --checkpoint_every steps (5000) and at the end; "
+    "give that instead",
+    "save_summaries_secs": "--save_summaries_secs is inception_distributed_train.py's summary interval in "
+    "seconds (180): fasttrain writes its TensorBoard scalars every --log_every steps (histograms: "
+    "--histogram_every); give those instead",
+}
+
 # The noted flags that are TF booleans (inception_train.py DEFINE_boolean): TF's flags spell their false
 # --noNAME (--nolog_device_placement), as they do the booleans that are fields (--nofine_tune).
 NOTED_BOOLEANS = ("log_device_placement",)

@@ -201,3 +201,28 @@ def test_tf_noflag_booleans_are_false(capsys, monkeypatch):
     _refused(["--nofine_tune=true"], "--nofine_tune takes no value")
     _refused(["--nomax_steps"], "--max_steps takes a value")
     _refused(["--nofoo"], "unknown flag --nofoo")
+
+
+# --- the distributed Inception seed's flags ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--job_name=worker", "--task_id=0", "--ps_hosts=a:2222", "--worker_hosts=b:2222"], "torchrun"),
+        (["--ps_hosts", "a:2222"], "launch with torchrun --nnodes=N --nproc_per_node=G"),
+        (["--num_replicas_to_aggregate=-1"], "all-reduces the gradients of all processes"),
+        (["--save_interval_secs=600"], "--checkpoint_every steps"),
+        (["--save_summaries_secs=180"], "--log_every steps"),
+    ],
+)
+def test_the_distributed_seeds_flags_say_what_to_give_instead(argv, words, capsys, monkeypatch):
+    # inception_distributed_train.py's: each was "unknown flag --job_name (python -m fasttrain --help
+    # lists the flags)", pointing nowhere.
+    from fasttrain.__main__ import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--recipe=inception_v3", *argv, "--train_dir=/t"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fasttrain: error: {argv[0].partition('=')[0]}") or "--job_name/" in line, line
+    assert words in line and "unknown flag" not in line, line
