@@ -50,15 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fasttrain: {policy.describe()}")
         if chosen:  # the recipe a seed's flags selected (fasttrain.flags.seed_recipe)
             print(chosen)
+        if cfg.num_gpus:  # rank 0 only, as fasttrain.flags' notes: every rank parses the flags
+            print(f"fasttrain: note: {_num_gpus_note(cfg.num_gpus)}", file=sys.stderr)
     # torch's DataLoader warns of more workers than cores each time it builds its workers (once per
     # epoch and per evaluation, from two lines of its code): once is enough.
     warnings.filterwarnings("once", message="This DataLoader will create", category=UserWarning)
-    if cfg.num_gpus:
-        print(
-            f"fasttrain: note: --num_gpus={cfg.num_gpus} is accepted for the seeds' command lines but "
-            "does not set the device count; launch with torchrun --nproc_per_node=N",
-            file=sys.stderr,
-        )
     from fasttrain.distributed import cleanup
     from fasttrain.train import train
 
@@ -75,6 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         # one-line error, and torchrun then reported that instead of the error.
         cleanup()
     return 0
+
+
+def _num_gpus_note(gpus: int) -> str:
+    """What --num_gpus does here; the torchrun advice only where this node's process count (torchrun's
+    LOCAL_WORLD_SIZE, 1 without it) is not the seed's GPU count: a torchrun launch of that many is right."""
+    processes = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    said = f"--num_gpus={gpus} is accepted for the seeds' command lines but does not set the device count"
+    if processes == str(gpus):
+        return f"{said}: this node's {processes} process(es) (torchrun's --nproc_per_node) are its devices"
+    return f"{said} (this node runs {processes} process(es)); launch with torchrun --nproc_per_node={gpus}"
 
 
 if __name__ == "__main__":

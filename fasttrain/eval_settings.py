@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 from pathlib import Path
 
 import torch
@@ -19,16 +21,53 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _subset(text: str) -> str:
+    if text != "validation":  # the train split is not one the evaluator's loader reads
+        raise argparse.ArgumentTypeError(f"{text!r}: fasttrain.evaluate evaluates the validation split only")
+    return text
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of images, 1 or more, got {text}")
+    return value
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The arguments; the seed's eval program's flags (inception_eval.py: --checkpoint_dir, --eval_dir,
+    --eval_interval_secs, --run_once, --num_examples, --subset) in fasttrain's terms."""
     parser = argparse.ArgumentParser(
         prog="python -m fasttrain.evaluate",
         description="Evaluate a run's checkpoints on the validation split, raw and EMA weights.",
+        epilog="The seed's flags (inception_eval.py) are taken too: --checkpoint_dir DIR (RUN_DIR), "
+        "--eval_interval_secs S (--watch S), --run_once (the default here; the seed's was to loop every "
+        "300 s), --num_examples N, --subset validation, --eval_dir (noted: the results' places are fixed).",
     )
-    parser.add_argument("run_dir", help="the trainer's --train_dir (config.json and ckpt-<step>.pt)")
+    parser.add_argument(
+        "run_dir", nargs="?", default="", help="the trainer's --train_dir (config.json and ckpt-<step>.pt)"
+    )
+    parser.add_argument("--checkpoint_dir", default="", help="the seed's name for RUN_DIR")
     parser.add_argument("--checkpoint", default="", help="this checkpoint instead of the newest")
     parser.add_argument(
         "--watch", type=_seconds, default=0.0, metavar="SECONDS", help="poll for new checkpoints"
     )
+    parser.add_argument(
+        "--eval_interval_secs", type=_seconds, metavar="SECONDS", help="the seed's name for --watch"
+    )
+    parser.add_argument(
+        "--run_once", action="store_true", help="evaluate once (the default here; the seed's looped)"
+    )
+    parser.add_argument(
+        "--num_examples",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="evaluate the first ceil(N / batch) whole batches, as the seed did (default: the whole split)",
+    )
+    parser.add_argument("--subset", type=_subset, default="validation", help="validation (the only one)")
+    parser.add_argument("--eval_dir", default="", help="the seed's; noted: see RUN_DIR/eval, --metrics_out")
+    parser.add_argument("--batch_size", type=_count, help="the seed's; noted: the run's batch is used")
     parser.add_argument("--data_dir", default="", help="the shards, if not where the run read them")
     parser.add_argument("--device", default="", help="auto, cuda or cpu (default: the run's)")
     parser.add_argument(
@@ -40,10 +79,48 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="append results to this JSONL file instead of RUN_DIR/metrics.jsonl (needed to keep the "
         "result of another run's --checkpoint)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.checkpoint_dir:
+        if args.run_dir and Path(args.run_dir).resolve() != Path(args.checkpoint_dir).resolve():
+            parser.error(f"RUN_DIR {args.run_dir} and --checkpoint_dir {args.checkpoint_dir} differ")
+        args.run_dir = args.run_dir or args.checkpoint_dir
+    if not args.run_dir:
+        parser.error("name the run to evaluate: RUN_DIR (or the seed's --checkpoint_dir DIR)")
+    if args.eval_interval_secs is not None and not args.run_once:  # the seed's --run_once wins over it
+        if args.watch and args.watch != args.eval_interval_secs:
+            given = f"--watch {args.watch:g} and --eval_interval_secs {args.eval_interval_secs:g}"
+            parser.error(f"{given} differ: give one of them")
+        args.watch = args.eval_interval_secs
+    if args.run_once and args.watch:
+        parser.error("--run_once evaluates once and --watch polls; give one of them")
+    if args.eval_dir and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: --eval_dir {args.eval_dir} is not written: the evaluation's TensorBoard files go to "
+            f"{Path(args.run_dir) / 'eval'}, its rows to the run's metrics.jsonl (--metrics_out FILE.jsonl: "
+            "another file)",
+            flush=True,
+        )
+    if args.batch_size and os.environ.get("RANK", "0") == "0":
+        print(
+            f"note: --batch_size {args.batch_size} is not used: the evaluation batches are the run's "
+            "--batch_size (results do not depend on it)",
+            flush=True,
+        )
+    return args
 
 
 def run_config(run_dir: Path, args: argparse.Namespace):
+    """The run's Config as the evaluator reads it; --num_examples N as --max_eval_batches, the whole
+    batches of each rank that hold N (the seed's: num_iter = ceil(num_examples / batch_size) batches)."""
+    cfg = _saved_config(run_dir, args)
+    if not args.num_examples:
+        return cfg
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each rank evaluates its share
+    batches = math.ceil(args.num_examples / (cfg.batch_size * ranks))  # the evaluator's loader's batch
+    return dataclasses.replace(cfg, max_eval_batches=batches)
+
+
+def _saved_config(run_dir: Path, args: argparse.Namespace):
     from fasttrain.config import Config, ConfigError
     from fasttrain.run_config import upgrade_saved_config
 

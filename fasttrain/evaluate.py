@@ -4,6 +4,7 @@ Also the seed's separate evaluation program (under torchrun too):
 
   python -m fasttrain.evaluate RUN_DIR [--checkpoint PATH] [--watch SECONDS] [--data_dir DIR] [--device D]
   python -m fasttrain.evaluate TF_TRAIN_DIR --recipe inception_v3 --data_dir DIR    # a TensorFlow run
+  (the seed's inception_eval.py flags too: --checkpoint_dir, --eval_interval_secs, ...; eval_settings.py)
 
 evaluates RUN_DIR's newest checkpoint (or PATH) with the run's config.json (model, eval transform,
 validation split, --max_eval_batches), raw and EMA weights, prints top-1/top-5 and the image count, and

@@ -2,16 +2,17 @@
 same fields, docstrings and recipes.
 
 `--field=value` or `--field value` (not a next word that starts with --: `--train_dir --max_steps=3`
-is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field` and
-`--field=false`; a field typed `X | None` takes auto or none for None; a list field takes its items
-comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe sets the defaults and the flags
-override it: --recipe's, else the seed's whose own flags the command line holds (`seed_recipe`), else
-the demo's. `python -m fasttrain.flags` prints README's table.
+is "--train_dir needs a value"), `_` and `-` both accepted; booleans also `--field`, `--no-field`,
+TF's `--nofield` and `--field=false`; a field typed `X | None` takes auto or none for None; a list field
+takes its items comma-separated (`--lr_boundary_epochs=30,60,80,90`). The recipe sets the defaults and
+the flags override it: --recipe's, else the seed's whose own flags the command line holds
+(`seed_recipe`), else the demo's. `python -m fasttrain.flags` prints README's table.
 
 The seeds' command lines are accepted as they are spelled: the ResNet seed's (imagenet_main.py) names
-that are not field names are aliases (config.ALIASES, and SEED_CONVERSIONS here for the two whose value
-changes convention); the flags of either seed that fasttrain has no use for are taken with a one-line
-note on stderr saying what it does instead (NOTED_FLAGS). An unknown flag names the closest known one.
+that are not field names are aliases (config.ALIASES, and seed_flags.SEED_CONVERSIONS for the two whose
+value changes convention); the flags of either seed that fasttrain has no use for are taken with a
+one-line note on stderr saying what it does instead (seed_flags.NOTED_FLAGS). An unknown flag names the
+closest known one.
 """
 
 from __future__ import annotations
@@ -27,63 +28,22 @@ import typing
 
 from fasttrain.config import ALIASES, RECIPES, Config, ConfigError, make_config, number_list
 from fasttrain.config_checks import without_effect
+from fasttrain.seed_flags import (  # noqa: F401 (BOTH_SEEDS_FLAGS ...: re-exported for the tests)
+    BOTH_SEEDS_FLAGS,
+    INCEPTION_SEED_FLAGS,
+    NOTED_BOOLEANS,
+    NOTED_FLAGS,
+    REFUSED_FLAGS,
+    RESNET_SEED_FLAGS,
+    SEED_CONVERSIONS,
+    machine_batch,
+    seed_recipe,
+)
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _HINTS = typing.get_type_hints(Config)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
-
-# TF 1.4's fused batch norm raised any smaller epsilon to this (cuDNN's minimum): the ResNet seed's
-# layers, fused=True with epsilon 1e-5, ran at 1.001e-5 (tf.layers normalization.py, _fused_batch_norm).
-TF_FUSED_BN_MIN_EPSILON = 1.001e-5
-
-
-def _bn_decay(decay: float) -> float:
-    return 1 - decay  # TF's moving = decay * moving + (1 - decay) * batch; torch's momentum is 1 - decay
-
-
-def _bn_epsilon(eps: float) -> float:
-    return max(eps, TF_FUSED_BN_MIN_EPSILON)
-
-
-# The ResNet seed's flags whose value is converted into a field's convention: name -> (field, convert,
-# the note printed when the conversion is not the expected one, or None). The seed parsed both but its
-# model kept resnet_model.py's constants (0.997, 1e-5); here they set the BN of the model that trains.
-SEED_CONVERSIONS = {
-    "batch_norm_decay": ("bn_momentum", _bn_decay, None),
-    "batch_norm_epsilon": (
-        "bn_eps",
-        _bn_epsilon,
-        f"raised to {TF_FUSED_BN_MIN_EPSILON}, TF 1.4's fused batch-norm floor, as the seed ran it",
-    ),
-}
-
-# The seeds' flags fasttrain has no use for: accepted (with any value) and noted once, saying what
-# fasttrain does instead. ResNet seed: imagenet_main.py; Inception seed: inception_train.py and
-# image_processing.py.
-NOTED_FLAGS = {
-    "work_dir": "the UAI SDK's working directory; fasttrain writes only to --train_dir (--output_dir)",
-    "log_dir": "the UAI SDK's log directory; fasttrain logs to stdout and writes metrics.jsonl and "
-    "TensorBoard files into --train_dir",
-    "variable_strategy": "no parameter server: every process holds the variables and gradients are "
-    "all-reduced (--grad_sync)",
-    "sync": "training is always synchronous (one all-reduce per step)",
-    "num_layers": "the seed never read it (a CIFAR leftover); the depth is --resnet_size or --model",
-    "use_distortion_for_training": "training images are always augmented (the seed's flag was argparse "
-    "type=bool, so any value it was given meant True)",
-    "num_preprocess_threads": "images are decoded and augmented by --num_workers threads per rank "
-    "(torch backend; DataLoader processes with --loader=processes) or DALI's --num_workers CPU threads",
-    "num_readers": "each rank reads the records fasttrain.data.sharding plans for it; its --num_workers "
-    "threads decode them",
-    "input_queue_memory_factor": "the shuffle buffer holds --shuffle_buffer records",
-    "log_device_placement": "one process per device (torchrun's LOCAL_RANK) holds the whole model; "
-    "there is no placement to log",
-    "data_format": "the memory layout is --channels_last (NHWC; default on CUDA GPUs with tensor cores)",
-    "num_intra_threads": "fasttrain sets torch's intra-op threads itself (the run's first line says how "
-    "many; OMP_NUM_THREADS overrides)",
-    "num_inter_threads": "torch runs a step's operators in order; the intra-op threads are fasttrain's "
-    "choice (the run's first line; OMP_NUM_THREADS overrides)",
-}
 
 # Shown by --help after the flags: the other commands a user reaches for.
 ENTRY_POINTS = (
@@ -132,20 +92,26 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
             raise ConfigError(f"unexpected argument {arg!r} (flags look like --name=value)")
         flag, eq, text = arg.partition("=")
         raw = flag[2:].replace("-", "_")
+        if tf_false := _tf_negation(raw):  # --nofine_tune: TF's --fine_tune=false
+            raw = tf_false
         seen.setdefault(raw, flag)
+        if raw in REFUSED_FLAGS:
+            raise ConfigError(REFUSED_FLAGS[raw])
         if raw in NOTED_FLAGS:
+            if tf_false and eq:
+                raise ConfigError(f"{flag} takes no value")
             # Its value, if any, is the next word unless that is a flag: --sync, --log_dir /data/logs.
-            if not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            if not tf_false and not eq and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 i += 1
             notes.setdefault(raw, f"{flag} is accepted for the seeds' command lines: {NOTED_FLAGS[raw]}")
             i += 1
             continue
-        name, negated = _canonical(flag)
+        name, negated = (ALIASES.get(raw, raw), True) if tf_false else _canonical(flag)
         if name not in _FIELDS:
             raise ConfigError(
                 f"unknown flag {flag}{_suggestion(raw)} (python -m fasttrain --help lists the flags)"
             )
-        is_bool = bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
+        is_bool = _is_bool(name)
         if negated:
             if not is_bool:
                 raise ConfigError(
@@ -181,18 +147,7 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
     chosen = ""
     if "recipe" not in values and (seed := seed_recipe(seen, values)):
         values["recipe"], chosen = seed
-    if "num_gpus" in values and "batch_size" in values and "node_batch_size" not in values:
-        # The Inception seed's --batch_size is one machine's, split over its --num_gpus towers
-        # (inception_train.py: split_batch_size = batch_size / num_gpus): fasttrain's node batch, divided
-        # over the node's processes. Read per process, --num_gpus=8 --batch_size=32 trained 8x the batch.
-        batch, gpus = values.pop("batch_size"), values["num_gpus"]
-        values["node_batch_size"], spelled["node_batch_size"] = batch, spelled.pop("batch_size")
-        if gpus != 1:
-            notes["batch_size"] = (
-                f"--batch_size={batch} with --num_gpus={gpus} is one machine's batch, as the Inception seed "
-                f"splits it over its GPUs: it sets --node_batch_size={batch}, divided over this node's "
-                "processes (torchrun --nproc_per_node)"
-            )
+    machine_batch(values, spelled, notes)
     if wants_help:
         print(_usage(make_config(recipe=values.get("recipe", "demo"))))
         raise SystemExit(0)
@@ -207,81 +162,6 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
         notes[f"{name} (unused)"] = f"{spelled[name]} has no effect: {why}"
     _print_notes(notes.values())
     return cfg, chosen
-
-
-# Which recipe a command line without --recipe trains (`seed_recipe`). The demo's own command lines
-# use fasttrain's field names, so only flags that fasttrain's users have no reason to type select a
-# seed's recipe: each seed's flags that no fasttrain field is named after (beyond plain synonyms:
-# --output_dir and --learning-rate stay aliases on every recipe) and the seed-only fields
-# --resnet_size and --num_gpus. Names as typed, '-' read as '_'.
-RESNET_SEED_FLAGS = (  # imagenet_main.py's (the UAI SDK adds --work_dir and --log_dir)
-    "train_batch_size", "resnet_size", "epochs_per_eval", "batch_norm_decay", "batch_norm_epsilon",
-    "work_dir", "log_dir", "variable_strategy", "sync", "num_layers", "use_distortion_for_training",
-    "data_format", "num_intra_threads", "num_inter_threads",
-)  # fmt: skip
-INCEPTION_SEED_FLAGS = ("num_preprocess_threads", "num_readers", "input_queue_memory_factor")  # its queues
-# Flags both seeds have (inception_train.py and imagenet_main.py): on their own they do not say which
-# program is meant; then the flags that only one of the seeds spells that way decide, the Inception
-# seed's --train_dir, --batch_size, --max_steps against the ResNet seed's --output_dir,
-# --train-batch-size, --train-epochs.
-BOTH_SEEDS_FLAGS = ("num_gpus", "log_device_placement")
-INCEPTION_SEED_SPELLINGS = (
-    "train_dir", "batch_size", "max_steps", "subset", "image_size", "initial_learning_rate",
-    "num_epochs_per_decay", "learning_rate_decay_factor", "pretrained_model_checkpoint_path", "fine_tune",
-)  # fmt: skip
-RESNET_SEED_SPELLINGS = (
-    "output_dir", "train_epochs", "learning_rate", "eval_batch_size", "momentum", "weight_decay",
-)  # fmt: skip
-_RESNET_SEED, _INCEPTION_SEED = "the ResNet seed", "the Inception seed"
-_PROGRAM = {
-    "resnet50": "imagenet_main.py",
-    "resnet101": "imagenet_main.py",
-    "inception_v3": "inception_train.py",
-}
-_ADD_RECIPE = (
-    "add --recipe resnet50 or resnet101 (the ResNet seed) or --recipe inception_v3 (the Inception seed)"
-)
-
-
-def seed_recipe(seen: dict[str, str], values: dict) -> tuple[str, str] | None:
-    """(recipe, the start-up line) when a command line without --recipe holds flags only a seed's program
-    has: the ResNet seed's select resnet101 for --resnet_size=101, else resnet50 (the seed's default
-    size; another --resnet_size picks resnet<N>_v2 within it), the Inception seed's inception_v3. None:
-    the demo. ConfigError when the flags belong to both programs and nothing says which.
-
-    seen: each flag's name as typed ('-' as '_') -> the flag; values: the parsed fields."""
-    resnet = [
-        seen[n] for n in RESNET_SEED_FLAGS if n in seen and (n != "resnet_size" or values.get("resnet_size"))
-    ]
-    inception = [seen[n] for n in INCEPTION_SEED_FLAGS if n in seen]
-    if resnet and inception:
-        raise ConfigError(
-            f"{', '.join(resnet)} ({_RESNET_SEED}'s) and {', '.join(inception)} ({_INCEPTION_SEED}'s) are "
-            f"flags of different programs: {_ADD_RECIPE}"
-        )
-    if not resnet and not inception:
-        both = [seen[n] for n in BOTH_SEEDS_FLAGS if n in seen]
-        if not both:
-            return None
-        resnet_spelled = [seen[n] for n in RESNET_SEED_SPELLINGS if n in seen]
-        inception_spelled = [seen[n] for n in INCEPTION_SEED_SPELLINGS if n in seen]
-        if bool(resnet_spelled) == bool(inception_spelled):
-            why = (
-                f"with {', '.join(resnet_spelled + inception_spelled)} could be either seed's command line"
-                if resnet_spelled
-                else "is in both seeds' command lines and no other flag says which"
-            )
-            raise ConfigError(f"{', '.join(both)} {why}: {_ADD_RECIPE}")
-        resnet = both + resnet_spelled if resnet_spelled else []
-        inception = both + inception_spelled if inception_spelled else []
-    if resnet:
-        recipe, program = ("resnet101" if values.get("resnet_size") == 101 else "resnet50"), _RESNET_SEED
-    else:
-        recipe, program = "inception_v3", _INCEPTION_SEED
-    return recipe, (
-        f"fasttrain: recipe {recipe}: {program}'s program ({_PROGRAM[recipe]}), selected by its flags "
-        f"{', '.join(resnet or inception)} (no --recipe given; --recipe NAME trains another)"
-    )
 
 
 def _print_notes(notes) -> None:
@@ -339,6 +219,20 @@ def _canonical(flag: str) -> tuple[str, bool]:
     return name, False
 
 
+def _is_bool(name: str) -> bool:
+    return bool in (_HINTS[name], *typing.get_args(_HINTS[name]))
+
+
+def _tf_negation(raw: str) -> str:
+    """'fine_tune' for 'nofine_tune': TF's flags (absl) spell a boolean's false --noNAME, as the Inception
+    seed's --nofine_tune and --nolog_device_placement do; '' when raw is a flag of its own or NAME is no
+    field (a field that takes a value is returned, for its error) nor a noted boolean."""
+    base = raw[2:]
+    if not raw.startswith("no") or raw in known_flags() or base.startswith("_"):
+        return ""
+    return base if base in NOTED_BOOLEANS or ALIASES.get(base, base) in _FIELDS else ""
+
+
 def _is_alias(flag: str) -> bool:
     name = flag[2:].replace("-", "_")
     return name in ALIASES or name in SEED_CONVERSIONS
@@ -348,7 +242,8 @@ def _usage(recipe: Config) -> str:
     lines = [
         "usage: python -m fasttrain [--recipe NAME] [--flag=value ...]",
         "",
-        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag, --flag=false. Lists: --flag=1,2,3.",
+        f"recipes: {', '.join(RECIPES)}. Booleans: --flag, --no-flag (TF's --noflag), --flag=false. "
+        "Lists: --flag=1,2,3.",
         f"Defaults shown are recipe {recipe.recipe}'s (without --recipe: the demo, or the seed's recipe "
         "its own flags select; --recipe NAME --help shows another's).",
         "",
@@ -357,6 +252,7 @@ def _usage(recipe: Config) -> str:
         lines.append(f"  --{name:<34} {doc} [default: {_flag_text(getattr(recipe, name))}]")
     lines += ["", "The seeds' spellings: " + ", ".join(f"--{a} (--{f})" for a, f in _seed_aliases().items())]
     lines.append("Accepted with a note (no effect): " + ", ".join(f"--{n}" for n in NOTED_FLAGS))
+    lines.append("Refused, saying what to give instead: " + ", ".join(f"--{n}" for n in REFUSED_FLAGS))
     lines += ["", "Other commands:"]
     lines += [f"  {command:<38} {what}" for command, what in ENTRY_POINTS]
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import pytest
 from test_evaluate import _cfg
 
 from fasttrain.data.synthetic import make_synthetic
+from fasttrain.eval_settings import parse
 from fasttrain.evaluate import main
 from fasttrain.train import train
 
@@ -112,3 +113,49 @@ def test_a_synthetic_runs_evaluation_says_what_it_is_and_takes_data_dir(data, tm
     on_shards = _cli(run_dir, "--data_dir", data)
     assert on_shards.returncode == 0, on_shards.stderr
     assert "trained on synthetic data" not in on_shards.stdout and "on 8 images" in on_shards.stdout
+
+
+# --- the seed's eval program's flags (inception_eval.py) ---------------------------------------------
+
+
+def test_the_seeds_eval_flags_are_fasttrains_settings(capsys, monkeypatch):
+    # Each was an argparse usage error; --checkpoint_dir /x bound /x to RUN_DIR, then was unrecognized.
+    monkeypatch.delenv("RANK", raising=False)
+    assert parse(["--checkpoint_dir", "/x"]).run_dir == "/x"
+    assert parse(["/x", "--checkpoint_dir=/x/"]).run_dir == "/x"  # the same directory, twice
+    # --eval_interval_secs polls as --watch does; --run_once (the seed's default was to loop) evaluates once.
+    assert parse(["--checkpoint_dir=/x", "--eval_interval_secs", "300"]).watch == 300
+    assert parse(["--checkpoint_dir=/x", "--eval_interval_secs=300", "--run_once"]).watch == 0
+    args = parse(["/x", "--subset=validation", "--num_examples", "50000", "--eval_dir", "/e"])
+    assert (args.run_dir, args.num_examples, args.watch) == ("/x", 50000, 0)
+    (note,) = capsys.readouterr().out.splitlines()
+    assert "--eval_dir /e is not written" in note and "/x/eval" in note and "--metrics_out" in note
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["/x", "--checkpoint_dir=/y"], "RUN_DIR /x and --checkpoint_dir /y differ"),
+        ([], "name the run to evaluate: RUN_DIR (or the seed's --checkpoint_dir DIR)"),
+        (["/x", "--subset=train"], "'train': fasttrain.evaluate evaluates the validation split only"),
+        (["/x", "--num_examples=0"], "--num_examples: must be a number of images"),
+        (["/x", "--run_once", "--watch=5"], "--run_once evaluates once and --watch polls"),
+        (["/x", "--watch=5", "--eval_interval_secs=6"], "--watch 5 and --eval_interval_secs 6 differ"),
+    ],
+)
+def test_the_seeds_eval_flags_that_cannot_be_followed_are_usage_errors(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2 and words in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_the_seeds_eval_command_line_evaluates_num_examples_in_whole_batches(epochs_run, tmp_path, capsys):
+    # inception_eval.py: num_iter = ceil(num_examples / batch_size) batches, total_sample_count =
+    # num_iter * batch_size: 9 images at the run's batch of 4 are 3 batches, 12 images (the run's own
+    # --max_eval_batches is 2: 8 images).
+    out = tmp_path / "r.jsonl"
+    argv = ["--checkpoint_dir", str(epochs_run), "--run_once", "--num_examples=9", "--subset=validation"]
+    assert main([*argv, "--eval_dir", str(tmp_path / "e"), "--metrics_out", str(out)]) == 0
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (row["step"], row["count"], row["max_eval_batches"]) == (3, 12, 3)
+    assert "on 12 images" in capsys.readouterr().out

@@ -176,3 +176,53 @@ def test_a_flag_without_effect_here_gets_a_note(capsys):
     parse_args(["--recipe=resnet50", "--lr_schedule=piecewise", "--lr_boundary_epochs=1,2"])
     parse_args(["--recipe=resnet50"])
     assert capsys.readouterr().err == ""
+
+
+# --- TF's (absl's) spelling of a boolean's false ----------------------------------------------------
+
+
+def test_tf_noflag_booleans_are_false(capsys, monkeypatch):
+    # inception_train.py's DEFINE_boolean flags, as TF spells them false: --nofine_tune was "unknown flag
+    # --nofine_tune; did you mean --fine_tune?", and following that advice turned fine-tuning on.
+    monkeypatch.delenv("RANK", raising=False)
+    pretrained = ["--recipe=inception_v3", "--pretrained_model_checkpoint_path=p"]
+    assert parse_args([*pretrained, "--fine_tune", "--nofine_tune"]).fine_tune is False
+    assert parse_args([*pretrained, "--nofine_tune", "--fine_tune"]).fine_tune is True  # the last wins
+    assert parse_args(["--nocompile"]).compile is False
+    assert parse_args(["--no_decay_bn"]).no_decay_bn is True  # a field of its own, not --decay_bn's false
+    capsys.readouterr()
+    # A noted flag's false gets the note its true gets, and takes no value (the next word is not eaten).
+    cfg = parse_args(["--recipe=inception_v3", "--nolog_device_placement", "--max_steps", "7"])
+    assert cfg.max_steps == 7
+    assert capsys.readouterr().err.splitlines() == [
+        "fasttrain: note: --nolog_device_placement is accepted for the seeds' command lines: one process "
+        "per device (torchrun's LOCAL_RANK) holds the whole model; there is no placement to log"
+    ]
+    _refused(["--nofine_tune=true"], "--nofine_tune takes no value")
+    _refused(["--nomax_steps"], "--max_steps takes a value")
+    _refused(["--nofoo"], "unknown flag --nofoo")
+
+
+# --- the distributed Inception seed's flags ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--job_name=worker", "--task_id=0", "--ps_hosts=a:2222", "--worker_hosts=b:2222"], "torchrun"),
+        (["--ps_hosts", "a:2222"], "launch with torchrun --nnodes=N --nproc_per_node=G"),
+        (["--num_replicas_to_aggregate=-1"], "all-reduces the gradients of all processes"),
+        (["--save_interval_secs=600"], "--checkpoint_every steps"),
+        (["--save_summaries_secs=180"], "--log_every steps"),
+    ],
+)
+def test_the_distributed_seeds_flags_say_what_to_give_instead(argv, words, capsys, monkeypatch):
+    # inception_distributed_train.py's: each was "unknown flag --job_name (python -m fasttrain --help
+    # lists the flags)", pointing nowhere.
+    from fasttrain.__main__ import main
+
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--recipe=inception_v3", *argv, "--train_dir=/t"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"fasttrain: error: {argv[0].partition('=')[0]}") or "--job_name/" in line, line
+    assert words in line and "unknown flag" not in line, line

@@ -135,6 +135,47 @@ def test_a_split_batch_is_noted(capsys, monkeypatch):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.parametrize("recipe", [[], ["--recipe=inception_v3"]])
+def test_num_gpus_alone_splits_the_seeds_default_batch(recipe, capsys, monkeypatch):
+    # image_processing.py: DEFINE_integer('batch_size', 32, ...), one machine's, split over --num_gpus
+    # towers (inception_train.py). torchrun --nproc_per_node=2 ... --num_gpus=2 trained 2 x 32 per step.
+    monkeypatch.delenv("RANK", raising=False)
+    cfg = parse_args([*recipe, "--num_gpus=2", "--train_dir=T", "--data_dir=D"])
+    assert (cfg.recipe, cfg.node_batch_size) == ("inception_v3", 32)
+    assert resolve_node_batch(cfg, 2).batch_size == 16  # the seed's global batch of 32, as it wrote it out
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--num_gpus=2 without --batch_size" in line and "--node_batch_size=32" in line
+    # The ResNet recipes' batch is one node's already (--train-batch-size 128): left as it is.
+    assert parse_args(["--recipe=resnet50", "--num_gpus=2"]).node_batch_size == 128
+
+
+def _main_without_training(monkeypatch, tmp_path, **environ):
+    """fasttrain.__main__.main on the Inception seed's --num_gpus=2, with the trainer replaced by nothing."""
+    from fasttrain.__main__ import main
+    from fasttrain.threads import OFF_VARIABLE
+
+    monkeypatch.setattr("fasttrain.train.train", lambda cfg: None)
+    monkeypatch.setenv(OFF_VARIABLE, "off")  # leave this process's torch threads alone
+    for name in ("RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    return main(["--recipe=inception_v3", "--num_gpus=2", f"--train_dir={tmp_path}", "--device=cpu"])
+
+
+def test_the_num_gpus_note_is_rank_0s_and_advises_torchrun_only_when_it_is_not_used(
+    monkeypatch, tmp_path, capsys
+):
+    # Every rank printed it, and told a job that torchrun had launched with 2 processes to use torchrun.
+    assert _main_without_training(monkeypatch, tmp_path, RANK="1", LOCAL_WORLD_SIZE="2") == 0
+    assert capsys.readouterr().err == ""
+    assert _main_without_training(monkeypatch, tmp_path, RANK="0", LOCAL_WORLD_SIZE="2") == 0
+    note = [line for line in capsys.readouterr().err.splitlines() if "--num_gpus=2 is accepted" in line]
+    assert len(note) == 1 and "torchrun --nproc_per_node=2" not in note[0], note
+    assert _main_without_training(monkeypatch, tmp_path) == 0  # one process, without torchrun
+    assert "launch with torchrun --nproc_per_node=2" in capsys.readouterr().err
+
+
 # --- the demo's own command lines ---------------------------------------------------------------------
 
 # Config fields that only the seeds' command lines have: alone, they select a seed's recipe.
