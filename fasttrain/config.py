@@ -75,7 +75,8 @@ class Config:
     """Device to train on: auto (CUDA when available), cuda, or cpu."""
     num_gpus: int = 0
     """Accepted for the seeds' command lines only: the device count is torchrun's --nproc_per_node. With
-    --batch_size (the Inception seed's), that batch is one machine's: --node_batch_size."""
+    --batch_size (the Inception seed's), that batch is one machine's: --node_batch_size; without it,
+    the Inception seed's default 32 is."""
     profile_comm: bool = False
     """Measure how much of the gradient all-reduce time is hidden behind backward and report it."""
 
