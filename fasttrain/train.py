@@ -103,9 +103,8 @@ def train(cfg: Config) -> dict:
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
     schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
-    run = build_run(
-        cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
-    )
+    fresh = not has_checkpoint(cfg, run_dir, info)  # rank 0's answer on every rank
+    run = build_run(cfg, info, precision, schedule, train_loader, pretrained=fresh, log=log)
     resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
     try:
         step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append, epoch_size=epoch_size)

@@ -1,6 +1,6 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
-a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, and a SIGTERM on
-one rank that every rank agrees on."""
+a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
+one rank that every rank agrees on, and ranks that do not all see the checkpoint rank 0 resumes from."""
 
 import json
 import os
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_helpers import free_port
+from launch_helpers import free_port, run_torchrun
 
 from fasttrain.data.synthetic import make_synthetic
 
@@ -191,3 +191,29 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step(data, tmp_path):
     assert len(stopped) == 1, stdout
     step = int(stopped[0].split("at step ")[1].split(";")[0])
     assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{step}.pt"]
+
+
+def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path):
+    # Per-node storage: each rank's train_dir is its own directory, and only rank 0's holds a
+    # checkpoint. Rank 1 had started fresh beside rank 0's resume, and the job hung at the end.
+    for node in ("node0", "node1"):
+        (tmp_path / node).mkdir()
+    first = [
+        sys.executable,
+        "-m",
+        "fasttrain",
+        *fasttrain_args(data, "run", "--max_steps=2", "--no-eval_at_end"),
+    ]
+    out = subprocess.run(first, cwd=tmp_path / "node0", env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = tmp_path / "pernode.sh"
+    script.write_text(
+        f'#!/bin/sh\ncd {tmp_path}/node$LOCAL_RANK && exec {sys.executable} -m fasttrain "$@"\n'
+    )
+    script.chmod(0o755)
+    args = fasttrain_args(data, "run", "--max_steps=4", "--no-eval_at_end")
+    (job,) = run_torchrun(["--no-python", str(script), *args], timeout=120)
+    assert "killed after" not in job.stdout, job.stdout[-3000:]
+    assert job.returncode != 0
+    assert "rank 1 cannot read run/ckpt-2.pt" in job.stdout, job.stdout[-3000:]
+    assert "train_dir must be on storage every rank sees" in job.stdout
