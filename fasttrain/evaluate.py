@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fasttrain.bn_buffers import broadcast_statistics
 from fasttrain.errors import exit_code, print_error
 from fasttrain.eval_settings import agreed, check_metrics_out, parse, run_config
 from fasttrain.precision import Precision
@@ -142,6 +143,8 @@ def evaluate_raw_and_ema(
         progress=progress,
         interrupted=interrupted,
     )
+    if world_size > 1:  # every rank scores the model the checkpoint holds: rank 0's BN statistics
+        broadcast_statistics(model, bn_ema)
     raw = evaluate(model, loader, **settings, label="raw")
     result = {k: raw[k] for k in ("top1", "top5", "count", "max_eval_batches") if k in raw}
     if cfg.ema_decay:

@@ -1,9 +1,11 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
 a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
-one rank that every rank agrees on, and ranks that do not all see the checkpoint rank 0 resumes from."""
+one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from, and
+two ranks' evaluations scoring the checkpoint's model."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -217,3 +219,36 @@ def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path
     assert job.returncode != 0
     assert "rank 1 cannot read run/ckpt-2.pt" in job.stdout, job.stdout[-3000:]
     assert "train_dir must be on storage every rank sees" in job.stdout
+
+
+def _validation_row(run_dir: Path, source: str | None = None) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    row = [r for r in rows if r.get("split") == "validation" and r.get("source") == source][-1]
+    return {k: row[k] for k in ("step", "top1", "ema_top1", "count")}
+
+
+def test_two_ranks_evaluate_the_model_the_checkpoint_holds(data, tmp_path):
+    # Each rank's BN running statistics and BN-EMA shadows differ (its own batches); a checkpoint keeps
+    # rank 0's, and a resume gives them to every rank. Each rank had scored its shard with its own.
+    def train(run_dir):
+        args = fasttrain_args(data, run_dir, "--max_steps=24", "--checkpoint_every=12", "--deterministic")
+        out = subprocess.run(
+            torchrun(2, *args, "--max_eval_batches=0", "--model=resnet18", "--base_channels=8"),
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return _validation_row(run_dir)
+
+    whole = train(tmp_path / "whole")
+    evaluate = [sys.executable, "-m", "fasttrain.evaluate", str(tmp_path / "whole")]
+    out = subprocess.run(evaluate, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert whole == _validation_row(tmp_path / "whole", source="evaluate")
+    resumed = tmp_path / "resumed"  # stopped at step 12: its checkpoint, config and identity
+    resumed.mkdir()
+    for name in ("ckpt-12.pt", "ckpt-12.pt.sha256", "config.json", "run.json"):
+        shutil.copy(tmp_path / "whole" / name, resumed / name)
+    assert train(resumed) == whole
