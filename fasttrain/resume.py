@@ -170,7 +170,8 @@ def restore_run(
             settings=("train_dir",),
         ) from None
     try:
-        run.load_rank_state(state["data"], state.get("rng", []))
+        data, moved = _data_position(state, cfg, world_size, run.loader)
+        run.load_rank_state(data, state.get("rng", []))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         # A checkpoint fasttrain's trainer did not write (its weights are usable, its position is not).
         what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -188,7 +189,47 @@ def restore_run(
         )
     if changes:
         log(f"note: settings changed since that checkpoint: {', '.join(changes)}")
+    if moved:
+        log(moved)
     return int(state["step"])
+
+
+def _data_position(state: dict, cfg: Config, world_size: int, loader) -> tuple[list[dict], str]:
+    """The checkpoint's per-rank data positions as this run's loaders count them, and a note when they
+    had to be moved. A position counts a rank's batches: with another world size or batch size, rank 0's
+    count unchanged resumed at another number of records (2 ranks of 4 for 6 steps, then 4 ranks: epoch
+    0 ended after 48 of its 100). This run goes on after as many records as the checkpoint had read,
+    rounded down to its global batch (those up to one global batch are read again), or at the next
+    epoch when fewer than one global batch is left."""
+    data, saved_world = state["data"], state.get("world_size", world_size)
+    saved_batch = (state.get("config") or {}).get("batch_size", cfg.batch_size)
+    if saved_world == world_size and saved_batch == cfg.batch_size:
+        return data, ""
+    batches = len(loader)  # this run's batches per epoch and rank
+    epoch, batch = int(data[0]["epoch"]), int(data[0]["batch"])
+    consumed = batch * saved_batch * saved_world  # records of epoch `epoch`, all ranks together
+    step_records = cfg.batch_size * world_size * cfg.grad_accum_steps
+    steps = min(consumed // step_records, batches // cfg.grad_accum_steps)
+    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps}
+    again = consumed - steps * step_records
+    if position["batch"] + cfg.grad_accum_steps > batches:  # not one more step of this epoch
+        position, again = {"epoch": epoch + 1, "batch": 0}, 0
+    again_text = f" (its last {again} are read again)" if again else ""
+    where = (
+        f"epoch {epoch + 1} from its start (fewer than one global batch of epoch {epoch} was left)"
+        if position["epoch"] > epoch
+        else f"epoch {epoch} at record {consumed - again}{again_text}"
+    )
+    # rank_slices: each rank reads its own slice of the epoch, and the slices change with the world size.
+    slices = (
+        ", by count (input_order rank_slices: not the same records)"
+        if cfg.input_order == "rank_slices"
+        else ""
+    )
+    return [position] * world_size, (
+        f"note: data position: the checkpoint had read {consumed} records of epoch {epoch} ({batch} batches "
+        f"of {saved_batch} on each of {saved_world} ranks); this run goes on in {where}{slices}"
+    )
 
 
 def _newest_usable(cfg: Config, source: Path, log: Callable[[str], None]) -> tuple[dict, Path] | None:

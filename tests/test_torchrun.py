@@ -1,7 +1,7 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
 a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
-one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from, and
-two ranks' evaluations scoring the checkpoint's model."""
+one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from,
+two ranks' evaluations scoring the checkpoint's model, and a resume on another world size and batch."""
 
 import json
 import os
@@ -252,3 +252,25 @@ def test_two_ranks_evaluate_the_model_the_checkpoint_holds(data, tmp_path):
     for name in ("ckpt-12.pt", "ckpt-12.pt.sha256", "config.json", "run.json"):
         shutil.copy(tmp_path / "whole" / name, resumed / name)
     assert train(resumed) == whole
+
+
+def test_a_resume_on_another_world_size_and_batch_goes_on_at_the_same_record(data, tmp_path):
+    # 96 records: 2 ranks of 4 read 40 in 5 steps. One process of 12 goes on at record 36 (40 rounded
+    # down to its batch; 4 read again), and epoch 0's 8 batches of 12 end after 5 more steps. A
+    # position kept as rank 0's count of batches (5 of 12) ended epoch 0 after 3 more: 84 records.
+    run_dir = tmp_path / "run"
+    args = fasttrain_args(data, run_dir, "--max_steps=5", "--no-eval_at_end", "--log_every=1")
+    out = subprocess.run(torchrun(2, *args), env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    more = fasttrain_args(
+        data, run_dir, "--max_steps=12", "--no-eval_at_end", "--log_every=1", "--batch_size=12"
+    )
+    out = subprocess.run([sys.executable, "-m", "fasttrain", *more], env=ENV, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (
+        "note: data position: the checkpoint had read 40 records of epoch 0 (5 batches of 4 on each of 2 "
+        "ranks); this run goes on in epoch 0 at record 36 (its last 4 are read again)"
+    ) in out.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    epochs = {r["step"]: r["epoch"] for r in rows if "epoch" in r}
+    assert [epochs[s] for s in range(6, 13)] == [0] * 5 + [1] * 2
