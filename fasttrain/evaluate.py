@@ -257,7 +257,7 @@ class _Evaluator:
         return int(state["step"])
 
     def __call__(self, path: Path) -> dict:
-        step = self.load(path)
+        step = self._load_on_every_rank(path)
         result = evaluate_raw_and_ema(
             self.model,
             self.loader,
@@ -280,6 +280,24 @@ class _Evaluator:
         if self.info.is_main:
             print(f"{path}: step {step}, {describe(result)}", flush=True)
         return {"step": step, **result}
+
+    def _load_on_every_rank(self, path: Path) -> int:
+        """load(path), and CheckpointError on every rank when any rank could not load it: a rank alone
+        going back to wait for the next checkpoint left the others in the evaluation's all-reduce for ever
+        (a file pruned or unreadable on one node only). total_steps becomes rank 0's."""
+        from fasttrain.checkpoint import CheckpointError
+        from fasttrain.distributed import first_rank_error
+
+        error, step = None, 0
+        try:
+            step = self.load(path)
+        except CheckpointError as exc:
+            error = exc
+        failed = first_rank_error(str(error or ""), self.info)
+        self.total_steps = agreed(self.total_steps, self.info)  # where --watch ends, the same on every rank
+        if failed is not None:
+            raise error if error is not None else CheckpointError(f"rank {failed[0]}: {failed[1]}")
+        return step
 
 
 def _is_tf_checkpoint(path: Path) -> bool:
