@@ -1,7 +1,8 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
 a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
 one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from,
-two ranks' evaluations scoring the checkpoint's model, and a resume on another world size and batch."""
+two ranks' evaluations scoring the checkpoint's model, a resume on another world size and batch, and
+each rank's own random stream."""
 
 import json
 import os
@@ -274,3 +275,13 @@ def test_a_resume_on_another_world_size_and_batch_goes_on_at_the_same_record(dat
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     epochs = {r["step"]: r["epoch"] for r in rows if "epoch" in r}
     assert [epochs[s] for s in range(6, 13)] == [0] * 5 + [1] * 2
+
+
+def test_each_rank_draws_its_own_dropout_masks(data, tmp_path):
+    # Every rank seeded torch with --seed and drew the same (Inception's dropout: the same masks on every
+    # rank); the seed's towers draw their own.
+    args = fasttrain_args(data, tmp_path / "run", "--max_steps=2", "--no-eval_at_end", "--deterministic")
+    out = subprocess.run(torchrun(2, *args), env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rng = torch.load(tmp_path / "run" / "ckpt-2.pt", weights_only=True)["rng"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
