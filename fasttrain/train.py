@@ -398,7 +398,7 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
 
     cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
     target = cache / "demo-imagenet-v1"
-    if info.is_main and not (target / "DONE").exists():
+    if info.local_rank == 0 and not (target / "DONE").exists():  # each node's: caches need not be shared
         log(f"building the demo data set (synthetic ImageNet-layout TFRecords) in {target} ...")
         try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
             ensure_synthetic(target, **DEMO_DATA)

@@ -1,8 +1,8 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
 a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
 one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from,
-two ranks' evaluations scoring the checkpoint's model, a resume on another world size and batch, and
-each rank's own random stream."""
+two ranks' evaluations scoring the checkpoint's model, a resume on another world size and batch,
+each rank's own random stream, and the demo's data on two nodes that share no cache."""
 
 import json
 import os
@@ -285,3 +285,18 @@ def test_each_rank_draws_its_own_dropout_masks(data, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rng = torch.load(tmp_path / "run" / "ckpt-2.pt", weights_only=True)["rng"]
     assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+
+
+def test_the_demo_on_two_nodes_builds_its_data_on_each(tmp_path):
+    # Each node its own FASTTRAIN_CACHE (torchrun's GROUP_RANK is the node's rank): only global rank 0
+    # built the demo set, and node 1 stopped at once with "data directory ... does not exist".
+    script = tmp_path / "node.sh"
+    script.write_text(
+        f'#!/bin/sh\nFASTTRAIN_CACHE={tmp_path}/cache$GROUP_RANK exec {sys.executable} -m fasttrain "$@"\n'
+    )
+    script.chmod(0o755)
+    args = ["--recipe=demo", f"--train_dir={tmp_path / 'run'}", "--max_steps=1", "--no-eval_at_end"]
+    small = ["--model=resnet18", "--base_channels=8", "--image_size=32", "--batch_size=4", "--num_workers=0"]
+    nodes = run_torchrun(["--no-python", str(script), *args, *small], nproc=1, nnodes=2, timeout=180)
+    assert [n.returncode for n in nodes] == [0, 0], [n.stdout[-2000:] for n in nodes]
+    assert all((tmp_path / f"cache{r}" / "demo-imagenet-v1" / "DONE").exists() for r in (0, 1))
