@@ -52,7 +52,7 @@ class TrainingStopped(FasttrainError, RuntimeError):
 
 def train(cfg: Config) -> dict:
     started = time.perf_counter()
-    cfg = resolve_node_batch(cfg, processes_per_node())  # one node's batch over its processes
+    cfg = resolve_node_batch(cfg, processes_per_node(cfg.node_batch_size))  # a node's over its processes
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
