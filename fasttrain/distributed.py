@@ -247,7 +247,7 @@ def first_rank_error(message: str, info: DistInfo) -> tuple[int, str] | None:
     if not info.distributed:
         return (0, message) if message else None
     gathered = [""] * info.world_size
-    dist.all_gather_object(gathered, message)  # note: a host sync; at start-up only
+    dist.all_gather_object(gathered, message)  # note: a host sync; at start-up and per loaded checkpoint
     return next(((rank, text) for rank, text in enumerate(gathered) if text), None)
 
 

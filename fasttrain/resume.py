@@ -253,7 +253,9 @@ def _newest_usable(cfg: Config, source: Path, log: Callable[[str], None]) -> tup
     return found
 
 
-def _load_agreed(cfg: Config, source: Path, info: DistInfo, log: Callable[[str], None], *, setting: str):
+def _load_agreed(
+    cfg: Config, source: Path, info: DistInfo, log: Callable[[str], None], *, setting: str
+) -> tuple[dict, Path] | None:
     """_newest_usable as rank 0 finds it, loaded by every rank from that same file. Each rank searching
     on its own let ranks resume from different steps, or one resume and another start fresh (per-node
     storage), and the job then hung at the end without an error."""
