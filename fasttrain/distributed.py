@@ -37,6 +37,8 @@ __all__ = [
     "check_graph_capture_env",
     "all_reduce_sum",
     "rank0_error",
+    "from_rank0",
+    "first_rank_error",
     "per_rank_batch",
     "wrap_ddp",
     "maybe_sync_bn",
@@ -226,6 +228,27 @@ def rank0_error(message: str, info: DistInfo) -> str:
     box = [message]
     dist.broadcast_object_list(box, src=0)  # note: a host sync; once per checkpoint and at start-up
     return box[0]
+
+
+def from_rank0(value, info: DistInfo):
+    """Rank 0's `value` (any picklable object) on every rank: a decision that only rank 0 makes and
+    every rank must follow (which checkpoint to resume, whether there is one)."""
+    if not info.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)  # note: a host sync; at start-up only
+    return box[0]
+
+
+def first_rank_error(message: str, info: DistInfo) -> tuple[int, str] | None:
+    """(rank, message) of the lowest rank whose message is not empty, on every rank (None when all are
+    empty): when every rank tries something that can fail on some only (reading a file rank 0 chose),
+    all stop together with one reason instead of the others waiting in their next collective."""
+    if not info.distributed:
+        return (0, message) if message else None
+    gathered = [""] * info.world_size
+    dist.all_gather_object(gathered, message)  # note: a host sync; at start-up and per loaded checkpoint
+    return next(((rank, text) for rank, text in enumerate(gathered) if text), None)
 
 
 def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:

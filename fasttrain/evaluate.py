@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fasttrain.bn_buffers import broadcast_statistics
 from fasttrain.errors import exit_code, print_error
 from fasttrain.eval_settings import agreed, check_metrics_out, parse, run_config
 from fasttrain.precision import Precision
@@ -143,6 +144,8 @@ def evaluate_raw_and_ema(
         progress=progress,
         interrupted=interrupted,
     )
+    if world_size > 1:  # every rank scores the model the checkpoint holds: rank 0's BN statistics
+        broadcast_statistics(model, bn_ema)
     raw = evaluate(model, loader, **settings, label="raw")
     result = {k: raw[k] for k in ("top1", "top5", "count", "max_eval_batches") if k in raw}
     if cfg.ema_decay:
@@ -255,7 +258,7 @@ class _Evaluator:
         return int(state["step"])
 
     def __call__(self, path: Path) -> dict:
-        step = self.load(path)
+        step = self._load_on_every_rank(path)
         result = evaluate_raw_and_ema(
             self.model,
             self.loader,
@@ -278,6 +281,24 @@ class _Evaluator:
         if self.info.is_main:
             print(f"{path}: step {step}, {describe(result)}", flush=True)
         return {"step": step, **result}
+
+    def _load_on_every_rank(self, path: Path) -> int:
+        """load(path), and CheckpointError on every rank when any rank could not load it: a rank alone
+        going back to wait for the next checkpoint left the others in the evaluation's all-reduce for ever
+        (a file pruned or unreadable on one node only). total_steps becomes rank 0's."""
+        from fasttrain.checkpoint import CheckpointError
+        from fasttrain.distributed import first_rank_error
+
+        error, step = None, 0
+        try:
+            step = self.load(path)
+        except CheckpointError as exc:
+            error = exc
+        failed = first_rank_error(str(error or ""), self.info)
+        self.total_steps = agreed(self.total_steps, self.info)  # where --watch ends, the same on every rank
+        if failed is not None:
+            raise error if error is not None else CheckpointError(f"rank {failed[0]}: {failed[1]}")
+        return step
 
 
 def _is_tf_checkpoint(path: Path) -> bool:

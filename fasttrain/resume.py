@@ -23,7 +23,8 @@ import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
-from fasttrain.distributed import rank0_error
+from fasttrain.dist_info import DistInfo
+from fasttrain.distributed import first_rank_error, from_rank0, rank0_error
 from fasttrain.lock import read_identity, read_run_id
 from fasttrain.run_config import upgrade_saved_config
 from fasttrain.tf.checkpoint import is_tf_checkpoint
@@ -68,8 +69,19 @@ def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
     ]
 
 
-def has_checkpoint(cfg: Config, run_dir: Path) -> bool:
-    return bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
+def has_checkpoint(cfg: Config, run_dir: Path, info: DistInfo) -> bool:
+    """Whether the run resumes (rank 0's answer on every rank: with per-node storage another rank's
+    would differ, and it alone would start from the pretrained weights)."""
+    found, error = False, ""
+    if info.is_main:
+        try:
+            found = bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
+        except ckpt.CheckpointError as exc:
+            error = str(exc)
+    found, error = from_rank0((found, error), info)
+    if error:
+        raise ckpt.CheckpointError(error if info.is_main else "stopping with rank 0, which cannot list them")
+    return found
 
 
 def _own_checkpoints(run_dir: Path, checkpoint_dir: Path, log: Callable[[str], None]) -> bool:
@@ -119,21 +131,10 @@ def restore_run(
         raise ckpt.CheckpointError(
             f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)
         )
-    # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
-    # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
-    found = ckpt.load_latest(source, log=log, map_location="cpu")
+    found = _load_agreed(
+        cfg, source, run.info, log, setting="train_dir" if source == run_dir else "checkpoint_dir"
+    )
     if found is None:
-        if cfg.checkpoint_dir:
-            raise ckpt.CheckpointError(
-                f"checkpoint_dir {source} holds no usable ckpt-<step>.pt", settings=("checkpoint_dir",)
-            )
-        if unusable := [path.name for _, path in ckpt.list_checkpoints(source)]:
-            # Starting over would spend the compute again and, in time, overwrite those files.
-            raise ckpt.CheckpointError(
-                f"{source} holds checkpoints but none is usable ({', '.join(unusable)}; reasons above); "
-                "move them elsewhere, or pass another train_dir, to start this run over",
-                settings=("train_dir",),
-            )
         return 0
     state, path = found
     world_size = run.info.world_size
@@ -169,7 +170,8 @@ def restore_run(
             settings=("train_dir",),
         ) from None
     try:
-        run.load_rank_state(state["data"], state.get("rng", []))
+        data, moved = _data_position(state, cfg, world_size, run.loader)
+        run.load_rank_state(data, state.get("rng", []))
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         # A checkpoint fasttrain's trainer did not write (its weights are usable, its position is not).
         what = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
@@ -187,7 +189,110 @@ def restore_run(
         )
     if changes:
         log(f"note: settings changed since that checkpoint: {', '.join(changes)}")
+    if moved:
+        log(moved)
     return int(state["step"])
+
+
+def _data_position(state: dict, cfg: Config, world_size: int, loader) -> tuple[list[dict], str]:
+    """The checkpoint's per-rank data positions as this run's loaders count them, and a note when they
+    had to be moved. A position counts a rank's batches: with another world size or batch size, rank 0's
+    count unchanged resumed at another number of records (2 ranks of 4 for 6 steps, then 4 ranks: epoch
+    0 ended after 48 of its 100). This run goes on after as many records as the checkpoint had read,
+    rounded down to its global batch (those up to one global batch are read again), or at the next
+    epoch when fewer than one global batch is left."""
+    data, saved_world = state["data"], state.get("world_size", world_size)
+    saved_batch = (state.get("config") or {}).get("batch_size", cfg.batch_size)
+    if saved_world == world_size and saved_batch == cfg.batch_size:
+        return data, ""
+    batches = len(loader)  # this run's batches per epoch and rank
+    epoch, batch = int(data[0]["epoch"]), int(data[0]["batch"])
+    consumed = batch * saved_batch * saved_world  # records of epoch `epoch`, all ranks together
+    step_records = cfg.batch_size * world_size * cfg.grad_accum_steps
+    steps = min(consumed // step_records, batches // cfg.grad_accum_steps)
+    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps}
+    again = consumed - steps * step_records
+    if position["batch"] + cfg.grad_accum_steps > batches:  # not one more step of this epoch
+        position, again = {"epoch": epoch + 1, "batch": 0}, 0
+    again_text = f" (its last {again} are read again)" if again else ""
+    where = (
+        f"epoch {epoch + 1} from its start (fewer than one global batch of epoch {epoch} was left)"
+        if position["epoch"] > epoch
+        else f"epoch {epoch} at record {consumed - again}{again_text}"
+    )
+    # rank_slices: each rank reads its own slice of the epoch, and the slices change with the world size.
+    slices = (
+        ", by count (input_order rank_slices: not the same records)"
+        if cfg.input_order == "rank_slices"
+        else ""
+    )
+    return [position] * world_size, (
+        f"note: data position: the checkpoint had read {consumed} records of epoch {epoch} ({batch} batches "
+        f"of {saved_batch} on each of {saved_world} ranks); this run goes on in {where}{slices}"
+    )
+
+
+def _newest_usable(cfg: Config, source: Path, log: Callable[[str], None]) -> tuple[dict, Path] | None:
+    """source's newest usable checkpoint (None: start fresh); CheckpointError when some are there but
+    none is usable."""
+    # Loaded to the CPU: load_state_dict/copy_ put the values into this run's device tensors, and the
+    # random-generator states must stay CPU byte tensors (torch.set_rng_state refuses CUDA ones).
+    found = ckpt.load_latest(source, log=log, map_location="cpu")
+    if found is None:
+        if cfg.checkpoint_dir:
+            raise ckpt.CheckpointError(
+                f"checkpoint_dir {source} holds no usable ckpt-<step>.pt", settings=("checkpoint_dir",)
+            )
+        if unusable := [path.name for _, path in ckpt.list_checkpoints(source)]:
+            # Starting over would spend the compute again and, in time, overwrite those files.
+            raise ckpt.CheckpointError(
+                f"{source} holds checkpoints but none is usable ({', '.join(unusable)}; reasons above); "
+                "move them elsewhere, or pass another train_dir, to start this run over",
+                settings=("train_dir",),
+            )
+    return found
+
+
+def _load_agreed(
+    cfg: Config, source: Path, info: DistInfo, log: Callable[[str], None], *, setting: str
+) -> tuple[dict, Path] | None:
+    """_newest_usable as rank 0 finds it, loaded by every rank from that same file. Each rank searching
+    on its own let ranks resume from different steps, or one resume and another start fresh (per-node
+    storage), and the job then hung at the end without an error."""
+    found, error = None, None
+    if info.is_main:
+        try:
+            found = _newest_usable(cfg, source, log)
+        except ckpt.CheckpointError as exc:
+            error = exc
+    if not info.distributed:
+        if error is not None:
+            raise error
+        return found
+    chosen = (str(found[1]), int(found[0]["step"])) if found is not None else None
+    chosen, message = from_rank0((chosen, str(error or "")), info)
+    if message:
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError(f"stopping with rank 0, which cannot resume from {source}")
+    if chosen is None:
+        return None
+    path, step = Path(chosen[0]), chosen[1]
+    problem = ""
+    if not info.is_main:
+        try:
+            found = ckpt.load_checkpoint(path, map_location="cpu"), path
+            if found[0]["step"] != step:
+                problem = f"it holds step {found[0]['step']}, rank 0's holds step {step}"
+        except ckpt.CheckpointError as exc:
+            problem = str(exc)
+    if failed := first_rank_error(problem, info):
+        raise ckpt.CheckpointError(
+            f"rank {failed[0]} cannot read {path} ({failed[1]}), the checkpoint rank 0 resumes from: "
+            f"{setting} must be on storage every rank sees",
+            settings=(setting,),
+        )
+    return found
 
 
 def save_run(

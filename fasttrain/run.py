@@ -93,6 +93,8 @@ def build_run(
     memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
     model = model.to(info.device, memory_format=memory_format)
     broadcast_module(model)
+    if info.rank:  # dropout masks of their own (every rank had rank 0's); rank 0 draws as one process does
+        torch.manual_seed(cfg.seed + 1_000_003 * info.rank)
     optimizer = build_optimizer(cfg, model)
     # After the optimizer: the compiled regions see the parameters as views of its flat buffers.
     wanted = compile_wanted(cfg.compile, info.device, cfg.deterministic)

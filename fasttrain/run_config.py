@@ -18,8 +18,17 @@ if TYPE_CHECKING:
     from fasttrain.config import Config
 
 
-def processes_per_node() -> int:
-    """This node's process count: torchrun's LOCAL_WORLD_SIZE (its --nproc_per_node), 1 without it."""
+def processes_per_node(node_batch_size: int = 0) -> int:
+    """This node's process count: torchrun's LOCAL_WORLD_SIZE (its --nproc_per_node), 1 without it.
+    ConfigError when a node_batch_size is to be divided and WORLD_SIZE says several processes but
+    LOCAL_WORLD_SIZE is unset (a launcher other than torchrun): 1 gave each process the node's batch."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if node_batch_size and "LOCAL_WORLD_SIZE" not in os.environ and world.isdigit() and int(world) > 1:
+        raise ConfigError(
+            f"--node_batch_size={node_batch_size} is divided over this node's processes, but "
+            f"WORLD_SIZE={world} comes without LOCAL_WORLD_SIZE: set LOCAL_WORLD_SIZE to the node's process "
+            "count (torchrun sets it), or give --batch_size per process"
+        )
     text = os.environ.get("LOCAL_WORLD_SIZE", "1")
     try:
         return max(1, int(text))

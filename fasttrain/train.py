@@ -52,7 +52,7 @@ class TrainingStopped(FasttrainError, RuntimeError):
 
 def train(cfg: Config) -> dict:
     started = time.perf_counter()
-    cfg = resolve_node_batch(cfg, processes_per_node())  # one node's batch over its processes
+    cfg = resolve_node_batch(cfg, processes_per_node(cfg.node_batch_size))  # a node's over its processes
     info = init_distributed(cfg.device)
     log = print if info.is_main else (lambda *a, **k: None)
     precision = resolve_precision(cfg, info.device)
@@ -103,9 +103,8 @@ def train(cfg: Config) -> dict:
 
     # --- model, optimizer, step; then resume ----------------------------------------------------
     schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
-    run = build_run(
-        cfg, info, precision, schedule, train_loader, pretrained=not has_checkpoint(cfg, run_dir), log=log
-    )
+    fresh = not has_checkpoint(cfg, run_dir, info)  # rank 0's answer on every rank
+    run = build_run(cfg, info, precision, schedule, train_loader, pretrained=fresh, log=log)
     resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
     try:
         step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append, epoch_size=epoch_size)
@@ -405,7 +404,7 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
 
     cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
     target = cache / "demo-imagenet-v1"
-    if info.is_main and not (target / "DONE").exists():
+    if info.local_rank == 0 and not (target / "DONE").exists():  # each node's: caches need not be shared
         log(f"building the demo data set (synthetic ImageNet-layout TFRecords) in {target} ...")
         try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
             ensure_synthetic(target, **DEMO_DATA)

@@ -4,14 +4,17 @@ appended to it (the run could no longer be read, or resumed); an unwritable --me
 directory ended in a traceback after the whole evaluation; --watch -1 in a traceback after the first
 evaluation; --watch on a run that --train_epochs ends never stopped; a run whose last checkpoint could
 not be evaluated ended --watch with exit 0; a row appended after a line torn by a killed trainer was
-glued onto it (the plot then lost it)."""
+glued onto it (the plot then lost it); under 2 ranks, a checkpoint only one rank could load left the
+other in the evaluation's all-reduce for ever."""
 
 import json
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
+from launch_helpers import kill_tree
 from test_evaluate import _cfg
 
 from fasttrain.data.synthetic import make_synthetic
@@ -159,3 +162,59 @@ def test_the_seeds_eval_command_line_evaluates_num_examples_in_whole_batches(epo
     (row,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert (row["step"], row["count"], row["max_eval_batches"]) == (3, 12, 3)
     assert "on 12 images" in capsys.readouterr().out
+
+
+def _watch_with_rank_1_unable_to_load(rank: int, port: int, run_dir: str, out: str):
+    # Its own process group: evaluate_run joins it from torchrun's environment, as under torchrun.
+    import os
+
+    import torch
+    from launch_helpers import loopback_env
+
+    from fasttrain import evaluate
+    from fasttrain.checkpoint import CheckpointError
+    from fasttrain.distributed import cleanup
+    from fasttrain.eval_settings import parse
+
+    env = dict(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_PORT=str(port)
+    )
+    os.environ.update(loopback_env(), **env)
+    torch.set_num_threads(1)
+    load = evaluate._Evaluator.load
+
+    def rank_1_cannot_read(self, path):
+        if rank == 1 and path.name == "ckpt-3.pt":
+            raise CheckpointError(f"checkpoint {path} does not exist")  # pruned, or another node's disk
+        return load(self, path)
+
+    evaluate._Evaluator.load = rank_1_cannot_read
+    try:
+        evaluate.evaluate_run(parse([run_dir, "--watch", "0.1", "--device", "cpu"]))
+        outcome = "returned"
+    except CheckpointError as exc:
+        outcome = f"CheckpointError: {exc}"
+    finally:
+        cleanup()
+    open(f"{out}.{rank}", "w").write(outcome)
+
+
+def test_a_checkpoint_one_rank_cannot_load_is_skipped_by_every_rank(epochs_run, tmp_path):
+    import torch.multiprocessing as mp
+    from launch_helpers import free_port
+
+    run_dir = shutil.copytree(epochs_run, tmp_path / "run")
+    before = (run_dir / "metrics.jsonl").read_text()
+    args = (free_port(), str(run_dir), str(tmp_path / "rank"))
+    context = mp.spawn(_watch_with_rank_1_unable_to_load, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + 60
+    while not context.join(timeout=1) and time.monotonic() < deadline:
+        pass
+    hung = [p.pid for p in context.processes if p.is_alive()]
+    for pid in hung:
+        kill_tree(pid)
+    assert not hung, "a rank was still waiting after 60 s"
+    # ckpt-3 is the run's last step (rank 0's total_steps): both stop, as one process would.
+    assert (tmp_path / "rank.0").read_text().startswith("CheckpointError: rank 1: checkpoint ")
+    assert (tmp_path / "rank.1").read_text().startswith("CheckpointError: checkpoint ")
+    assert (run_dir / "metrics.jsonl").read_text() == before  # nothing evaluated

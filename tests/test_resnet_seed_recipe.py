@@ -22,7 +22,7 @@ from fasttrain.config import RECIPES, Config, ConfigError
 from fasttrain.flags import parse_args
 from fasttrain.models import MODEL_NAMES
 from fasttrain.resume import changed_settings, shaping_changes
-from fasttrain.run_config import resolve_node_batch, upgrade_saved_config
+from fasttrain.run_config import processes_per_node, resolve_node_batch, upgrade_saved_config
 from fasttrain.schedule import LRSchedule
 
 NUM_TRAIN_IMAGES = 1281167  # imagenet_main.py _NUM_IMAGES['train']
@@ -173,6 +173,36 @@ def test_a_batch_that_does_not_divide_is_one_clear_error(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "does not divide over its 3 processes (torchrun --nproc_per_node=3)" in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_node_batch_without_the_nodes_process_count_is_one_clear_error(monkeypatch, tmp_path):
+    # A launcher other than torchrun (WORLD_SIZE without LOCAL_WORLD_SIZE): every process trained the
+    # whole node's batch of 128.
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_WORLD_SIZE"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fasttrain",
+            "--recipe=resnet50",
+            "--model=resnet18",
+            "--data_backend=synthetic",
+        ]
+        + ["--max_steps=1", f"--train_dir={tmp_path / 'run'}"],
+        env={**env, "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "FASTTRAIN_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "WORLD_SIZE=2 comes without LOCAL_WORLD_SIZE: set LOCAL_WORLD_SIZE" in out.stderr
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="set LOCAL_WORLD_SIZE to the node's process count"):
+        processes_per_node(parse_args(["--recipe=resnet50"]).node_batch_size)
+    assert processes_per_node(parse_args(["--recipe=resnet50", "--batch_size=48"]).node_batch_size) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert processes_per_node(128) == 4
 
 
 def test_a_per_process_batch_replaces_the_recipes_node_batch():

@@ -76,7 +76,7 @@ def fresh_run(kind="rmsprop", num_classes=5):
         bn_ema=bn_ema,
         step=_Step(),
         loader=_Loader(),
-        info=SimpleNamespace(world_size=1),
+        info=SimpleNamespace(world_size=1, rank=0, is_main=True, distributed=False),
     )
 
 

@@ -1,9 +1,12 @@
 """`torchrun ... -m fasttrain` on CPU ranks (gloo over loopback): 4 ranks, buckets vs torch DDP,
-a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, and a SIGTERM on
-one rank that every rank agrees on."""
+a two-node rendezvous on one machine, a killed worker resumed by --max-restarts, a SIGTERM on
+one rank that every rank agrees on, ranks that do not all see the checkpoint rank 0 resumes from,
+two ranks' evaluations scoring the checkpoint's model, a resume on another world size and batch,
+each rank's own random stream, and the demo's data on two nodes that share no cache."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_helpers import free_port
+from launch_helpers import free_port, run_torchrun
 
 from fasttrain.data.synthetic import make_synthetic
 
@@ -191,3 +194,109 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step(data, tmp_path):
     assert len(stopped) == 1, stdout
     step = int(stopped[0].split("at step ")[1].split(";")[0])
     assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{step}.pt"]
+
+
+def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path):
+    # Per-node storage: each rank's train_dir is its own directory, and only rank 0's holds a
+    # checkpoint. Rank 1 had started fresh beside rank 0's resume, and the job hung at the end.
+    for node in ("node0", "node1"):
+        (tmp_path / node).mkdir()
+    first = [
+        sys.executable,
+        "-m",
+        "fasttrain",
+        *fasttrain_args(data, "run", "--max_steps=2", "--no-eval_at_end"),
+    ]
+    out = subprocess.run(first, cwd=tmp_path / "node0", env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = tmp_path / "pernode.sh"
+    script.write_text(
+        f'#!/bin/sh\ncd {tmp_path}/node$LOCAL_RANK && exec {sys.executable} -m fasttrain "$@"\n'
+    )
+    script.chmod(0o755)
+    args = fasttrain_args(data, "run", "--max_steps=4", "--no-eval_at_end")
+    (job,) = run_torchrun(["--no-python", str(script), *args], timeout=120)
+    assert "killed after" not in job.stdout, job.stdout[-3000:]
+    assert job.returncode != 0
+    assert "rank 1 cannot read run/ckpt-2.pt" in job.stdout, job.stdout[-3000:]
+    assert "train_dir must be on storage every rank sees" in job.stdout
+
+
+def _validation_row(run_dir: Path, source: str | None = None) -> dict:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    row = [r for r in rows if r.get("split") == "validation" and r.get("source") == source][-1]
+    return {k: row[k] for k in ("step", "top1", "ema_top1", "count")}
+
+
+def test_two_ranks_evaluate_the_model_the_checkpoint_holds(data, tmp_path):
+    # Each rank's BN running statistics and BN-EMA shadows differ (its own batches); a checkpoint keeps
+    # rank 0's, and a resume gives them to every rank. Each rank had scored its shard with its own.
+    def train(run_dir):
+        args = fasttrain_args(data, run_dir, "--max_steps=24", "--checkpoint_every=12", "--deterministic")
+        out = subprocess.run(
+            torchrun(2, *args, "--max_eval_batches=0", "--model=resnet18", "--base_channels=8"),
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return _validation_row(run_dir)
+
+    whole = train(tmp_path / "whole")
+    evaluate = [sys.executable, "-m", "fasttrain.evaluate", str(tmp_path / "whole")]
+    out = subprocess.run(evaluate, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert whole == _validation_row(tmp_path / "whole", source="evaluate")
+    resumed = tmp_path / "resumed"  # stopped at step 12: its checkpoint, config and identity
+    resumed.mkdir()
+    for name in ("ckpt-12.pt", "ckpt-12.pt.sha256", "config.json", "run.json"):
+        shutil.copy(tmp_path / "whole" / name, resumed / name)
+    assert train(resumed) == whole
+
+
+def test_a_resume_on_another_world_size_and_batch_goes_on_at_the_same_record(data, tmp_path):
+    # 96 records: 2 ranks of 4 read 40 in 5 steps. One process of 12 goes on at record 36 (40 rounded
+    # down to its batch; 4 read again), and epoch 0's 8 batches of 12 end after 5 more steps. A
+    # position kept as rank 0's count of batches (5 of 12) ended epoch 0 after 3 more: 84 records.
+    run_dir = tmp_path / "run"
+    args = fasttrain_args(data, run_dir, "--max_steps=5", "--no-eval_at_end", "--log_every=1")
+    out = subprocess.run(torchrun(2, *args), env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    more = fasttrain_args(
+        data, run_dir, "--max_steps=12", "--no-eval_at_end", "--log_every=1", "--batch_size=12"
+    )
+    out = subprocess.run([sys.executable, "-m", "fasttrain", *more], env=ENV, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (
+        "note: data position: the checkpoint had read 40 records of epoch 0 (5 batches of 4 on each of 2 "
+        "ranks); this run goes on in epoch 0 at record 36 (its last 4 are read again)"
+    ) in out.stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    epochs = {r["step"]: r["epoch"] for r in rows if "epoch" in r}
+    assert [epochs[s] for s in range(6, 13)] == [0] * 5 + [1] * 2
+
+
+def test_each_rank_draws_its_own_dropout_masks(data, tmp_path):
+    # Every rank seeded torch with --seed and drew the same (Inception's dropout: the same masks on every
+    # rank); the seed's towers draw their own.
+    args = fasttrain_args(data, tmp_path / "run", "--max_steps=2", "--no-eval_at_end", "--deterministic")
+    out = subprocess.run(torchrun(2, *args), env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rng = torch.load(tmp_path / "run" / "ckpt-2.pt", weights_only=True)["rng"]
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+
+
+def test_the_demo_on_two_nodes_builds_its_data_on_each(tmp_path):
+    # Each node its own FASTTRAIN_CACHE (torchrun's GROUP_RANK is the node's rank): only global rank 0
+    # built the demo set, and node 1 stopped at once with "data directory ... does not exist".
+    script = tmp_path / "node.sh"
+    script.write_text(
+        f'#!/bin/sh\nFASTTRAIN_CACHE={tmp_path}/cache$GROUP_RANK exec {sys.executable} -m fasttrain "$@"\n'
+    )
+    script.chmod(0o755)
+    args = ["--recipe=demo", f"--train_dir={tmp_path / 'run'}", "--max_steps=1", "--no-eval_at_end"]
+    small = ["--model=resnet18", "--base_channels=8", "--image_size=32", "--batch_size=4", "--num_workers=0"]
+    nodes = run_torchrun(["--no-python", str(script), *args, *small], nproc=1, nnodes=2, timeout=180)
+    assert [n.returncode for n in nodes] == [0, 0], [n.stdout[-2000:] for n in nodes]
+    assert all((tmp_path / f"cache{r}" / "demo-imagenet-v1" / "DONE").exists() for r in (0, 1))
