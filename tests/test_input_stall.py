@@ -36,7 +36,8 @@ def _metrics(tmp_path) -> list[dict]:
     return [r for r in map(json.loads, lines) if r.get("split", "train") == "train" and "loss" in r]
 
 
-SLEEP = 0.03  # per sample: 4 x 30 ms a batch on one thread, several times a step's compute here
+SLEEP = 0.06  # per sample: 4 x 60 ms a batch on one thread, several times a step's compute here, even on
+# a busy machine (at 30 ms, a CI run sharing its 2 cores measured a stall of 0.21, the step slowed)
 
 
 def test_a_slow_loader_is_told_once_with_its_threads_reasons(synthetic, tmp_path, monkeypatch, capsys):
