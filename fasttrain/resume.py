@@ -75,7 +75,8 @@ def has_checkpoint(cfg: Config, run_dir: Path, info: DistInfo) -> bool:
     found, error = False, ""
     if info.is_main:
         try:
-            found = bool(ckpt.list_checkpoints(Path(cfg.checkpoint_dir or run_dir)))
+            source = Path(cfg.checkpoint_dir or run_dir)
+            found = bool(ckpt.list_checkpoints(source)) or is_tf_checkpoint(source)
         except ckpt.CheckpointError as exc:
             error = str(exc)
     found, error = from_rank0((found, error), info)
@@ -118,14 +119,18 @@ def restore_run(
 ) -> int:
     """Resume `run` from the newest usable checkpoint (run_dir's, or checkpoint_dir's); the step it
     continues from (0 when there is none). A checkpoint_dir of a TF run (its `checkpoint` file, or a
-    prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own."""
+    prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own;
+    so does a run_dir that holds a TF run and no fasttrain checkpoint (the ResNet seed's command run
+    again on its --output_dir: its Estimator restores the newest checkpoint there)."""
     source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     if cfg.checkpoint_dir and _own_checkpoints(run_dir, source, log):
         source = run_dir
-    elif cfg.checkpoint_dir and not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
+    elif not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
         from fasttrain.tf.checkpoint import open_checkpoint
         from fasttrain.tf.state import load_run
 
+        if source == run_dir:  # the same command again on a TF run's directory: its Estimator restores it
+            log(f"train_dir {run_dir} holds a TensorFlow run (its checkpoint file), no fasttrain checkpoint")
         return load_run(open_checkpoint(source), cfg, run, log)
     if cfg.checkpoint_dir and not source.is_dir():
         raise ckpt.CheckpointError(

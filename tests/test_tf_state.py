@@ -7,6 +7,7 @@ CheckpointError naming the variable; end to end (slow), a run continued from its
 same steps as fasttrain's own resume, and fasttrain.evaluate gives its source's numbers on it."""
 
 import json
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -247,6 +248,13 @@ def test_a_continued_tf_run_takes_the_steps_fasttrains_resume_takes(tmp_path):
         return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r and r["step"] > 12}
 
     assert losses("b") == losses("a") and len(losses("a")) == 2
+    # The same command again on the TF run's own directory (the ResNet seed's Estimator restores its
+    # --output_dir): it continued nothing and trained from step 0 beside the TF files.
+    shutil.copytree(tmp_path / "tf", tmp_path / "c")
+    again = subprocess.run(command(data, tmp_path / "c", *flags), env=ENV, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "holds a TensorFlow run" in again.stdout and "continuing TensorFlow run" in again.stdout
+    assert losses("c") == losses("a")
     a, b = (torch.load(tmp_path / r / "ckpt-14.pt", weights_only=True) for r in ("a", "b"))
     for part in ("model", "bn_ema", "ema"):
         for key in a[part]:
