@@ -215,10 +215,10 @@ def _data_position(state: dict, cfg: Config, world_size: int, loader) -> tuple[l
     consumed = batch * saved_batch * saved_world  # records of epoch `epoch`, all ranks together
     step_records = cfg.batch_size * world_size * cfg.grad_accum_steps
     steps = min(consumed // step_records, batches // cfg.grad_accum_steps)
-    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps}
+    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps, "skipped": data[0].get("skipped", 0)}
     again = consumed - steps * step_records
     if position["batch"] + cfg.grad_accum_steps > batches:  # not one more step of this epoch
-        position, again = {"epoch": epoch + 1, "batch": 0}, 0
+        position, again = {**position, "epoch": epoch + 1, "batch": 0}, 0
     again_text = f" (its last {again} are read again)" if again else ""
     where = (
         f"epoch {epoch + 1} from its start (fewer than one global batch of epoch {epoch} was left)"

@@ -223,7 +223,7 @@ def test_resume_reads_the_remaining_batches_of_the_epoch(data_dir):
     assert len(full) == 69 // 8
     stream = iter(loader)
     next(stream), next(stream)
-    assert loader.state_dict() == {"epoch": 1, "batch": 2}
+    assert loader.state_dict() == {"epoch": 1, "batch": 2, "skipped": 0}
     resumed = DaliLoader(cfg, "train", True)
     resumed.load_state_dict({"epoch": 1, "batch": 3})
     assert [y.tolist() for _, y in resumed] == full[3:]

@@ -85,7 +85,7 @@ def test_a_resumed_position_reproduces_the_rest_of_the_epoch(synthetic):
     loader.set_epoch(1)
     resumed = _epoch(loader)
     _same(resumed, reference[5:])
-    assert loader.state_dict() == {"epoch": 1, "batch": len(reference)}
+    assert loader.state_dict() == {"epoch": 1, "batch": len(reference), "skipped": 0}
 
 
 def test_a_batch_stays_valid_until_hold_more_are_requested_and_the_ring_is_reused(synthetic):

@@ -160,12 +160,12 @@ def test_resume_reproduces_the_batch_sequence_without_decoding_skipped_batches(L
     loader = Loader(cfg, "train", True, 0, 1)
     loader.load_state_dict({"epoch": 1, "batch": 3})
     loader.set_epoch(1)  # the trainer may announce the resumed epoch: the position must survive
-    assert loader.state_dict() == {"epoch": 1, "batch": 3}
+    assert loader.state_dict() == {"epoch": 1, "batch": 3, "skipped": 0}
     resumed = []
     for images, labels in loader:
         resumed.append((images.clone(), labels.clone()))
         if len(resumed) == 2:
-            assert loader.state_dict() == {"epoch": 1, "batch": 5}
+            assert loader.state_dict() == {"epoch": 1, "batch": 5, "skipped": 0}
     assert len(resumed) == len(reference) - 3
     for (a, la), (b, lb) in zip(resumed, reference[3:]):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -197,6 +197,12 @@ def test_skip_corrupt_counts_and_keeps_the_training_batch_shape(Loader, tmp_path
     evaluation = Loader(_cfg(data, skip_corrupt=True), "train", False, 0, 1)
     seen = _labels(_epoch(evaluation))
     assert seen == [i for i in range(48) if i != 30] and evaluation.skipped == 1
+
+    # A resume goes on from the count (metrics.jsonl's skipped_records): the batches before its position
+    # are not read again, so it restarted at 0 and stayed short of an uninterrupted run's.
+    resumed = Loader(_cfg(data, skip_corrupt=True), "train", True, 0, 1)
+    resumed.load_state_dict(loader.state_dict())
+    assert resumed.skipped == 1 and loader.state_dict()["skipped"] == 1
 
 
 def test_label_out_of_range_is_an_error(Loader, data):

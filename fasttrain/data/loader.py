@@ -67,11 +67,14 @@ class EpochPosition:
         self.epoch = epoch
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batch": self._position}
+        # skipped: the run's count so far (metrics.jsonl's skipped_records), which a resume goes on from:
+        # the batches before its position are not read again, so their skips would not be counted again.
+        return {"epoch": self.epoch, "batch": self._position, "skipped": self.skipped}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self._resume = int(state["epoch"]), int(state["batch"])
         self._position = self._resume
+        self.skipped = int(state.get("skipped", 0))  # 0: a checkpoint from before it was kept
 
     def _begin_epoch(self) -> int:
         start, self._resume = self._resume, 0
