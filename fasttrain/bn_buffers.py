@@ -1,13 +1,14 @@
 """A model's BatchNorm running statistics, as the training step keeps them.
 
 - `BufferGuard`: a step whose update is skipped (found_inf: a non-finite loss or gradient) leaves the
-  statistics as they were before it, as it leaves the weights, the optimizer state and the EMAs. Its
-  forward pass had updated them already, with non-finite values when the loss was not finite; from
-  then on every evaluation read NaN, and so did the checkpoints, in a run that trained on.
+  statistics (and every other buffer: the update counts) as they were before it, as it leaves the
+  weights, the optimizer state and the EMAs. Its forward pass had updated them already, with
+  non-finite values when the loss was not finite; from then on every evaluation read NaN, and so did
+  the checkpoints, in a run that trained on.
 - `BufferEMA`: the Inception seed's ExponentialMovingAverage of moving_mean / moving_variance,
   shadow -= (1 - d) * (shadow - buffer), d = min(decay, (1 + n) / (10 + n)), n = applied steps.
 
-Both work on one flat copy of all the model's floating-point buffers, gathered by one torch.cat: a
+Both work on flat copies of the model's buffers (one per dtype), gathered by one torch.cat each: a
 few kernels a step whatever the number of BN layers (a kernel per buffer was about 100 launches a step
 for ResNet-50, each a few microseconds of a replayed graph). The buffers themselves stay the module's
 own tensors: views into one flat tensor would be aliased inputs to a compiled region that mutates them.
@@ -42,27 +43,46 @@ def _views(flat: torch.Tensor, buffers: list[torch.Tensor]) -> list[torch.Tensor
     return [part.view(b.shape) for part, b in zip(parts, buffers)]
 
 
-class BufferGuard:
-    """save() before a step's forward, restore(found_inf) once found_inf is known: on a skipped step
-    the buffers get back the values save() read (device-side, no host sync, graph-capturable)."""
+class _SavedBuffers:
+    """One flat copy of buffers of one dtype: save() before a step, restore(found_inf) after it."""
 
-    def __init__(self, model: torch.nn.Module):
-        _, self.buffers = float_buffers(model)
-        self.saved = _flat_like(self.buffers)
+    def __init__(self, buffers: list[torch.Tensor]):
+        self.buffers = buffers
+        total, device = sum(b.numel() for b in buffers), buffers[0].device
+        self.saved = torch.zeros(total, dtype=buffers[0].dtype, device=device)
         self.current = torch.zeros_like(self.saved)
-        self._current_views = _views(self.current, self.buffers)
+        self._current_views = _views(self.current, buffers)
 
     def save(self) -> None:
-        if self.buffers:
-            _gather(self.buffers, self.saved)
+        torch.cat([b.detach().reshape(-1) for b in self.buffers], out=self.saved)
 
     def restore(self, found_inf: torch.Tensor) -> None:
-        if not self.buffers:
-            return
-        _gather(self.buffers, self.current)
+        torch.cat([b.detach().reshape(-1) for b in self.buffers], out=self.current)
         # where, not lerp: 0 * NaN is NaN, so a blend with weight 0 would keep the step's NaN.
         self.current.copy_(torch.where(found_inf.bool(), self.saved, self.current))
         torch._foreach_copy_(self.buffers, self._current_views)
+
+
+class BufferGuard:
+    """save() before a step's forward, restore(found_inf) once found_inf is known: on a skipped step
+    every buffer gets back the value save() read (device-side, no host sync, graph-capturable). Every
+    buffer, not only the statistics: the Inception seed's BN (models/inception_v3.SlimBatchNorm) counts
+    its updates in num_batches_tracked, TF's zero-debias local_step, and a statistic put back beside a
+    count left one ahead would be debiased wrong for thousands of steps."""
+
+    def __init__(self, model: torch.nn.Module):
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for b in model.buffers():
+            by_dtype.setdefault(b.dtype, []).append(b)
+        self.parts = [_SavedBuffers(buffers) for buffers in by_dtype.values()]
+
+    def save(self) -> None:
+        for part in self.parts:
+            part.save()
+
+    def restore(self, found_inf: torch.Tensor) -> None:
+        for part in self.parts:
+            part.restore(found_inf)
 
 
 class BufferEMA:

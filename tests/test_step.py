@@ -128,34 +128,42 @@ def test_bn_ema_follows_tf_warmup():
     torch.testing.assert_close(ema.shadows[0], torch.full((3,), 1 - d), rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_a_skipped_step_leaves_the_bn_statistics_and_their_ema_as_they_were(precision):
+@pytest.mark.parametrize(("name", "size", "precision"), [
+    ("resnet18", 32, "fp32"), ("resnet18", 32, "bf16"),
+    ("inception_v3", 75, "fp32"),  # the seed's slim BN, zero-debiased by its update count
+])  # fmt: skip
+def test_a_skipped_step_leaves_every_buffer_and_the_bn_ema_as_they_were(name, size, precision):
     # A non-finite batch: its forward had already written non-finite running statistics (and the BN
     # EMA's lerp with weight 0 kept them: 0 * NaN is NaN) before the update was skipped. Every later
-    # evaluation, and every checkpoint, then held NaN statistics while the run trained on.
+    # evaluation, and every checkpoint, then held NaN statistics while the run trained on. Every
+    # buffer: Inception's update count (num_batches_tracked, TF's zero-debias local_step) left one
+    # ahead of statistics put back would debias them wrong for thousands of steps.
     torch.manual_seed(0)
-    model = create_model("resnet18", 5, base_channels=8)
+    # Inception as the trainer builds it (slim BN), without the aux head, which needs 299 px
+    kwargs = (
+        {"base_channels": 8} if name == "resnet18" else {"inception_bn_gamma": False, "aux_logits": False}
+    )
+    model = create_model(name, 5, **kwargs)
     step, opt = _step_fn(model, Precision(precision, channels_last=False, cuda_graph=False), CPU, ema=0.9)
-    for images, labels in _batches(2):
+    for images, labels in _batches(2, size=size):
         step([(images, labels)])
-    names = [n for n, b in model.named_buffers() if b.is_floating_point()]
-    before = {n: b.clone() for n, b in model.named_buffers() if n in names}
+    before = {n: b.clone() for n, b in model.named_buffers()}
+    assert any(not b.is_floating_point() for b in before.values())  # the counts are among them
     shadows = {n: s.clone() for n, s in step.bn_ema.state_dict().items()}
     weights = [p.detach().clone() for p in model.parameters()]
-    images, labels = _batches(1, seed=1)[0]
+    images, labels = _batches(1, size=size, seed=1)[0]
     bad = images.float() / 255  # a float batch (DALI's kind), one value of it infinite
     bad[0, 3, 3, 0] = float("inf")
     step([(bad, labels)])
     assert int(step.scaler.skipped_steps) == 1
-    assert torch.isfinite(model.bn1.running_mean).all()  # before: NaN from here on
     for n, b in model.named_buffers():
-        if n in names:
-            assert torch.equal(b, before[n]), n
+        assert torch.equal(b, before[n]), n  # before: NaN statistics, and counts one ahead
     for n, s in step.bn_ema.state_dict().items():
         assert torch.equal(s, shadows[n]), n
     assert all(torch.equal(p, w) for p, w in zip(model.parameters(), weights))
-    step([_batches(1, seed=2)[0]])  # the next step trains on from there
-    assert int(opt.applied_steps) == 3 and torch.isfinite(model.bn1.running_mean).all()
+    step([_batches(1, size=size, seed=2)[0]])  # the next step trains on from there
+    assert int(opt.applied_steps) == 3
+    assert all(torch.isfinite(b).all() for b in model.buffers() if b.is_floating_point())
 
 
 # --- training top-1 (the ResNet seed's train_accuracy): of the batch trained on, before its update ---

@@ -212,7 +212,9 @@ def test_whole_step_traces_on_meta(recipe, optimizer, fake_world):
         "step.optimizer.flat.params", "step.optimizer.flat.grad", "step.optimizer._buffers['ema']",
         "step.optimizer._buffers['momentum_buffer']", "step.optimizer.applied_steps", "step.lr",
         "step.scaler.scale", "step.step_count", "step.last_loss", "step.loss_average",
-        "step.bn_ema.shadows[0]", "step.bn_guard.saved", "model.fc.weight", "model.fc.weight.grad",
+        "step.bn_ema.shadows[0]", "step.bn_ema.flat", "step.bn_guard.parts[0].saved",
+        "step.bn_guard.parts[0].current", "step.bn_guard.parts[1].saved", "model.fc.weight",
+        "model.fc.weight.grad",
     ]  # fmt: skip
     assert set(expected) <= set(buffers), sorted(set(expected) - set(buffers))
 
@@ -297,13 +299,25 @@ def test_a_rebound_loss_scale_fails(monkeypatch):
 
 
 def test_out_of_place_bn_ema_shadows_fail(monkeypatch):
-    def update(self, applied_steps, found_inf):
+    def update(self, applied_steps, found_inf):  # the average into a new flat tensor, not into `flat`
         n = applied_steps.to(torch.float32)
         weight = (1 - torch.clamp((1 + n) / (10 + n), max=self.decay)) * (1 - found_inf)
-        self.shadows = [torch.lerp(s, b, weight) for s, b in zip(self.shadows, self.buffers)]
+        current = torch.cat([b.reshape(-1) for b in self.buffers])
+        self.flat = torch.lerp(self.flat, current, weight)
 
     monkeypatch.setattr(BufferEMA, "update", update)
-    with pytest.raises(AssertionError, match=r"reallocated buffers.*step\.bn_ema\.shadows"):
+    with pytest.raises(AssertionError, match=r"reallocated buffers.*step\.bn_ema\.flat"):
+        _trace(*_small_step())
+
+
+def test_out_of_place_bn_guard_copies_fail(monkeypatch):
+    from fasttrain.bn_buffers import _SavedBuffers
+
+    def save(self):  # a new tensor each step: the captured graph would keep writing the first one
+        self.saved = torch.cat([b.reshape(-1) for b in self.buffers])
+
+    monkeypatch.setattr(_SavedBuffers, "save", save)
+    with pytest.raises(AssertionError, match=r"reallocated buffers.*step\.bn_guard\.parts\[0\]\.saved"):
         _trace(*_small_step())
 
 
