@@ -38,6 +38,7 @@ from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.run import build_run
 from fasttrain.run_config import processes_per_node, resolve_node_batch
 from fasttrain.schedule import LRSchedule
+from fasttrain.step import LOSS_AVERAGE_WEIGHT
 from fasttrain.threads import available_cores, choose_input, local_ranks
 
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
@@ -229,7 +230,9 @@ def train(cfg: Config) -> dict:
         record = dict(
             loss=loss,
             loss_avg=loss_avg,
-            loss_ema=step_fn.loss_average.item() + l2,
+            # The seed averages the total loss, its shadow from 0: after n steps the L2 term's share
+            # of it is l2 * (1 - 0.9^n) (n: the steps so far; fewer where a non-finite loss was left out).
+            loss_ema=step_fn.loss_average.item() + l2 * (1 - (1 - LOSS_AVERAGE_WEIGHT) ** step),
             cross_entropy=cross_entropy,  # with the aux head's share (Inception): the loss without L2
             l2_loss=l2,
             train_top1=train_top1,
