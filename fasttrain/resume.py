@@ -77,7 +77,7 @@ def has_checkpoint(cfg: Config, run_dir: Path, info: DistInfo) -> bool:
         try:
             source = Path(cfg.checkpoint_dir or run_dir)
             found = bool(ckpt.list_checkpoints(source)) or is_tf_checkpoint(source)
-        except ckpt.CheckpointError as exc:
+        except (ckpt.CheckpointError, OSError) as exc:
             error = str(exc)
     found, error = from_rank0((found, error), info)
     if error:
@@ -122,20 +122,9 @@ def restore_run(
     prefix) continues that run (fasttrain.tf.state.load_run), until run_dir holds checkpoints of its own;
     so does a run_dir that holds a TF run and no fasttrain checkpoint (the ResNet seed's command run
     again on its --output_dir: its Estimator restores the newest checkpoint there)."""
-    source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
-    if cfg.checkpoint_dir and _own_checkpoints(run_dir, source, log):
-        source = run_dir
-    elif not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
-        from fasttrain.tf.checkpoint import open_checkpoint
-        from fasttrain.tf.state import load_run
-
-        if source == run_dir:  # the same command again on a TF run's directory: its Estimator restores it
-            log(f"train_dir {run_dir} holds a TensorFlow run (its checkpoint file), no fasttrain checkpoint")
-        return load_run(open_checkpoint(source), cfg, run, log)
-    if cfg.checkpoint_dir and not source.is_dir():
-        raise ckpt.CheckpointError(
-            f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)
-        )
+    kind, source = _agreed_source(cfg, run_dir, run.info, log)
+    if kind == "tf":
+        return _load_tf_run(cfg, run, source, run_dir, log)
     found = _load_agreed(
         cfg, source, run.info, log, setting="train_dir" if source == run_dir else "checkpoint_dir"
     )
@@ -256,6 +245,64 @@ def _newest_usable(cfg: Config, source: Path, log: Callable[[str], None]) -> tup
                 settings=("train_dir",),
             )
     return found
+
+
+def _source(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> tuple[str, Path]:
+    """('fasttrain' or 'tf', the directory to resume from), as rank 0 decides it."""
+    source = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
+    if cfg.checkpoint_dir and _own_checkpoints(run_dir, source, log):
+        return "fasttrain", run_dir
+    if not ckpt.list_checkpoints(source) and is_tf_checkpoint(source):
+        return "tf", source
+    if cfg.checkpoint_dir and not source.is_dir():
+        raise ckpt.CheckpointError(
+            f"checkpoint_dir {source} is not a directory", settings=("checkpoint_dir",)
+        )
+    return "fasttrain", source
+
+
+def _agreed_source(
+    cfg: Config, run_dir: Path, info: DistInfo, log: Callable[[str], None]
+) -> tuple[str, Path]:
+    """_source as rank 0 decides it, on every rank: ranks deciding on their own (per-node storage) could
+    take different branches, and one would wait in a collective the others never make."""
+    decision, error = None, None
+    if info.is_main:
+        try:
+            decision = _source(cfg, run_dir, log)
+        except (ckpt.CheckpointError, OSError) as exc:
+            error = exc
+    if not info.distributed:
+        if error is not None:
+            raise error
+        return decision
+    shared = (decision[0], str(decision[1])) if decision is not None else None
+    shared, message = from_rank0((shared, str(error or "")), info)
+    if message:
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError(f"stopping with rank 0, which cannot resume: {message}")
+    return shared[0], Path(shared[1])
+
+
+def _load_tf_run(cfg: Config, run: Run, source: Path, run_dir: Path, log: Callable[[str], None]) -> int:
+    """Continue the TF run in `source` (fasttrain.tf.state.load_run) on every rank; all stop together
+    when any cannot read it."""
+    from fasttrain.tf.checkpoint import open_checkpoint
+    from fasttrain.tf.state import load_run
+
+    if source == run_dir:  # the same command again on a TF run's directory: its Estimator restores it
+        log(f"train_dir {run_dir} holds a TensorFlow run (its checkpoint file), no fasttrain checkpoint")
+    step, error = 0, None
+    try:
+        step = load_run(open_checkpoint(source), cfg, run, log)
+    except ckpt.CheckpointError as exc:
+        error = exc
+    if failed := first_rank_error(str(error or ""), run.info):
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError(f"stopping with rank {failed[0]}, which cannot read {source}: {failed[1]}")
+    return step
 
 
 def _load_agreed(

@@ -222,6 +222,35 @@ def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path
     assert "train_dir must be on storage every rank sees" in job.stdout
 
 
+def test_a_tf_run_only_rank_0_sees_stops_every_rank(data, tmp_path):
+    # The same with a TF run in rank 0's train_dir: rank 0 continued it while rank 1, deciding on its
+    # own, went to look for fasttrain checkpoints in a collective rank 0 never made (a hang).
+    from fasttrain.tf.convert import main as convert
+
+    for node in ("node0", "node1"):
+        (tmp_path / node).mkdir()
+    first = [
+        sys.executable,
+        "-m",
+        "fasttrain",
+        *fasttrain_args(data, "src", "--max_steps=2", "--no-eval_at_end"),
+    ]
+    out = subprocess.run(first, cwd=tmp_path / "node0", env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    tf_prefix = tmp_path / "node0" / "run" / "model.ckpt-2"
+    assert convert(["to-tf", str(tmp_path / "node0" / "src" / "ckpt-2.pt"), "--out", str(tf_prefix)]) == 0
+    script = tmp_path / "pernode.sh"
+    script.write_text(
+        f'#!/bin/sh\ncd {tmp_path}/node$LOCAL_RANK && exec {sys.executable} -m fasttrain "$@"\n'
+    )
+    script.chmod(0o755)
+    args = fasttrain_args(data, "run", "--max_steps=4", "--no-eval_at_end")
+    (job,) = run_torchrun(["--no-python", str(script), *args], timeout=120)
+    assert "killed after" not in job.stdout, job.stdout[-3000:]
+    assert job.returncode != 0
+    assert "stopping with rank 1, which cannot read run" in job.stdout, job.stdout[-3000:]
+
+
 def _validation_row(run_dir: Path, source: str | None = None) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     row = [r for r in rows if r.get("split") == "validation" and r.get("source") == source][-1]
