@@ -298,10 +298,11 @@ def train(cfg: Config) -> dict:
             # After an evaluation (every rank makes one at the same steps) the ranks agree at once: a
             # signal that cut it short is acted on now, not up to log_every steps later.
             if stop.requested(info, step, now=bool(evaluated)):
-                if tick_step != step:  # the steps since the last row: a resume goes on after them
-                    log_row()
                 if last_saved != step:  # a checkpoint step has just saved it
                     save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
+                    last_saved = step  # a skipped step changes nothing it holds: a good checkpoint
+                if tick_step != step:  # the steps since the last row: a resume goes on after them
+                    log_row()  # after the save: its non-finite check may stop the run here
                 progress.close()
                 log(
                     f"stopped by {stop.signal_name} at step {step}; checkpoint "

@@ -87,6 +87,29 @@ def test_one_skipped_step_between_log_rows_stops_an_fp32_run(tmp_path, monkeypat
     assert [r["step"] for r in rows] == [4] and rows[0]["skipped_steps"] == 1
 
 
+def test_a_stop_after_a_skipped_step_saves_then_says_why_it_stops(tmp_path, monkeypatch):
+    # SIGTERM at step 3 of an fp32 run whose step 2 was skipped: the stop's checkpoint is written (a
+    # skipped step changes nothing it holds), then the non-finite loss stops the run naming it. The
+    # row's check ran before the save, so the run ended without its checkpoint.
+    import signal
+
+    class BadThenStopped(TrainStep):
+        def __call__(self, batches):
+            super().__call__(batches)
+            if int(self.step_count) == 2:
+                self.nonfinite_streak.fill_(1)
+                self.scaler.skipped_steps.add_(1)
+            if int(self.step_count) == 3:
+                os.kill(os.getpid(), signal.SIGTERM)  # the trainer's handler sets its stop flag
+
+    monkeypatch.setattr(fasttrain.run, "TrainStep", BadThenStopped)
+    cfg = _cfg(tmp_path, precision="fp32", log_every=4, max_steps=8, checkpoint_every=100)
+    saved = tmp_path / "run" / "ckpt-3.pt"
+    with pytest.raises(TrainingStopped, match=f"at 1 of steps 1-3 .*the last good checkpoint is {saved}"):
+        train(cfg)
+    assert saved.is_file()
+
+
 def test_an_error_after_capture_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
     # A non-finite loss stops the run with an exception after the graph exists: without the release
     # the NCCL communicator waits for the graph at exit (pytorch/pytorch#115388), a hung job.
