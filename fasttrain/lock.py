@@ -154,7 +154,14 @@ def ensure_run_id(run_dir: Path, started_from: str = "", log=print) -> str:
         return run_id
     path = Path(run_dir) / IDENTITY_NAME
     if path.is_file():
-        aside = path.with_name(IDENTITY_NAME + ".unreadable")
+        path.read_bytes()  # an OSError (EACCES, EIO) is not a damaged file: raised, the file left as it is
+        aside = next(
+            p
+            for k in range(1, 10_000)
+            if not (
+                p := path.with_name(IDENTITY_NAME + (".unreadable" if k == 1 else f".unreadable-{k}"))
+            ).exists()
+        )
         os.replace(path, aside)
         log(
             f"note: {path} holds no run_id (damaged or edited): kept as {aside.name}; this run gets a new "

@@ -183,6 +183,31 @@ def test_a_run_json_without_a_run_id_is_kept_aside_with_a_note(tmp_path, text):
     assert "kept as run.json.unreadable" in notes[0]
     notes.clear()
     assert ensure_run_id(tmp_path, log=notes.append) == run_id and notes == []  # the next resume: quiet
+    (tmp_path / "run.json").write_text(text)  # damaged again: the first one kept aside stays
+    ensure_run_id(tmp_path, log=notes.append)
+    assert (tmp_path / "run.json.unreadable").read_text() == text
+    assert (tmp_path / "run.json.unreadable-2").read_text() == text and "run.json.unreadable-2" in notes[0]
+
+
+def test_a_run_json_that_cannot_be_read_is_an_error_not_damage(tmp_path, monkeypatch):
+    # EACCES or EIO (a network file system) is not a damaged file: it was set aside and a new run_id
+    # made, and the evaluator then took the run's own checkpoints for another run's.
+    import pathlib
+
+    (tmp_path / "run.json").write_text('{"run_id": "' + "a" * 32 + '"}')
+    real = pathlib.Path.read_bytes
+
+    def unreadable(self):
+        if self.name == "run.json":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", unreadable)
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: unreadable(self).decode())
+    with pytest.raises(PermissionError):
+        ensure_run_id(tmp_path, log=lambda line: None)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
 
 
 def test_same_run_by_directory_or_by_identity(tmp_path):
