@@ -116,7 +116,7 @@ def run_config(run_dir: Path, args: argparse.Namespace):
     if not args.num_examples:
         return cfg
     ranks = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's: each rank evaluates its share
-    batches = math.ceil(args.num_examples / (cfg.batch_size * ranks))  # the evaluator's loader's batch
+    batches = math.ceil(args.num_examples / (cfg.eval_batch_per_process * ranks))  # the evaluator's batch
     return dataclasses.replace(cfg, max_eval_batches=batches)
 
 

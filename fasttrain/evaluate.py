@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -32,11 +33,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fasttrain.bn_buffers import broadcast_statistics
+from fasttrain.bn_buffers import BufferEMA, broadcast_statistics
 from fasttrain.errors import exit_code, print_error
 from fasttrain.eval_settings import agreed, check_metrics_out, parse, run_config
 from fasttrain.precision import Precision
-from fasttrain.step import BufferEMA, model_input
+from fasttrain.step import model_input
 
 if TYPE_CHECKING:
     from fasttrain.config import Config
@@ -210,7 +211,7 @@ class _Evaluator:
         self.optimizer = build_optimizer(cfg, self.model)
         self.bn_ema = BufferEMA(self.model, cfg.ema_decay) if cfg.ema_decay else None
         self.loader = build_loader(
-            cfg,
+            dataclasses.replace(cfg, batch_size=cfg.eval_batch_per_process),  # the trainer's eval batch
             "validation",
             training=False,
             rank=info.rank,

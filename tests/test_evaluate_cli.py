@@ -218,3 +218,14 @@ def test_a_checkpoint_one_rank_cannot_load_is_skipped_by_every_rank(epochs_run, 
     assert (tmp_path / "rank.0").read_text().startswith("CheckpointError: rank 1: checkpoint ")
     assert (tmp_path / "rank.1").read_text().startswith("CheckpointError: checkpoint ")
     assert (run_dir / "metrics.jsonl").read_text() == before  # nothing evaluated
+
+
+def test_the_evaluator_batches_as_the_trainer_does(data, tmp_path, capsys):
+    # --max_eval_batches counts batches: the trainer evaluates in --eval_batch_size batches, the
+    # evaluator took the training batch, so "the first 2 batches" were 16 images in one, 8 in the other.
+    run_dir = tmp_path / "run"
+    final = train(_cfg(data, run_dir, eval_batch_size=8, eval_at_end=True))
+    assert main([str(run_dir)]) == 0
+    row = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row["source"] == "evaluate" and row["count"] == final["count"] == 16
+    assert (row["top1"], row["ema_top1"]) == (final["top1"], final["ema_top1"])
