@@ -56,6 +56,7 @@ import torch
 
 from bench.common import one_line, summarize, synchronize, timed
 from bench.step_profile import kernel_breakdown, profile_path, profile_record, profile_watchdog
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
@@ -64,7 +65,7 @@ from fasttrain.models import param_groups
 from fasttrain.precision import Precision, resolve_precision
 from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep
+from fasttrain.step import TrainStep
 from fasttrain.train import batch_stream
 
 ROWS = ("a", "b", "c", "d", "e", "f", "g")

@@ -223,11 +223,7 @@ def rank0_error(message: str, info: DistInfo) -> str:
     """Rank 0's error message ('' for none) on every rank: when only rank 0 does something that can
     fail (claiming the run directory, writing a checkpoint), every rank stops with one line instead
     of the others failing later with gloo/NCCL "connection closed" tracebacks."""
-    if not info.distributed:
-        return message
-    box = [message]
-    dist.broadcast_object_list(box, src=0)  # note: a host sync; once per checkpoint and at start-up
-    return box[0]
+    return from_rank0(message, info)  # note: a host sync; once per checkpoint and at start-up
 
 
 def from_rank0(value, info: DistInfo):

@@ -11,8 +11,6 @@ import math
 import os
 from pathlib import Path
 
-import torch
-
 
 def _seconds(text: str) -> float:
     value = float(text)  # argparse turns a ValueError into its one-line usage error
@@ -185,8 +183,6 @@ def check_metrics_out(path: Path, given: bool) -> None:
 
 def agreed(value, info):
     """Rank 0's value on every rank: all ranks evaluate the same checkpoint."""
-    if info.world_size == 1:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
+    from fasttrain.distributed import from_rank0
+
+    return from_rank0(value, info)

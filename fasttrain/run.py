@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.buckets import GradBuckets
 from fasttrain.compile import CompiledModel, compile_wanted
 from fasttrain.config import Config
@@ -29,7 +30,7 @@ from fasttrain.precision import Precision
 from fasttrain.pretrained import restore_pretrained
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep, classification_loss
+from fasttrain.step import TrainStep, classification_loss
 
 
 @dataclass

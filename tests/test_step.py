@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.buckets import GradBuckets
 from fasttrain.compile import CompiledModel
 from fasttrain.config import make_config
@@ -18,7 +19,7 @@ from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum
 from fasttrain.precision import Precision
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep, classification_loss
+from fasttrain.step import TrainStep, classification_loss
 
 CPU = torch.device("cpu")
 

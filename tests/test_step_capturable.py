@@ -33,13 +33,14 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.buckets import GradBuckets
 from fasttrain.config import make_config
 from fasttrain.dist_info import DistInfo
 from fasttrain.precision import DynamicLossScaler, Precision
 from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep
+from fasttrain.step import TrainStep
 
 META = torch.device("meta")
 # What a meta tensor raises when read on the host: RuntimeError ("Tensor.item() cannot be called on

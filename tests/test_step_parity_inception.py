@@ -19,12 +19,13 @@ import pytest
 import torch
 from test_tf_names_inception_v3 import BATCH, CKPT, CLASSES, DATA, DEPTH, EMA, images
 
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.config import make_config
 from fasttrain.models.inception_v3 import Inception3
 from fasttrain.precision import Precision
 from fasttrain.run import build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
-from fasttrain.step import BufferEMA, TrainStep
+from fasttrain.step import TrainStep
 from fasttrain.tf.checkpoint import open_checkpoint
 from fasttrain.tf.names import variable_map
 from fasttrain.tf.names.inception_v3 import zero_debias_names

@@ -173,9 +173,9 @@ class _Loader:
 
 def continued(prefix, log=None):
     """A Run of the seed's recipe (RMSProp, EMA, SlimBatchNorm) continuing the TF run at `prefix`."""
+    from fasttrain.bn_buffers import BufferEMA
     from fasttrain.config import make_config
     from fasttrain.run import build_optimizer
-    from fasttrain.step import BufferEMA
 
     cfg = make_config(recipe="inception_v3", batch_size=BATCH, optimizer_impl="torch")
     model = Inception3(CLASSES, bn_gamma=cfg.inception_bn_gamma, depth_multiplier=DEPTH)
@@ -277,9 +277,9 @@ def test_no_zero_debias_state_starts_the_count_at_0_and_loss_averages_are_left_b
 
 
 def test_evaluation_loads_raw_weights_and_the_shadows_with_the_count():
+    from fasttrain.bn_buffers import BufferEMA
     from fasttrain.config import make_config
     from fasttrain.run import build_optimizer
-    from fasttrain.step import BufferEMA
 
     cfg = make_config(recipe="inception_v3", optimizer_impl="torch")
     model = Inception3(CLASSES, bn_gamma=False, depth_multiplier=DEPTH)

@@ -17,11 +17,11 @@ import pytest
 import torch
 from launch_helpers import ENV, command
 
+from fasttrain.bn_buffers import BufferEMA
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
-from fasttrain.step import BufferEMA
 from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
 from fasttrain.tf.names import to_tf, variable_map
 from fasttrain.tf.state import export_tensors, load_run, model_state

@@ -149,8 +149,8 @@ def _saved_config(state: dict, model: str):
 
 
 def to_tf(args: argparse.Namespace) -> Path:
+    from fasttrain.bn_buffers import BufferEMA
     from fasttrain.run import build_model, build_optimizer, load_weights
-    from fasttrain.step import BufferEMA
     from fasttrain.tf.checkpoint import write_checkpoint
     from fasttrain.tf.state import export_tensors
 
