@@ -17,7 +17,7 @@ loader reports as such.
 
 from __future__ import annotations
 
-from fasttrain.data.errors import DataError
+from fasttrain.data.errors import DataError, ShardReadError, error_reason
 from fasttrain.data.example import parse_example
 from fasttrain.data.sharding import RecordTable
 from fasttrain.data.tfrecord import read_record
@@ -39,10 +39,9 @@ def records_have_box_keys(table: RecordTable) -> bool:
                 payload = read_record(f, offset, size, shard)
             keys = set(parse_example(payload).features.feature.keys())
         except OSError as exc:
-            raise DataError(f"cannot read shard {shard} ({exc.strerror})") from None
+            raise ShardReadError(f"cannot read shard {shard} ({exc.strerror})") from None
         except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and the reader's DataError
-            reason = str(exc).split(";")[0]
-            raise DataError(f"cannot read the first record of {shard} ({reason})") from None
+            raise DataError(f"cannot read the first record of {shard} ({error_reason(exc)})") from None
         present = [key in keys for key in BOX_KEYS]
         if any(present) and not all(present):
             missing = ", ".join(k for k, p in zip(BOX_KEYS, present) if not p)

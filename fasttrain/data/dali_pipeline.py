@@ -74,7 +74,7 @@ import torch
 from fasttrain.config import Config
 from fasttrain.data.dali_boxes import records_have_box_keys
 from fasttrain.data.dali_ops import distort_color, eval_images, train_window, vgg_images
-from fasttrain.data.errors import DataError
+from fasttrain.data.errors import DataError, error_reason
 from fasttrain.data.imagenet import decode_record, label_range_error
 from fasttrain.data.jpeg.decode import decode_jpeg
 from fasttrain.data.loader import EpochPosition
@@ -339,7 +339,7 @@ def _record_problem(shard: str, offset: int, size: int) -> str | None:
         # Any label passes here: labels are checked separately, on DALI's output.
         decode_jpeg(decode_record(payload, shard, offset, 0, 2**62).jpeg, shard, offset)
     except DataError as e:
-        return str(e).split(";")[0]  # the reason, without the torch reader's advice
+        return error_reason(e)  # without the torch reader's advice
     return None
 
 

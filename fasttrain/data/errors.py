@@ -25,7 +25,8 @@ class ShardReadError(DataError):
     record of it would be skipped, one line each)."""
 
 
-def skip_reason(error: DataError) -> str:
-    """What a record skipped by skip_corrupt had, without the message's advice (which would say to
-    re-create the shard or to train with skip_corrupt, already on)."""
+def error_reason(error: Exception) -> str:
+    """A data error's reason without its advice (the part before the first ';'): for a record skipped
+    by skip_corrupt (the advice would say to train with skip_corrupt, already on), or one another
+    backend reports (the torch reader's advice is not DALI's)."""
     return str(error).split(";")[0]

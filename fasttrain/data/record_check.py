@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fasttrain.data.errors import DataError
+from fasttrain.data.errors import DataError, error_reason
 from fasttrain.data.sharding import RecordTable
 from fasttrain.data.tfrecord import read_record
 
@@ -97,7 +97,7 @@ class RecordCheck:
                             table.files[file_id])  # fmt: skip
             except DataError as exc:
                 number = int(position - table.shard_starts[file_id])
-                reason = str(exc).split(";")[0]  # the torch reader's advice is not this backend's
+                reason = error_reason(exc)  # the torch reader's advice is not this backend's
                 return DataError(
                     f"{reason}, record {number} of the shard; {self.advice}", settings=self.settings
                 )

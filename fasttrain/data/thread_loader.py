@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from fasttrain.config import Config
-from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, skip_reason
+from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, error_reason
 from fasttrain.data.torch_pipeline import SampleReader, ShardLoader, all_corrupt
 from fasttrain.stop_signals import stop_signals_blocked
 
@@ -326,7 +326,7 @@ class _Epoch:
                     if not self.cfg.skip_corrupt or isinstance(e, LabelRangeError | ShardReadError):
                         error = e  # a flag mistake, or a shard gone: not a record's fault
                     else:
-                        sys.stderr.write(f"skipping: {skip_reason(e)}\n")
+                        sys.stderr.write(f"skipping: {error_reason(e)}\n")
                 except Exception as e:  # noqa: BLE001 - a bug or MemoryError: raised in the consumer
                     error = e
                 clock.cpu_s += time.thread_time() - cpu

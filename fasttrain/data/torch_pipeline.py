@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fasttrain.config import Config
 from fasttrain.data import warm
-from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, skip_reason
+from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, error_reason
 from fasttrain.data.imagenet import SampleDecoder
 from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.row_index import RowIndexes
@@ -99,7 +99,7 @@ class _BatchDataset(IterableDataset):
             except DataError as e:
                 if not self.skip_corrupt or isinstance(e, LabelRangeError | ShardReadError):  # not a record's
                     raise
-                sys.stderr.write(f"skipping: {skip_reason(e)}\n")  # one write: workers share the pipe
+                sys.stderr.write(f"skipping: {error_reason(e)}\n")  # one write: workers share the pipe
                 skipped += 1
         good = len(labels)
         if self.training and skipped:
