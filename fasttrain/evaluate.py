@@ -377,7 +377,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
             done = newest[0]
         # The run's last step, as its newest checkpoint records it: config.json, read once, may be of
         # an earlier start (a resume with another --max_steps rewrites it). Older checkpoints: --max_steps.
-        last = getattr(evaluator, "total_steps", 0) or cfg.max_steps
+        last = evaluator.total_steps or cfg.max_steps
         if not args.watch or (last and done is not None and done >= last):
             if failed is not None:  # the run's last checkpoint could not be evaluated: not a success
                 raise failed

@@ -131,11 +131,12 @@ class FlatOptimizer(torch.optim.Optimizer):
     def l2_term(self) -> torch.Tensor:
         """The weight decay as the seeds' loss holds it, sum over groups of wd * sum(tf.nn.l2_loss(w)) =
         0.5 * wd * ||w||^2, a device scalar (the update adds its gradient, wd * w; the loss fasttrain
-        computes leaves the term out). One pass over the flat weights: the pads between are zeros."""
+        computes leaves the term out). One dot product per decayed group's slice of the flat weights (the
+        pads between parameters are zeros)."""
         total = torch.zeros((), dtype=torch.float32, device=self.flat.params.device)
-        for group, (start, end) in zip(self.param_groups, self.flat.group_ranges):
-            if group["weight_decay"]:
-                w = self.flat.params[start:end]
+        for group, slices in zip(self.param_groups, self._group_slices):
+            if slices is not None and group["weight_decay"]:
+                w = slices[0]
                 total += 0.5 * group["weight_decay"] * torch.dot(w, w)
         return total
 

@@ -118,9 +118,7 @@ def train(cfg: Config) -> dict:
         try:
             if not finished:  # only now: a refused resume leaves the run's config.json as it was
                 save_config(cfg, run_dir)
-            ensure_run_id(
-                run_dir, cfg.checkpoint_dir, log=log
-            )  # run.json, the run's identity (fasttrain/lock.py)
+            ensure_run_id(run_dir, cfg.checkpoint_dir, log=log)  # run.json: the run's identity (lock.py)
         except OSError as exc:  # a full disk, a directory where the file should be: one line, not a traceback
             raise FasttrainError(
                 f"cannot write {exc.filename or run_dir} ({exc.strerror}); free space in {run_dir} or "
