@@ -49,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     from fasttrain.data.jpeg import fused  # noqa: PLC0415
 
     fused.FUSED = fused.FUSED and args.fused  # read at each call; forked workers inherit it
+    from fasttrain.data.loader import batch_stream  # noqa: PLC0415
     from fasttrain.distributed import _pick_device  # noqa: PLC0415 (the trainer's own choice)
-    from fasttrain.train import batch_stream  # noqa: PLC0415
 
     device = _pick_device(cfg.device, 0, distributed=False)
     loader = build_loader(cfg, "train", training=True, device=device, reuse_buffers=True)

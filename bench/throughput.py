@@ -60,13 +60,13 @@ from fasttrain.bn_buffers import BufferEMA
 from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data import build_loader
+from fasttrain.data.loader import batch_stream
 from fasttrain.data.normalize import normalize_images
 from fasttrain.models import param_groups
 from fasttrain.precision import Precision, resolve_precision
 from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import TrainStep
-from fasttrain.train import batch_stream
 
 ROWS = ("a", "b", "c", "d", "e", "f", "g")
 ROW_TITLES = {

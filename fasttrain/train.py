@@ -16,10 +16,12 @@ from pathlib import Path
 import torch
 
 from fasttrain import checkpoint as ckpt
-from fasttrain.config import Config, default_cache_dir
+from fasttrain.config import Config
 from fasttrain.curves import Curves
 from fasttrain.data import build_loader, resolve_backend
+from fasttrain.data.loader import batch_stream
 from fasttrain.data.sharding import open_split
+from fasttrain.data_dir import prepare_data_dir
 from fasttrain.distributed import (
     DistInfo,
     check_graph_capture_env,
@@ -44,7 +46,6 @@ from fasttrain.threads import available_cores, choose_input, local_ranks
 # The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
 # demo's 300 steps see each image a few times) and 1,280 validation images; a fixed seed, so every
 # machine builds the same files (change them together with the cache name, demo-imagenet-v1).
-DEMO_DATA = dict(train_shards=4, val_shards=2, per_shard=640, classes=10, seed=1234)
 
 
 class TrainingStopped(FasttrainError, RuntimeError):
@@ -382,55 +383,6 @@ def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) ->
             settings=("train_dir",),
         )
     return lock
-
-
-def prepare_data_dir(cfg: Config, info, log) -> Path | None:
-    """cfg.data_dir checked; for the demo with no --data_dir, a synthetic set built once in the cache;
-    None for --data_backend=synthetic without --data_dir (random device batches read no files)."""
-    if cfg.data_backend == "synthetic" and not cfg.data_dir:
-        return None
-    if cfg.data_dir:
-        path = Path(cfg.data_dir)
-        if not path.is_dir():
-            raise SettingError(
-                f"data_dir {path} does not exist or is not a directory", settings=("data_dir",)
-            )
-        return path
-    if cfg.recipe != "demo":
-        raise SettingError(
-            f"data_dir is required for recipe {cfg.recipe or 'none (the base Config)'} "
-            "(the TFRecord shards directory)",
-            settings=("data_dir",),
-        )
-    from fasttrain.data.synthetic import ensure_synthetic
-
-    cache = Path(cfg.data_cache_dir) if cfg.data_cache_dir else default_cache_dir()
-    target = cache / "demo-imagenet-v1"
-    if info.local_rank == 0 and not (target / "DONE").exists():  # each node's: caches need not be shared
-        log(f"building the demo data set (synthetic ImageNet-layout TFRecords) in {target} ...")
-        try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
-            ensure_synthetic(target, **DEMO_DATA)
-        except OSError as e:
-            raise SettingError(
-                f"cannot build the demo data set in {cache} ({e.strerror}); set data_cache_dir "
-                "to a writable directory",
-                settings=("data_cache_dir",),
-            ) from None
-    if info.world_size > 1:
-        torch.distributed.barrier()
-    return target
-
-
-def batch_stream(loader, accum: int):
-    """Endless lists of `accum` (images, labels) batches, moving to the next epoch as needed."""
-    while True:
-        group = []
-        for images, labels in loader:
-            group.append((images, labels))
-            if len(group) == accum:
-                yield group
-                group = []
-        loader.set_epoch(loader.epoch + 1)
 
 
 def check_finite(

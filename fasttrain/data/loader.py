@@ -80,3 +80,15 @@ class EpochPosition:
         start, self._resume = self._resume, 0
         self._position = start
         return start
+
+
+def batch_stream(loader, accum: int):
+    """Endless lists of `accum` (images, labels) batches, moving to the next epoch as needed."""
+    while True:
+        group = []
+        for images, labels in loader:
+            group.append((images, labels))
+            if len(group) == accum:
+                yield group
+                group = []
+        loader.set_epoch(loader.epoch + 1)
