@@ -97,8 +97,11 @@ class MetricsLog:
     def _locked(self):
         """An exclusive flock on the file's directory, held by each append and by resume_at's rewrite:
         the evaluator (another process) appends to the trainer's file, and a row it appended while a
-        resuming trainer read and replaced the file went with the old file. Where the file system has
-        no locks (some network file systems), nothing is held."""
+        resuming trainer read and replaced the file went with the old file. flock, not lock.py's POSIX
+        lock: POSIX locks are the process's (a second open in it does not wait; closing any descriptor
+        of the file drops them). Its reach: processes of one machine; on a network file system an
+        evaluator on another machine may not be held back (NFS flock is node-local or emulated), and
+        where the file system has no locks nothing is held: the race stays there, a rare lost row."""
         try:
             fd = os.open(self.path.parent, os.O_RDONLY)
         except OSError:
