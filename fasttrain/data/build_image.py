@@ -39,7 +39,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
-from fasttrain.data.jpeg.decode import reaches_end_marker, saw_adobe_marker
+from fasttrain.data.jpeg.decode import cmyk_to_rgb, reaches_end_marker
 
 PNG_NAME = "n02105855_2933.JPEG"
 # build_imagenet_data.py's list (from github.com/cytsai/ilsvrc-cmyk-image-list).
@@ -131,9 +131,7 @@ def _jpeg_pixels_any_channels(data: bytes) -> np.ndarray:
         cmyk = simplejpeg.decode_jpeg(data, colorspace="CMYK", fastdct=True, fastupsample=False, strict=False)
     except ValueError as e:  # sampling factors TurboJPEG's API cannot describe: TF's pixels are out of reach
         raise BadImage(f"is not re-encoded: TurboJPEG does not decode it ({e})") from None
-    c, k = cmyk[..., :3].astype(np.int32), cmyk[..., 3:].astype(np.int32)
-    rgb = k * c // 255 if saw_adobe_marker(data) else (255 - k) * (255 - c) // 255
-    return rgb.astype(np.uint8)
+    return cmyk_to_rgb(cmyk, data)
 
 
 def _decode_rgb(data: bytes) -> np.ndarray:

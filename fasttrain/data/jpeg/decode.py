@@ -88,7 +88,7 @@ def decode_jpeg(jpeg: bytes, file="", offset: int = 0) -> np.ndarray:
 def _simplejpeg_decode(jpeg, cmyk: bool, strict: bool) -> np.ndarray:
     if cmyk:
         out = simplejpeg.decode_jpeg(jpeg, colorspace="CMYK", fastdct=True, strict=strict)
-        return _cmyk_to_rgb(out, jpeg)
+        return cmyk_to_rgb(out, jpeg)
     return simplejpeg.decode_jpeg(jpeg, colorspace="RGB", fastdct=True, fastupsample=False, strict=strict)
 
 
@@ -182,7 +182,7 @@ def decode_window_rows(jpeg: bytes, window, file="", offset: int = 0) -> tuple[n
         raise undecodable(file, offset, e) from None
 
 
-def _cmyk_to_rgb(cmyk: np.ndarray, jpeg) -> np.ndarray:
+def cmyk_to_rgb(cmyk: np.ndarray, jpeg) -> np.ndarray:
     """(..., 3) uint8 RGB from libjpeg's (..., 4) CMYK output of `jpeg`, as jpeg_mem.cc converts it."""
     c, k = cmyk[..., :3].astype(np.uint16), cmyk[..., 3:4].astype(np.uint16)
     if not saw_adobe_marker(jpeg if type(jpeg) is bytes else bytes(jpeg)):
@@ -283,14 +283,14 @@ class _TurboJPEG:
     def decode_window(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> np.ndarray:
         out, x, channels = self._decode(jpeg, top, left, h, w, None)
         out = out.reshape(out.shape[0], -1, channels)[:, left - x : left - x + w]
-        return _cmyk_to_rgb(out, jpeg) if channels == 4 else out
+        return cmyk_to_rgb(out, jpeg) if channels == 4 else out
 
     def decode_rows(self, jpeg: bytes, top: int, left: int, h: int, w: int) -> tuple[np.ndarray, int]:
         """(rows, x): rows (h, span * 3) uint8, the window's rows from column x <= left on, decoded into
         this thread's reused buffer (valid until the thread's next call)."""
         out, x, channels = self._decode(jpeg, top, left, h, w, self.local)
         if channels == 4:
-            out = np.ascontiguousarray(_cmyk_to_rgb(out.reshape(out.shape[0], -1, 4), jpeg))
+            out = np.ascontiguousarray(cmyk_to_rgb(out.reshape(out.shape[0], -1, 4), jpeg))
             out = out.reshape(out.shape[0], -1)
         return out, x
 
