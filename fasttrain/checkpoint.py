@@ -183,10 +183,15 @@ def remove_file(path: Path) -> bool:
     return True
 
 
+def os_error_text(exc: OSError) -> str:
+    """'ENOSPC: No space left on device': the errno's name (what a user searches for) and its text."""
+    code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
+    return f"{code}{exc.strerror or exc}"
+
+
 def _write_failure(final: Path, step: int, exc: OSError, left: list[Path], landed: bool) -> str:
     """One line: what failed and why, which checkpoint a rerun resumes from, what is left over."""
-    code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
-    why = f"{code}{exc.strerror or exc}"
+    why = os_error_text(exc)
     if landed:
         return (
             f"checkpoint {final} was written but its directory could not be synced to disk ({why}); "

@@ -28,7 +28,6 @@ which states its layout. The protobuf messages are in fasttrain/tf/proto.py.
 from __future__ import annotations
 
 import codecs
-import errno
 import math
 import os
 import re
@@ -37,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fasttrain.checkpoint import CheckpointError, write_atomic
+from fasttrain.checkpoint import CheckpointError, os_error_text, write_atomic
 from fasttrain.data.tfrecord import masked_crc32c
 from fasttrain.tf.checkpoint_v1 import CheckpointV1
 from fasttrain.tf.proto import (
@@ -287,8 +286,7 @@ def write_checkpoint(prefix: str | Path, tensors: dict[str, np.ndarray], *, stat
         if placed == [data_path] and not data_was_there:
             data_path.unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
-            raise CheckpointError(f"cannot write {current} ({code}{exc.strerror or exc})") from None
+            raise CheckpointError(f"cannot write {current} ({os_error_text(exc)})") from None
         raise
     return prefix
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import errno
 import os
 import sys
 from pathlib import Path
@@ -127,8 +126,9 @@ def _write_pt(out: Path, saved: dict) -> None:
         left = "" if ckpt_io.remove_file(tmp) else f"; {tmp} could not be removed"
         if isinstance(exc, OSError):
             kept = "it is as it was" if out.exists() else "nothing was written"
-            code = f"{errno.errorcode[exc.errno]}: " if exc.errno in errno.errorcode else ""
-            raise CheckpointError(f"cannot write {out} ({code}{exc.strerror or exc}): {kept}{left}") from None
+            raise CheckpointError(
+                f"cannot write {out} ({ckpt_io.os_error_text(exc)}): {kept}{left}"
+            ) from None
         raise
 
 
