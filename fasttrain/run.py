@@ -90,6 +90,11 @@ def build_run(
     model = build_model(cfg)
     if cfg.pretrained_model_checkpoint_path and pretrained:
         restore_pretrained(model, cfg, log)
+    elif cfg.pretrained_model_checkpoint_path and info.is_main:  # the seeds' restore, at step 0 only
+        log(
+            f"note: pretrained_model_checkpoint_path {cfg.pretrained_model_checkpoint_path} is not read: "
+            "this run resumes from a checkpoint, whose weights it continues"
+        )
     model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
     memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
     model = model.to(info.device, memory_format=memory_format)

@@ -450,3 +450,21 @@ def test_a_start_over_keeps_the_earlier_starts_rows_beside(tmp_path):
     assert "kept in metrics.jsonl.earlier-2" in MetricsLog(path, enabled=True).resume_at(0)
     assert (tmp_path / "metrics.jsonl.earlier-1").read_text() == first  # the first one untouched
     assert (tmp_path / "metrics.jsonl.earlier-2").read_text() == second
+
+
+def test_a_resume_notes_that_it_does_not_read_the_pretrained_checkpoint(data, reference, tmp_path):
+    # The seeds restore pretrained_model_checkpoint_path at step 0 only, and so does fasttrain; the
+    # same command run again resumed without a word about the flag it then left unread.
+    run_dir = tmp_path / "run"
+    pretrained = f"--pretrained_model_checkpoint_path={reference / 'ckpt-14.pt'}"
+    first = subprocess.run(
+        command(data, run_dir, "--max_steps=2", pretrained), env=ENV, capture_output=True, text=True
+    )
+    assert first.returncode == 0 and "is not read" not in first.stdout, first.stderr[-2000:]
+    again = subprocess.run(
+        command(data, run_dir, "--max_steps=4", pretrained), env=ENV, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (
+        "pretrained_model_checkpoint_path" in again.stdout and "is not read: this run resumes" in again.stdout
+    )
