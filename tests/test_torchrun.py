@@ -196,19 +196,22 @@ def test_sigterm_on_one_rank_stops_every_rank_at_one_step(data, tmp_path):
     assert [p.name for p in run_dir.glob("ckpt-*.pt")] == [f"ckpt-{step}.pt"]
 
 
-def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path):
-    # Per-node storage: each rank's train_dir is its own directory, and only rank 0's holds a
-    # checkpoint. Rank 1 had started fresh beside rank 0's resume, and the job hung at the end.
+def _first_run_on_node0(data, tmp_path, run: str) -> None:
+    """Per-node storage: node0 and node1 are the ranks' working directories; a 2-step run in node0/run."""
     for node in ("node0", "node1"):
         (tmp_path / node).mkdir()
     first = [
         sys.executable,
         "-m",
         "fasttrain",
-        *fasttrain_args(data, "run", "--max_steps=2", "--no-eval_at_end"),
+        *fasttrain_args(data, run, "--max_steps=2", "--no-eval_at_end"),
     ]
     out = subprocess.run(first, cwd=tmp_path / "node0", env=ENV, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+def _per_node_job(data, tmp_path):
+    """A 2-rank job whose rank k works in tmp_path/node<k> with --train_dir=run; it must end, not hang."""
     script = tmp_path / "pernode.sh"
     script.write_text(
         f'#!/bin/sh\ncd {tmp_path}/node$LOCAL_RANK && exec {sys.executable} -m fasttrain "$@"\n'
@@ -218,6 +221,14 @@ def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path
     (job,) = run_torchrun(["--no-python", str(script), *args], timeout=120)
     assert "killed after" not in job.stdout, job.stdout[-3000:]
     assert job.returncode != 0
+    return job
+
+
+def test_a_checkpoint_only_rank_0_sees_stops_every_rank_naming_it(data, tmp_path):
+    # Per-node storage: each rank's train_dir is its own directory, and only rank 0's holds a
+    # checkpoint. Rank 1 had started fresh beside rank 0's resume, and the job hung at the end.
+    _first_run_on_node0(data, tmp_path, "run")
+    job = _per_node_job(data, tmp_path)
     assert "rank 1 cannot read run/ckpt-2.pt" in job.stdout, job.stdout[-3000:]
     assert "train_dir must be on storage every rank sees" in job.stdout
 
@@ -227,27 +238,10 @@ def test_a_tf_run_only_rank_0_sees_stops_every_rank(data, tmp_path):
     # own, went to look for fasttrain checkpoints in a collective rank 0 never made (a hang).
     from fasttrain.tf.convert import main as convert
 
-    for node in ("node0", "node1"):
-        (tmp_path / node).mkdir()
-    first = [
-        sys.executable,
-        "-m",
-        "fasttrain",
-        *fasttrain_args(data, "src", "--max_steps=2", "--no-eval_at_end"),
-    ]
-    out = subprocess.run(first, cwd=tmp_path / "node0", env=ENV, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
+    _first_run_on_node0(data, tmp_path, "src")
     tf_prefix = tmp_path / "node0" / "run" / "model.ckpt-2"
     assert convert(["to-tf", str(tmp_path / "node0" / "src" / "ckpt-2.pt"), "--out", str(tf_prefix)]) == 0
-    script = tmp_path / "pernode.sh"
-    script.write_text(
-        f'#!/bin/sh\ncd {tmp_path}/node$LOCAL_RANK && exec {sys.executable} -m fasttrain "$@"\n'
-    )
-    script.chmod(0o755)
-    args = fasttrain_args(data, "run", "--max_steps=4", "--no-eval_at_end")
-    (job,) = run_torchrun(["--no-python", str(script), *args], timeout=120)
-    assert "killed after" not in job.stdout, job.stdout[-3000:]
-    assert job.returncode != 0
+    job = _per_node_job(data, tmp_path)
     assert "stopping with rank 1, which cannot read run" in job.stdout, job.stdout[-3000:]
 
 
