@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from fasttrain.config import make_config
 from fasttrain.models import create_model
@@ -85,6 +86,37 @@ def test_slim_batch_norm_eval_uses_the_moving_statistics_and_beta_only():
     ]
     torch.testing.assert_close(bn(x), expected + bn.bias[None, :, None, None])
     assert [n for n, _ in bn.named_parameters()] == ["bias"]
+
+
+class _BatchNormWeights(TorchDispatchMode):
+    """Records the weight argument of every aten native_batch_norm call (the forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.weights = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.startswith("native_batch_norm."):
+            self.weights.append(args[1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_slim_batch_norm_hands_batch_norm_a_weight_of_ones(training):
+    # torch's CUDA backward for channels_last input returns an empty bias gradient when batch_norm
+    # has no weight (Normalization.cuh allocates grad_bias only beside a weight): every Inception
+    # v3 step stopped on an H200 with "NativeBatchNormBackward0 returned an invalid gradient at
+    # index 2 - got [0]". The CPU kernels do not have that bug, so this checks what the CUDA one
+    # would be handed; the beta gradient is checked against slim's (the sum of dy) as well.
+    bn = SlimBatchNorm(3).train(training)
+    x = torch.randn(2, 3, 4, 4).to(memory_format=torch.channels_last).requires_grad_()
+    dy = torch.randn(2, 3, 4, 4)
+    with _BatchNormWeights() as seen:
+        (bn(x) * dy).sum().backward()
+    assert seen.weights
+    assert all(isinstance(w, torch.Tensor) and torch.equal(w, torch.ones(3)) for w in seen.weights)
+    torch.testing.assert_close(bn.bias.grad, dy.sum(dim=(0, 2, 3)))
+    assert [n for n, _ in bn.named_parameters()] == ["bias"] and "weight" not in bn.state_dict()
 
 
 def test_the_seed_model_has_beta_only_and_tfs_parameter_count():
