@@ -99,14 +99,13 @@ class SlimBatchNorm(nn.Module):
         # not in the state_dict): with weight None, torch's CUDA backward for channels_last input
         # returns an EMPTY bias gradient ("NativeBatchNormBackward0 returned an invalid gradient at
         # index 2 - got [0]", Normalization.cuh allocates grad_bias only when weight is defined),
-        # which stopped every Inception v3 step on an H200 (torch 2.11). With a weight, CUDA takes
-        # cuDNN's batch norm, as nn.BatchNorm2d does. ones_like is a fill kernel: graph-capturable.
+        # which stopped every Inception v3 step on an H200 (torch 2.11). With a weight it runs the
+        # kernels nn.BatchNorm2d runs. ones_like is a fill kernel: graph-capturable.
         ones = torch.ones_like(self.bias)
         if not self.training:
             return F.batch_norm(x, self.running_mean, self.running_var, ones, self.bias, False, 0.0, self.eps)
         # At momentum 1 torch's kernel writes the batch mean and UNBIASED variance into the scratch
-        # buffers ((1 - 1) * 0 + 1 * value: exact; cuDNN's running variance is the unbiased one
-        # too); tf.nn.moments' variance is the biased one.
+        # buffers ((1 - 1) * 0 + 1 * value: exact); tf.nn.moments' variance is the biased one.
         batch_mean = torch.zeros_like(self.running_mean)
         batch_var = torch.zeros_like(self.running_var)
         y = F.batch_norm(x, batch_mean, batch_var, ones, self.bias, True, 1.0, self.eps)
