@@ -1,11 +1,14 @@
 """What a 4-channel stem would save: ResNet-50's first convolution with its 3 input channels against the
-same with a fourth, zero channel (as NVIDIA's MLPerf ResNet-50 feeds it), forward and backward.
+same with a fourth, zero channel (as NVIDIA's MLPerf ResNet-50 feeds it), forward and backward as a
+training step runs them: the weight's gradient only (the images need none).
 
     python -m pytest bench/bench_stem.py --benchmark-only -s      # on the GPU run: in its kernels step
     FASTTRAIN_BENCH_SMOKE=1 python -m pytest bench --benchmark-only   # CI: tiny, a check that it runs
 
-One call = conv1 (7x7, stride 2, padding 3, 64 filters) forward and backward, input and weight
-gradients, at batch 256 and 224 px in the trainer's GPU policy: bf16, channels_last, cudnn.benchmark
+One call = conv1 (7x7, stride 2, padding 3, 64 filters) forward and backward (the weight's gradient;
+until 2026-11-28 the input's too, which no step computes: that version measured 6.147 ms with 3
+channels against 4.705 with 4 on an H200, while the whole step gained nothing), at batch 256 and
+224 px in the trainer's GPU policy: bf16, channels_last, cudnn.benchmark
 on. The two contenders run interleaved, round after round (CUDA events around CALLS calls after warm-up
 rounds), so drift hits both alike. A 3-channel channels_last input leaves the convolution's inner
 dimension at 3, which tensor-core kernels round up or cannot take; 4 aligns it. The input's fourth
@@ -41,7 +44,7 @@ def _stem(channels: int):
     w3 = torch.randn(64, 3, 7, 7, generator=gen) * 0.05
     x = F.pad(x3, (0, 0, 0, 0, 0, channels - 3)).to(DEVICE, DTYPE)
     w = F.pad(w3, (0, 0, 0, 0, 0, channels - 3)).to(DEVICE, DTYPE)
-    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    x = x.contiguous(memory_format=torch.channels_last)  # images: no gradient, as in the step
     w = w.contiguous(memory_format=torch.channels_last).requires_grad_()
     grad = torch.randn(BATCH, 64, SIZE // 2, SIZE // 2, generator=gen).to(DEVICE, DTYPE)
     grad = grad.contiguous(memory_format=torch.channels_last)

@@ -5,7 +5,7 @@
 Several files (parts of the same GPU run made at different chances) are merged: rows, steps and
 warm compiles of later files are added to the first's; the environment is the first's. Step-speed
 columns: (f) fasttrain as its CLI runs it on CUDA (whole-step CUDA graph, the model's blocks compiled by
-inductor inside it, the 4-channel stem), (a) with --no-compile, (g) (f) with --no-pad_stem, (e)
+inductor inside it), (a) with --no-compile, (g) (f) with --pad_stem (the 4-channel stem), (e)
 --no-cuda_graph --no-compile, (b) eager PyTorch (channels_last, autocast, torch.optim foreach +
 foreach EMA), (d) torch.compile of (b)'s model and optimizer step, default mode, (d-max) mode
 max-autotune-no-cudagraphs. A cell is the median images/s of the timed windows (min-max) and the peak
@@ -23,7 +23,7 @@ from bench.step_profile import breakdown_table
 COLUMN_TITLES = {
     "a": "(a) fasttrain, graph, --no-compile",
     "f": "(f) fasttrain, graph + --compile (the CLI on CUDA)",
-    "g": "(g) (f) with --no-pad_stem",
+    "g": "(g) (f) with --pad_stem",
     "e": "(e) fasttrain, --no-cuda_graph",
     "b": "(b) eager PyTorch",
     "d": "(d) torch.compile default",

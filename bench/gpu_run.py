@@ -28,8 +28,8 @@ whatever an earlier step did, except the preflight:
     only while its minimum time is left in --budget, else it is recorded as not run:
       rows     one configuration: (a) fasttrain --no-compile, (e) with --no-cuda_graph and (b)
                eager PyTorch in one process; then each in a process of its own: (f) fasttrain as its
-               CLI runs it on CUDA (inductor regions inside the whole-step graph, the 4-channel stem),
-               (g) (f) with --no-pad_stem, (d) torch.compile of (b), default mode, and (d-max) mode
+               CLI runs it on CUDA (inductor regions inside the whole-step graph), (g) (f) with
+               --pad_stem (the 4-channel stem), (d) torch.compile of (b), default mode, and (d-max) mode
                max-autotune-no-cudagraphs, where --columns asks for them; each row, once written,
                profiled for 3 steps (bench/step_profile.py: device time by kind of kernel, in
                rows.profile.jsonl; at most 30 s, else its process ends)

@@ -21,8 +21,9 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     f  (a) with --compile: the model's blocks compiled by inductor (mode compile_mode, "default" or
        "max-autotune-no-cudagraphs") inside the whole-step graph (fasttrain/compile.py); the trainer's
        CLI as it runs on CUDA
-    g  (f) with --no-pad_stem: the model's first convolution on the images' 3 channels, not 4 with a
-       zero one (fasttrain/models/stem.py); (f) / (g) is what the 4-channel stem buys the whole step
+    g  (f) with --pad_stem: the model's first convolution on the images' 3 channels and a fourth, zero
+       one (fasttrain/models/stem.py); (g) / (f) is what the 4-channel stem buys the whole step (on an
+       H200, nothing: 1.00x, so it is off by default since 2026-11-28; before, (g) was (f) without it)
 
 Timing: `warmup` steps run untimed (cudnn autotuning, CUDA-graph capture, compilation); then
 `repeats` windows of `steps` steps, each window bracketed by CUDA events and synchronised (on the CPU,
@@ -76,7 +77,7 @@ ROW_TITLES = {
     "d": "torch.compile of (b)",
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
     "f": "fasttrain --compile (inductor regions inside the whole-step graph; the CLI's default on CUDA)",
-    "g": "fasttrain --compile --no-pad_stem (the first convolution on 3 channels, not 4)",
+    "g": "fasttrain --compile --pad_stem (the first convolution on 4 channels, the fourth zero)",
 }
 # A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
 RECIPE_OF = {
@@ -299,7 +300,7 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
         row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False, compile=False), device)
     elif spec.row in ("f", "g"):
         mode = spec.compile_mode if spec.compile_mode in COMPILE_MODES else "default"
-        pad = {"pad_stem": False} if spec.row == "g" else {}  # (f): the policy's, as the CLI runs
+        pad = {"pad_stem": True} if spec.row == "g" else {}  # (f): the policy's, as the CLI runs
         row = build_fasttrain_row(dataclasses.replace(cfg, compile=True, compile_mode=mode, **pad), device)
     elif spec.row == "c":
         row = build_eager_row(cfg, device, Precision("fp32", False, False), foreach=False)

@@ -214,9 +214,8 @@ class Config:
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """inductor mode of --compile (the modes with CUDA graphs of their own do not fit the captured step)."""
     pad_stem: bool | None = None
-    """Give the first convolution its images with a fourth, zero channel: tensor-core kernels take 4
-    channels, not 3 (default: on for CUDA with bf16 and channels_last, where it was measured; same weights
-    and output)."""
+    """Give the first convolution its images with a fourth, zero channel, as NVIDIA's MLPerf ResNet-50
+    does (default: off; on an H200 it gained nothing in the whole bf16 step; same weights and output)."""
     grad_sync: Literal["buckets", "ddp"] = "buckets"
     """Multi-process gradient sync: buckets (fasttrain's flat-buffer all-reduce) or ddp (torch DDP)."""
     bucket_cap_mb: float = 25.0

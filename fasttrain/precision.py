@@ -72,19 +72,14 @@ def resolve_precision(cfg: Config, device: torch.device) -> Precision:
         raise SettingError(
             "precision=fp16 is for CUDA devices; use bf16 or fp32 on the CPU", settings=("precision",)
         )
-    pad = pad_stem_wanted(cfg.pad_stem, device, name, channels_last)
-    return Precision(name=name, channels_last=channels_last, cuda_graph=graph, stem_channels=4 if pad else 3)
-
-
-def pad_stem_wanted(pad_stem: bool | None, device: torch.device, name: str, channels_last: bool) -> bool:
-    """--pad_stem as set, else its default: on for CUDA with bf16 and channels_last, where a 3-channel
-    NHWC input keeps the first convolution off cuDNN's tensor-core kernels (ResNet-50's conv1, bf16,
-    batch 256, H200: 6.147 ms with 3 channels, 4.705 ms with 4; fasttrain.models.stem); off in fp16
-    (Volta's and Turing's default, whose tensor cores may want 8 channels: not measured), in fp32 and
-    on the CPU, where nothing was measured to gain."""
-    if pad_stem is not None:
-        return bool(pad_stem)
-    return device.type == "cuda" and name == "bf16" and channels_last
+    # --pad_stem is off unless asked for. It was on by default for CUDA with bf16 and channels_last,
+    # from ResNet-50's conv1 alone (batch 256, H200: 6.147 ms forward and backward with 3 channels,
+    # 4.705 ms with 4), but that backward computed the input's gradient, which a training step never
+    # does; in the whole step on an H200 the 4-channel stem gained nothing (ResNet-50 bf16 batch 256
+    # 6,705 img/s padded, 6,708 not; ResNet-101 v2 bf16 batch 32 2,637 and 2,639; the same conv1
+    # forward kernel either way: bench/results/2026-11-28-h200-third-run).
+    stem_channels = 4 if cfg.pad_stem else 3
+    return Precision(name=name, channels_last=channels_last, cuda_graph=graph, stem_channels=stem_channels)
 
 
 class DynamicLossScaler:

@@ -71,8 +71,9 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert (
         rows["f"]["setting"]["compile"] == "9 regions, mode default"  # ResNet-18: its stem, 8 blocks
         and rows["a"]["setting"]["compile"] == "no"
-        and rows["g"]["setting"]["compile"] == "9 regions, mode default"  # (f) on 3 input channels
-        and rows["g"]["setting"]["stem_channels"] == 3
+        and rows["f"]["setting"]["stem_channels"] == 3  # --pad_stem is off unless asked for
+        and rows["g"]["setting"]["compile"] == "9 regions, mode default"  # (f) on 4 input channels
+        and rows["g"]["setting"]["stem_channels"] == 4
     )
     assert rows["a"]["optimizer"]["ms"] > 0
     # Each timed row profiled after its windows (its CPU operators here, grouped by kind), the profile

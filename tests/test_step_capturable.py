@@ -64,7 +64,7 @@ class _LossScaledFp32(Precision):
         return False
 
 
-# A CUDA fp16 run's policy, with the 4-channel stem (--pad_stem: bf16's default, fp16's when asked for).
+# A CUDA fp16 run's policy, with the 4-channel stem (--pad_stem, asked for).
 _LOSS_SCALED_FP32 = _LossScaledFp32("fp16", channels_last=True, cuda_graph=False, stem_channels=4)
 
 
