@@ -104,6 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--compile_workers", type=int, default=2, help="compiles at once in the untimed lane (default 2)"
     )
     p.add_argument("--rows_first", action="store_true", help="every step-speed row before kernels and e2e")
+    p.add_argument(
+        "--gpu_tests_k", default="",
+        help="pytest -k expression for the GPU tests (a rerun of what failed; default: every GPU test)",
+    )  # fmt: skip
     p.add_argument("--commit", default="", help="the checkout's git commit (the device copy has no .git)")
     p.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (CI)")
     p.add_argument(

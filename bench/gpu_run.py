@@ -193,6 +193,7 @@ class Driver:
     def gpu_tests(self) -> None:
         if "gpu_tests" in self.args.steps and not self.finished("gpu_tests"):
             cmd = self.py("-m", "pytest", "-m", "gpu", *gpu_test_files(), "-v", "-rs")
+            cmd += ["-k", self.args.gpu_tests_k] if self.args.gpu_tests_k else []
             cmd += ["-p", "no:cacheprovider"]
             cmd += ["--durations=10", f"--junitxml={self.work / 'gpu_tests.xml'}"]
             self.run("gpu_tests", cmd, self.limits["gpu_tests"], "gpu_tests.txt")

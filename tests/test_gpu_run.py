@@ -169,3 +169,22 @@ def test_rows_first_puts_every_step_speed_row_before_kernels_and_e2e(tmp_path):
 
     assert kinds() == ["rows", "rows", "kernels", "e2e", "rows", "rows", "rows", "rows", "rows"]
     assert kinds("--rows_first") == ["rows"] * 7 + ["kernels", "e2e"]
+
+
+def test_gpu_tests_k_reruns_only_the_tests_it_names(tmp_path):
+    # A later GPU session reruns what failed (the third run: Inception v3's graph replay) without the
+    # other 58 tests' three minutes.
+    from bench.gpu_plan import parse_args
+    from bench.gpu_run import Driver
+
+    def pytest_command(*flags):
+        args = parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *flags])
+        driver = Driver(args)
+        ran = []
+        driver.run = lambda name, cmd, limit, log=None: ran.append(cmd) or {}
+        driver.gpu_tests()
+        return ran[0]
+
+    assert "-k" not in pytest_command()
+    cmd = pytest_command("--gpu_tests_k", "inception_v3")
+    assert cmd[cmd.index("-k") + 1] == "inception_v3" and "-m" in cmd and "tests/test_step.py" in cmd
