@@ -6,7 +6,9 @@ A step is, with everything on the device and no host synchronisation:
       loss (label smoothing, Inception aux head), backward of loss * scale / accum
       (the gradient buckets all-reduce as they fill; only the last micro-batch communicates)
   wait for the all-reduces
-  found_inf = loss or any gradient not finite        # one read of the gradient buffer
+  found_inf = loss or any gradient not finite        # one read of the gradient buffer; on several
+                                                      # ranks a loss not finite on any of them
+                                                      # (its NaN rides the all-reduce)
   lr = schedule(step)                                 # from the device step counter
   fused optimizer + EMA with grad_scale = 1 / (scale * world), skipped bit-for-bit on found_inf
   on found_inf, the BN running statistics back to their values before the forward (fasttrain/bn_buffers.py)
@@ -114,6 +116,7 @@ class TrainStep:
         self.compiled = compiled
         self.forward_model = ddp_model or model
         # torch DDP averages over ranks itself; fasttrain's buckets sum and fold 1/world in here.
+        self.world_size = world_size
         self.world_divisor = 1.0 if ddp_model is not None else float(world_size)
         self.scaler = DynamicLossScaler(device, enabled=precision.loss_scaling)
         self.step_count = torch.zeros((), dtype=torch.int64, device=device)
@@ -159,6 +162,13 @@ class TrainStep:
         with self._autocast():
             output = self.forward_model(x)
             loss = self.loss_fn(output, labels)
+        if self.world_size > 1:
+            # A loss that is not finite on this rank alone (its gradients may be finite: a
+            # log-probability of -inf has the gradient softmax - target) must skip the step on every
+            # rank, or the others would update and the replicas part. loss * 0 is NaN then and 0
+            # otherwise; added to the first gradient element before backward, it travels in the
+            # all-reduce (buckets' or DDP's) to every rank's found_inf. No extra communication.
+            self.flat_grad[:1].add_(loss.detach().float() * 0.0)
         (loss * (self.scaler.scale * inv_accum)).backward()
         logits = output[0] if isinstance(output, tuple) else output  # Inception: (logits, aux)
         top1 = (logits.detach().argmax(dim=1) == labels).float().mean()
