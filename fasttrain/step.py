@@ -118,6 +118,10 @@ class TrainStep:
         # torch DDP averages over ranks itself; fasttrain's buckets sum and fold 1/world in here.
         self.world_size = world_size
         self.world_divisor = 1.0 if ddp_model is not None else float(world_size)
+        # An eager step (no graph) on one process lets autograd hand its gradients over and copies
+        # them into the flat buffer after backward (FlatParameters.release_grads); a captured step
+        # keeps the views, which the graph's static addresses and the buckets' hooks need.
+        self._release_grads = not precision.cuda_graph and buckets is None and ddp_model is None
         self.scaler = DynamicLossScaler(device, enabled=precision.loss_scaling)
         self.step_count = torch.zeros((), dtype=torch.int64, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
@@ -185,7 +189,11 @@ class TrainStep:
         )
 
     def _body(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        self.flat_grad.zero_()
+        release = self._release_grads and len(batches) == 1
+        if release:
+            self.optimizer.flat.release_grads()
+        else:
+            self.flat_grad.zero_()
         self.bn_guard.save()
         total = torch.zeros((), dtype=torch.float32, device=self.device)
         total_top1 = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -201,6 +209,8 @@ class TrainStep:
             total_top1 += top1
         if self.buckets is not None:
             self.buckets.wait()
+        if release:
+            self.optimizer.flat.adopt_grads()
         loss = total / len(batches)
         found_inf = grads_not_finite(self.flat_grad, loss)
         self.schedule.on_device(self.step_count, self.lr)
