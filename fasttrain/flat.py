@@ -130,7 +130,8 @@ class FlatParameters:
         tensors over as they are instead of adding each into its flat view (a kernel per parameter:
         314 a step for ResNet-101 v2, each a launch on a GPU); `adopt_grads` then copies them in. Only
         where nothing reads the views during backward (no gradient buckets, no DDP) and one backward
-        fills them (no gradient accumulation)."""
+        fills them (no gradient accumulation). Autograd's gradients then live until adopt_grads: one
+        more gradient's worth of memory at the end of backward (ResNet-50: 102 MB)."""
         for p, _, _ in self.segments:
             p.grad = None
 
