@@ -121,7 +121,9 @@ class TrainStep:
         # An eager step (no graph) on one process lets autograd hand its gradients over and copies
         # them into the flat buffer after backward (FlatParameters.release_grads); a captured step
         # keeps the views, which the graph's static addresses and the buckets' hooks need.
-        self._release_grads = not precision.cuda_graph and buckets is None and ddp_model is None
+        self._release_grads = (
+            not precision.cuda_graph and buckets is None and ddp_model is None and world_size == 1
+        )
         self.scaler = DynamicLossScaler(device, enabled=precision.loss_scaling)
         self.step_count = torch.zeros((), dtype=torch.int64, device=device)
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
