@@ -63,14 +63,26 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def column_titles(results: dict) -> dict[str, str]:
+    """COLUMN_TITLES for this run: (g) was (f) with --no-pad_stem until 2026-11-28, when --pad_stem
+    became off by default and (g) became (f) with it; the rows' own stem_channels say which."""
+    titles = dict(COLUMN_TITLES)
+    g_rows = [r for r in results.get("rows", []) if column_of(r) == "g"]
+    stems = {r.get("setting", {}).get("stem_channels") for r in g_rows}
+    if stems == {3}:
+        titles["g"] = "(g) (f) with --no-pad_stem"
+    return titles
+
+
 def speed_table(results: dict) -> list[str]:
     by_setting: dict[str, dict[str, dict]] = {}
     for row in results.get("rows", []):
         by_setting.setdefault(setting_key(row["spec"]), {})[column_of(row)] = row
-    columns = [c for c in COLUMN_TITLES if any(c in cols for cols in by_setting.values())]
+    titles = column_titles(results)
+    columns = [c for c in titles if any(c in cols for cols in by_setting.values())]
     if not columns:
         return ["No step-speed row ran."]
-    head = ["setting", *(COLUMN_TITLES[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
+    head = ["setting", *(titles[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
     head += ["f / b", "f / d", "f / d-max", "f / g"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})

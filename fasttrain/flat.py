@@ -24,6 +24,10 @@ parameter's own strides, and `p.grad` a view of `grad` with the same strides, so
 accumulates in place into an existing `.grad` (`grad += new_grad` when not building a graph), writes
 straight into the flat buffer and a channels_last gradient is never copied. Gradients are therefore
 accumulated, never stolen: call `zero_grad()` (in place; the views survive) before each backward.
+The one exception is the eager one-process step (fasttrain/step.py): `release_grads()` sets every
+`p.grad` to None before its backward, so autograd hands its gradients over without an accumulate
+kernel per parameter, and `adopt_grads()` copies them in with a few foreach kernels after it (one
+more gradient's worth of memory until then).
 
 Every address is fixed for the lifetime of the object (`reorder` permutes data in place), which is
 what CUDA graph replay and the NCCL bucket views need.

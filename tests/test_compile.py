@@ -140,10 +140,11 @@ def _compiles() -> dict:
 def test_the_steps_after_the_warm_up_compile_nothing():
     """Every region's graph comes from the warm-up: a compile during the CUDA-graph capture would launch
     and synchronise, which the capture refuses. With the GPU policy's input (bf16 autocast,
-    channels_last, the 4-channel stem), the non-graph step on the CPU runs the same forward and backward
+    channels_last, 3 channels: --pad_stem is off by default since the third GPU run; the compiled
+    4-channel stem is checked above), the non-graph step on the CPU runs the same forward and backward
     as the capture."""
     model = _model("resnet18")
-    gpu_policy = Precision("bf16", channels_last=True, cuda_graph=False, stem_channels=4)
+    gpu_policy = Precision("bf16", channels_last=True, cuda_graph=False, stem_channels=3)
     step = _step(model, compiled=[], precision=gpu_policy)
     after_warm_up, warm_up = [], step.compiled.warm_up
 

@@ -188,3 +188,16 @@ def test_gpu_tests_k_reruns_only_the_tests_it_names(tmp_path):
     assert "-k" not in pytest_command()
     cmd = pytest_command("--gpu_tests_k", "inception_v3")
     assert cmd[cmd.index("-k") + 1] == "inception_v3" and "-m" in cmd and "tests/test_step.py" in cmd
+
+
+def test_the_report_names_g_by_what_its_rows_ran():
+    # (g) was (f) with --no-pad_stem until --pad_stem became off by default; the third GPU run's rows
+    # (committed, measured on an H200) have (g) on 3 channels, so its report must say --no-pad_stem.
+    from bench.gpu_report import speed_table
+
+    third = json.loads((ROOT / "bench/results/2026-11-28-h200-third-run/part2/results.json").read_text())
+    assert "(g) (f) with --no-pad_stem" in speed_table(third)[0]
+    for row in third["rows"]:
+        if row["spec"]["row"] == "g":
+            row["setting"]["stem_channels"] = 4  # as a run from now on measures it
+    assert "(g) (f) with --pad_stem" in speed_table(third)[0]

@@ -6,7 +6,10 @@ A channels_last image batch with 3 channels leaves the first convolution's inner
 fourth channel of zeros each pixel is 8 bytes and the convolution runs on those kernels (NVIDIA's
 MLPerf ResNet-50 feeds its stem the same way). Measured on ResNet-50's conv1 alone, forward and
 backward, bf16, batch 256, channels_last, on an H200: 6.147 ms with 3 channels, 4.705 ms with 4
-(bench/bench_stem.py, bench/results/2026-11-27-h200-second-run/).
+(bench/bench_stem.py, bench/results/2026-11-27-h200-second-run/); but that backward computed the
+images' gradient, which no training step does, and in the whole step it gained nothing (ResNet-50
+bf16 batch 256 6,705 img/s with it, 6,708 without; bench/results/2026-11-28-h200-third-run/). So
+--pad_stem is off by default; this module is what it runs when asked for.
 
 `StemConv2d` is an `nn.Conv2d` with 3 input channels: its weight, its state_dict key and the TF
 checkpoint it maps to stay (out, 3, kh, kw). Given 4 channels, it convolves with its weight padded by
