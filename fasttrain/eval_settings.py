@@ -179,10 +179,3 @@ def check_metrics_out(path: Path, given: bool) -> None:
     except OSError as exc:
         other = "" if given else "; pass --metrics_out FILE.jsonl to write the result elsewhere"
         raise ConfigError(f"cannot write {flag}{path} ({exc.strerror}){other}") from None
-
-
-def agreed(value, info):
-    """Rank 0's value on every rank: all ranks evaluate the same checkpoint."""
-    from fasttrain.distributed import from_rank0
-
-    return from_rank0(value, info)

@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from fasttrain.bn_buffers import BufferEMA, broadcast_statistics
+from fasttrain.distributed import first_rank_error, from_rank0
 from fasttrain.errors import exit_code, print_error
-from fasttrain.eval_settings import agreed, check_metrics_out, parse, run_config
+from fasttrain.eval_settings import check_metrics_out, parse, run_config
 from fasttrain.precision import Precision
 from fasttrain.step import model_input
 
@@ -288,7 +289,6 @@ class _Evaluator:
         going back to wait for the next checkpoint left the others in the evaluation's all-reduce for ever
         (a file pruned or unreadable on one node only). total_steps becomes rank 0's."""
         from fasttrain.checkpoint import CheckpointError
-        from fasttrain.distributed import first_rank_error
 
         error, step = None, 0
         try:
@@ -296,7 +296,8 @@ class _Evaluator:
         except CheckpointError as exc:
             error = exc
         failed = first_rank_error(str(error or ""), self.info)
-        self.total_steps = agreed(self.total_steps, self.info)  # where --watch ends, the same on every rank
+        # where --watch ends, the same on every rank
+        self.total_steps = from_rank0(self.total_steps, self.info)
         if failed is not None:
             raise error if error is not None else CheckpointError(f"rank {failed[0]}: {failed[1]}")
         return step
@@ -360,7 +361,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
     results, done, failed = [], None, None
     while True:
         found = list_checkpoints(run_dir) if info.is_main else []
-        newest = agreed(found[-1] if found else None, info)
+        newest = from_rank0(found[-1] if found else None, info)  # all ranks evaluate the same checkpoint
         if newest is None and not args.watch:
             raise CheckpointError(f"{run_dir} holds no checkpoint (ckpt-<step>.pt) yet; nothing to evaluate")
         if newest is not None and newest[0] != done:

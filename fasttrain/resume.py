@@ -69,20 +69,46 @@ def changed_settings(saved: dict | None, cfg: Config) -> list[str]:
     ]
 
 
+def _decided_by_rank0(
+    decide: Callable[[], object],
+    info: DistInfo,
+    refused: Callable[[str], str],
+    errors: tuple[type[Exception], ...] = (ckpt.CheckpointError,),
+):
+    """decide() run on rank 0 alone, its (picklable) result on every rank: ranks deciding on their own
+    (per-node storage, a cache that does not show the newest file yet) could take different branches,
+    and one would wait in a collective the others never make. When decide() raises one of `errors`,
+    rank 0 raises it and every other rank a CheckpointError(refused(its message))."""
+    value, error = None, None
+    if info.is_main:
+        try:
+            value = decide()
+        except errors as exc:
+            error = exc
+    if not info.distributed:
+        if error is not None:
+            raise error
+        return value
+    value, message = from_rank0((value, str(error or "")), info)
+    if message:
+        if error is not None:
+            raise error
+        raise ckpt.CheckpointError(refused(message))
+    return value
+
+
 def has_checkpoint(cfg: Config, run_dir: Path, info: DistInfo) -> bool:
     """Whether the run resumes (rank 0's answer on every rank: with per-node storage another rank's
     would differ, and it alone would start from the pretrained weights)."""
-    found, error = False, ""
-    if info.is_main:
+
+    def decide() -> bool:
+        source = Path(cfg.checkpoint_dir or run_dir)
         try:
-            source = Path(cfg.checkpoint_dir or run_dir)
-            found = bool(ckpt.list_checkpoints(source)) or is_tf_checkpoint(source)
+            return bool(ckpt.list_checkpoints(source)) or is_tf_checkpoint(source)
         except (ckpt.CheckpointError, OSError) as exc:
-            error = str(exc)
-    found, error = from_rank0((found, error), info)
-    if error:
-        raise ckpt.CheckpointError(error if info.is_main else "stopping with rank 0, which cannot list them")
-    return found
+            raise ckpt.CheckpointError(str(exc)) from None
+
+    return _decided_by_rank0(decide, info, lambda _: "stopping with rank 0, which cannot list them")
 
 
 def _own_checkpoints(run_dir: Path, checkpoint_dir: Path, log: Callable[[str], None]) -> bool:
@@ -264,25 +290,19 @@ def _source(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> tuple[str
 def _agreed_source(
     cfg: Config, run_dir: Path, info: DistInfo, log: Callable[[str], None]
 ) -> tuple[str, Path]:
-    """_source as rank 0 decides it, on every rank: ranks deciding on their own (per-node storage) could
-    take different branches, and one would wait in a collective the others never make."""
-    decision, error = None, None
-    if info.is_main:
-        try:
-            decision = _source(cfg, run_dir, log)
-        except (ckpt.CheckpointError, OSError) as exc:
-            error = exc
-    if not info.distributed:
-        if error is not None:
-            raise error
-        return decision
-    shared = (decision[0], str(decision[1])) if decision is not None else None
-    shared, message = from_rank0((shared, str(error or "")), info)
-    if message:
-        if error is not None:
-            raise error
-        raise ckpt.CheckpointError(f"stopping with rank 0, which cannot resume: {message}")
-    return shared[0], Path(shared[1])
+    """_source as rank 0 decides it, on every rank."""
+
+    def decide() -> tuple[str, str]:
+        kind, source = _source(cfg, run_dir, log)
+        return kind, str(source)
+
+    kind, source = _decided_by_rank0(
+        decide,
+        info,
+        lambda message: f"stopping with rank 0, which cannot resume: {message}",
+        errors=(ckpt.CheckpointError, OSError),
+    )
+    return kind, Path(source)
 
 
 def _load_tf_run(cfg: Config, run: Run, source: Path, run_dir: Path, log: Callable[[str], None]) -> int:
@@ -311,24 +331,18 @@ def _load_agreed(
     """_newest_usable as rank 0 finds it, loaded by every rank from that same file. Each rank searching
     on its own let ranks resume from different steps, or one resume and another start fresh (per-node
     storage), and the job then hung at the end without an error."""
-    found, error = None, None
-    if info.is_main:
-        try:
-            found = _newest_usable(cfg, source, log)
-        except ckpt.CheckpointError as exc:
-            error = exc
-    if not info.distributed:
-        if error is not None:
-            raise error
+    found = None  # rank 0's checkpoint, loaded as it chose it
+
+    def decide() -> tuple[str, int] | None:
+        nonlocal found
+        found = _newest_usable(cfg, source, log)
+        return (str(found[1]), int(found[0]["step"])) if found is not None else None
+
+    chosen = _decided_by_rank0(
+        decide, info, lambda _: f"stopping with rank 0, which cannot resume from {source}"
+    )
+    if not info.distributed or chosen is None:
         return found
-    chosen = (str(found[1]), int(found[0]["step"])) if found is not None else None
-    chosen, message = from_rank0((chosen, str(error or "")), info)
-    if message:
-        if error is not None:
-            raise error
-        raise ckpt.CheckpointError(f"stopping with rank 0, which cannot resume from {source}")
-    if chosen is None:
-        return None
     path, step = Path(chosen[0]), chosen[1]
     problem = ""
     if not info.is_main:

@@ -43,10 +43,6 @@ from fasttrain.schedule import LRSchedule
 from fasttrain.step import LOSS_AVERAGE_WEIGHT
 from fasttrain.threads import available_cores, choose_input, local_ranks
 
-# The demo's synthetic set: 2,560 training images of 10 classes (80 steps of 32 per epoch, so the
-# demo's 300 steps see each image a few times) and 1,280 validation images; a fixed seed, so every
-# machine builds the same files (change them together with the cache name, demo-imagenet-v1).
-
 
 class TrainingStopped(FasttrainError, RuntimeError):
     """The run cannot continue (non-finite loss): printed in one line, exit code 1."""
