@@ -25,6 +25,13 @@ def write_outputs(results: dict, work: Path, out: Path) -> None:
                 results[name.split(".")[0]] = json.loads(path.read_text())
             except ValueError:  # being written right now: the next save has it
                 pass
+    for path in sorted(work.glob("inductor_bw-*.json")):  # bench.inductor_bw's, one per setting
+        try:
+            results.setdefault("inductor_bw", {})[path.stem.removeprefix("inductor_bw-")] = json.loads(
+                path.read_text()
+            )
+        except ValueError:
+            pass
     text = json.dumps(results, indent=1, default=str)
     atomic_write(out / "results.json", text)
     atomic_write(work / "results.json", text)  # what --resume continues from

@@ -1,5 +1,6 @@
 """What bench/gpu_run.py measures and within which limits: the step-speed settings and columns, each
-step's time limits and the least time worth starting it with, and the command line.
+step's time limits and the least time worth starting it with, the command line, and a step-speed
+item's bench.throughput arguments (row_args).
 
 The settings are the first-GPU-run issue's rows, most important first; the columns (f) fasttrain as its
 CLI runs it on CUDA (whole-step graph, --compile), (a) with --no-compile, (g) (f) with
@@ -12,6 +13,7 @@ cold compiles of 75-151 s, compiled rows of 33-39 s from inductor's cache, eager
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +52,7 @@ COLUMNS = ("a", "f", "g", "e", "b", "d", "d-max")
 # Columns that compile, each in a process of its own, warmed in the lane in this order: (g) after (d), so
 # that with two compiles at once (g) starts once (f) has put the blocks they share in inductor's cache.
 COMPILED = ("f", "d", "g", "d-max")
-STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
+STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e", "inductor_bw")
 # Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
 # The second run (bench/results/2026-11-27-h200-second-run/): the loaders' kernels took 132 s cold under
 # the compile lanes' load; selfcheck (120 s) and the GPU tests (160 s) ran out of time while they compiled
@@ -63,8 +65,11 @@ STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e")
 LIMITS = {
     "preflight": 90, "loader_kernels": 180, "selfcheck": 150, "gpu_tests": 240, "shards": 150,
     "compile": 300, "compile-max": 420, "rows": 100, "d": 70, "kernels": 60, "e2e": 240,
+    "inductor_bw": 360,
 }  # fmt: skip
-MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 200}
+# inductor_bw (bench/inductor_bw.py) compiles (d) cold with inductor's bandwidth profiler on (ResNet-50's
+# plain cold compile took 109 s in the third run), then times each of its kernels once.
+MIN_START = {"rows": 25, "d": 20, "d-cold": 100, "d-max": 150, "kernels": 25, "e2e": 200, "inductor_bw": 180}
 DRY_LIMITS = {k: 600 for k in LIMITS}
 
 
@@ -122,3 +127,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if bad:
             p.error(f"--{flag}: {bad[0]!r} is not one of {', '.join(allowed)}")
     return args
+
+
+def row_args(
+    s: Setting, column: str, result: Path, columns: list[str], dry_run: bool, warm: bool = False
+) -> list[str]:
+    """`python` arguments of one step-speed item: bench.throughput for `column` of setting `s` ("aeb":
+    those of (a), (e), (b) that `columns` asks for, in one process), its rows appended to `result`;
+    `warm`: the compile lane's run, nothing timed."""
+    spec = dict(
+        row="d" if column.startswith("d") else column, model=s.model, batch=s.batch,
+        image_size=s.image_size, base_channels=s.base_channels, precision=s.precision,
+        compile_mode=COMPILE_MODES.get(column, "default"),
+    )  # fmt: skip
+    if dry_run:
+        opts = dict(warmup=1, repeats=3, steps=1)
+    elif warm:  # compile and run the compiled step a few times: nothing timed
+        opts = dict(warmup=1, repeats=1, steps=1)
+    else:  # at least 3 windows of about 0.3 s after warm-up, the median reported
+        opts = dict(warmup=5, repeats=5, target_seconds=0.3)
+    opts["optimizer"] = column == "aeb"  # the update alone, timed in the fasttrain row (a)
+    if not warm:  # then where the device time goes, by kind of kernel (bench/step_profile.py)
+        opts["profile"] = 1 if dry_run else 3
+    args = ["-m", "bench.throughput", "--spec", json.dumps(spec), "--opts", json.dumps(opts)]
+    rows = ",".join(c for c in ("a", "e", "b") if c in columns) if column == "aeb" else ""
+    return args + (["--rows", rows] if rows else []) + ["--result", str(result)]

@@ -10,7 +10,8 @@ inductor inside it), (a) with --no-compile, (g) (f) with --pad_stem (the 4-chann
 foreach EMA), (d) torch.compile of (b)'s model and optimizer step, default mode, (d-max) mode
 max-autotune-no-cudagraphs. A cell is the median images/s of the timed windows (min-max) and the peak
 memory; compile times are reported apart. Rows profiled after their timed windows get a table of their
-device time by kind of kernel (bench/step_profile.py).
+device time by kind of kernel (bench/step_profile.py); an inductor_bw step, its kernels' GB/s against the
+copy's (bench/inductor_bw.py).
 """
 
 from __future__ import annotations
@@ -246,6 +247,11 @@ def render(results: dict) -> str:
     lines += profile_tables(results)
     lines += ["", "## Fused optimizer + EMA", "", *kernel_table(results)]
     lines += ["", "## Trainer end to end on JPEG TFRecords", "", *e2e_lines(results)]
+    for key, bw in (results.get("inductor_bw") or {}).items():
+        from bench.inductor_bw import summary_lines  # noqa: PLC0415 (it imports the trainer's modules)
+
+        lines += ["", f"## inductor's kernels against the copy's bandwidth, {key} (d)", ""]
+        lines += summary_lines(bw)
     selfcheck = results.get("selfcheck") or {}
     lines += ["", "## selfcheck", ""]
     lines += [f"- {r['name']}: {r['status']}: {r['detail']}" for r in selfcheck.get("rows", [])] or [

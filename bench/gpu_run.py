@@ -36,6 +36,8 @@ whatever an earlier step did, except the preflight:
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
                and bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)
+      inductor_bw  last: the first setting's (d) compiled cold with inductor's bandwidth profiler,
+               each inductor kernel's GB/s against the copy's (bench/inductor_bw.py)
 Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
 rewritten after every step, so a run cut off at its limit keeps what it measured (the device tool
 brings back 8 files at most, none deeper than two folders).
@@ -55,7 +57,6 @@ from pathlib import Path
 from bench import gpu_report
 from bench.gpu_output import read_jsonl, write_outputs
 from bench.gpu_plan import (
-    COMPILE_MODES,
     COMPILED,
     DRY,
     DRY_LIMITS,
@@ -65,6 +66,7 @@ from bench.gpu_plan import (
     Setting,
     gpu_test_files,
     parse_args,
+    row_args,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -274,23 +276,7 @@ class Driver:
             self.run("e2e compile", cmd, self.limits["compile"], "e2e_compile.log")
 
     def _row_cmd(self, s: Setting, column: str, result: Path, warm: bool = False) -> list[str]:
-        spec = dict(
-            row="d" if column.startswith("d") else column, model=s.model, batch=s.batch,
-            image_size=s.image_size, base_channels=s.base_channels, precision=s.precision,
-            compile_mode=COMPILE_MODES.get(column, "default"),
-        )  # fmt: skip
-        if self.args.dry_run:
-            opts = dict(warmup=1, repeats=3, steps=1)
-        elif warm:  # compile and run the compiled step a few times: nothing timed
-            opts = dict(warmup=1, repeats=1, steps=1)
-        else:  # at least 3 windows of about 0.3 s after warm-up, the median reported
-            opts = dict(warmup=5, repeats=5, target_seconds=0.3)
-        opts["optimizer"] = column == "aeb"  # the update alone, timed in the fasttrain row (a)
-        if not warm:  # then where the device time goes, by kind of kernel (bench/step_profile.py)
-            opts["profile"] = 1 if self.args.dry_run else 3
-        cmd = self.py("-m", "bench.throughput", "--spec", json.dumps(spec), "--opts", json.dumps(opts))
-        rows = ",".join(c for c in ("a", "e", "b") if c in self.args.column_list) if column == "aeb" else ""
-        return cmd + (["--rows", rows] if rows else []) + ["--result", str(result)]
+        return self.py(*row_args(s, column, result, self.args.column_list, self.args.dry_run, warm))
 
     def rows(self, s: Setting) -> None:
         result = self.work / "rows.jsonl"
@@ -341,14 +327,27 @@ class Driver:
         cmd += ["--limit", str(int(min(self.limits["e2e"], self.remaining() - 10)) - 5)]
         self.run("e2e", cmd, self.limits["e2e"], "e2e.log")
 
+    def inductor_bw(self, s: Setting) -> None:
+        name = f"inductor_bw {s.key}"
+        if self.finished(name):
+            return
+        if self.remaining() < MIN_START["inductor_bw"]:
+            return self.not_run(name, "time budget")
+        spec = dict(model=s.model, batch=s.batch, image_size=s.image_size, base_channels=s.base_channels)
+        spec |= dict(precision=s.precision, compile_mode="default")
+        cmd = self.py("-m", "bench.inductor_bw", "--spec", json.dumps(spec))
+        cmd += ["--out", str(self.work / f"inductor_bw-{s.key}.json")]
+        self.run(name, cmd, self.limits["inductor_bw"], f"inductor_bw-{s.key}.log")
+
     def queue(self) -> list:
         """The timed items, most important first: the ResNet-50 rows, then the optimizer kernel and the
         trainer on JPEGs (short, and each the only figure of its kind), then the other rows; with
-        --rows_first every row comes before those two (a later run, once they have been measured)."""
+        --rows_first every row comes before those two (a later run, once they have been measured);
+        last, the first setting's inductor kernels' bandwidth (a diagnosis, not a figure to report)."""
         s = self.settings()
         first = s if self.args.rows_first else s[:2]
         items = [("rows", x) for x in first] + [("kernels", None), ("e2e", None)]
-        return items + [("rows", x) for x in s[len(first) :]]
+        return items + [("rows", x) for x in s[len(first) :]] + [("inductor_bw", x) for x in s[:1]]
 
     # --- output ------------------------------------------------------------------------------------
 
@@ -395,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             driver.kernels()
         elif kind == "e2e" and "e2e" in args.steps:
             driver.e2e()
+        elif kind == "inductor_bw" and "inductor_bw" in args.steps:
+            driver.inductor_bw(setting)
     driver.save()
     driver.log(f"done in {time.monotonic() - driver.start:.0f} s")
     return 0

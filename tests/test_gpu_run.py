@@ -51,7 +51,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "e2e compile",
         "compile resnet18-fp32-4 d",
     ]
-    expected += ["rows resnet18-fp32-4", "d resnet18-fp32-4", "kernels", "e2e"]
+    expected += ["rows resnet18-fp32-4", "d resnet18-fp32-4", "kernels", "e2e", "inductor_bw resnet18-fp32-4"]
     assert {name: steps.get(name, {}).get("status") for name in expected} == dict.fromkeys(expected, "ok")
     # The checks start once the loaders' numba kernels are compiled (each would compile them cold at once:
     # the second GPU run's selfcheck and GPU tests ran out of time so), and the shards come after them.
@@ -88,6 +88,10 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert {k["model"] for k in kernels} == {"resnet50"} and all("interleaved" in k for k in kernels)
     assert len(stems) == 1 and stems[0]["ms"]["c3"] > 0 and stems[0]["ms"]["c4"] > 0
     assert "4-channel stem would save" in (out / "summary.md").read_text()
+    # inductor's bandwidth profiler ran its plumbing (on the CPU inductor writes C++: no Triton kernel).
+    bw = results["inductor_bw"]["resnet18-fp32-4"]
+    assert bw["spec"]["row"] == "d" and bw["kernels"] == [] and "not Triton" in bw["note"]
+    assert bw["bn_pass_gb"] > 0 and bw["copy_gb_per_s"] > 0
     e2e = results["e2e"]
     runs = ("synthetic", "jpeg", "jpeg-processes", "loader-threads", "loader-processes")
     runs += ("loader-threads-unfused", "loader-threads-2", "loader-processes-2")
@@ -114,6 +118,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "x synthetic)",
         "input stall",
         "- loader-processes-2 (2 processes): ",  # the threshold pair, reported after the other loaders alone
+        "## inductor's kernels against the copy's bandwidth, resnet18-fp32-4 (d)",
     ):
         assert heading in summary
     with tarfile.open(out / "logs.tar.gz") as tar:
@@ -167,8 +172,19 @@ def test_rows_first_puts_every_step_speed_row_before_kernels_and_e2e(tmp_path):
         args = parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), *flags])
         return [kind for kind, _ in Driver(args).queue()]
 
-    assert kinds() == ["rows", "rows", "kernels", "e2e", "rows", "rows", "rows", "rows", "rows"]
-    assert kinds("--rows_first") == ["rows"] * 7 + ["kernels", "e2e"]
+    assert kinds() == [
+        "rows",
+        "rows",
+        "kernels",
+        "e2e",
+        "rows",
+        "rows",
+        "rows",
+        "rows",
+        "rows",
+        "inductor_bw",
+    ]
+    assert kinds("--rows_first") == ["rows"] * 7 + ["kernels", "e2e", "inductor_bw"]
 
 
 def test_gpu_tests_k_reruns_only_the_tests_it_names(tmp_path):
