@@ -1,4 +1,4 @@
-"""Training-step time of rows (a), (b), (c) of bench/throughput.py under pytest-benchmark.
+"""Training-step time of rows (a), (b), (c) of bench/row_steps.py under pytest-benchmark.
 
     python -m pytest bench/bench_throughput.py --benchmark-only   # --benchmark-json=... keeps numbers
 
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from bench.common import synchronize
-from bench.throughput import RowSpec, build_row, input_stream
+from bench.row_steps import RowSpec, build_row
+from bench.throughput import input_stream
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 MODEL = os.environ.get("FASTTRAIN_BENCH_MODEL", "resnet18")

@@ -10,14 +10,18 @@ copy_bandwidth(device)        dst.copy_(src) of a 1 GiB fp32 buffer on CUDA (64 
                               bytes moved = 2 x size (read + write); the median of `windows`
                               windows after 3 untimed copies. The yardstick of an optimizer
                               update's effective GB/s.
+run_limited(cmd, limit, log)  a command in its own process group under a time limit, its output in
+                              a log (bench.run's and bench.gpu_run's steps)
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import time
@@ -160,3 +164,33 @@ def environment(device: torch.device, command: list[str]) -> dict:
             tf32_cudnn=torch.backends.cudnn.allow_tf32,
         )
     return env
+
+
+# Of a step's time limit, the last seconds (at most) between the SIGINT that asks it to stop and the
+# SIGKILL: pytest prints the failures it has seen so far, selfcheck writes the rows that ran.
+GRACE_S = 10.0
+
+
+def run_limited(cmd: list[str], limit: float, log_path: Path, env: dict | None = None) -> dict:
+    """Run cmd (in its own process group) with output to log_path, within `limit` s in all: at
+    `limit` - grace, SIGINT to cmd (what it has to say about the work it did lands in the log); at
+    `limit`, or once cmd has ended, SIGKILL to the group (what cmd started: inductor's compile
+    workers, pytest's children)."""
+    start = time.monotonic()
+    grace = min(GRACE_S, limit / 10)
+    with open(log_path, "w", encoding="utf-8") as log:
+        # cwd at the root: `python -m bench.throughput` and `-m pytest` import this checkout.
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        )
+        try:
+            returncode, timed_out = proc.wait(timeout=max(limit - grace, 0.0)), False
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                os.kill(proc.pid, signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(limit - (time.monotonic() - start), 0.0))
+            with contextlib.suppress(ProcessLookupError):  # the group's last member may be gone
+                os.killpg(proc.pid, signal.SIGKILL)
+            returncode, timed_out = proc.wait(), True
+    return dict(returncode=returncode, timed_out=timed_out, seconds=time.monotonic() - start)

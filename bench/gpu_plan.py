@@ -5,9 +5,10 @@ item's bench.throughput arguments (row_args).
 The settings are the first-GPU-run issue's rows, most important first; the columns (f) fasttrain as its
 CLI runs it on CUDA (whole-step graph, --compile), (a) with --no-compile, (g) (f) with
 --pad_stem, (e) --no-cuda_graph, (b) eager PyTorch, (d) torch.compile of (b) in default mode and
-(d-max) in max-autotune-no-cudagraphs (bench/throughput.py runs each). Seconds in
-LIMITS and MIN_START come from the first run on an H200 (bench/results/2026-11-27-h200-first-run/):
-cold compiles of 75-151 s, compiled rows of 33-39 s from inductor's cache, eager rows of 22-27 s.
+(d-max) in max-autotune-no-cudagraphs (bench/row_steps.py builds each, bench/throughput.py times
+it). Seconds in LIMITS and MIN_START come from the first run on an H200
+(bench/results/2026-11-27-h200-first-run/): cold compiles of 75-151 s, compiled rows of 33-39 s from
+inductor's cache, eager rows of 22-27 s.
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from bench import gpu_report
+from bench.common import run_limited
 from bench.gpu_output import read_jsonl, write_outputs
 from bench.gpu_plan import (
     COMPILED,
@@ -143,8 +144,6 @@ class Driver:
 
     def run(self, name: str, cmd: list[str], limit: float, log_name: str = "") -> dict:
         """cmd under min(limit, what the budget leaves), output to the work folder; recorded by name."""
-        from bench.run import run_limited  # noqa: PLC0415 (the bench suite's modules: once a step runs)
-
         limit = max(1.0, min(limit, self.remaining() - 5))
         log_path = self.work / (log_name or f"{name}.log")
         self.log(f"{name}: start (limit {limit:.0f} s)")

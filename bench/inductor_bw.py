@@ -17,7 +17,7 @@ environment's TORCHINDUCTOR_PROFILE=1 sets), switched on before the row is built
 inductor generates then times its first call with triton's do_bench and reports it with the bytes
 inductor counts for it (its inputs and outputs, each once: the least traffic the kernel can have);
 every call of a compiled graph appends its kernels' lines to profile_bandwidth_output, parsed here
-(parse_report). The row is (d), torch.compile of eager PyTorch (bench/throughput.py): its compiled
+(parse_report). The row is (d), torch.compile of eager PyTorch (bench/row_steps.py): its compiled
 graphs run eagerly, as the profiler's timing needs (it synchronizes, which a CUDA graph capture
 refuses), and the third run's profile found the same inductor time in (d) as in (f).
 
@@ -48,7 +48,8 @@ from pathlib import Path
 import torch
 
 from bench.common import copy_bandwidth, environment, synchronize
-from bench.throughput import RowSpec, build_row, config_for, input_stream
+from bench.row_steps import RowSpec, build_row, config_for
+from bench.throughput import input_stream
 
 # One kernel line of torch/_inductor/runtime/triton_heuristics.py's end_graph (create_bandwidth_info_str
 # with the percentage and the name as its suffix): "0.123ms    \t0.456 GB \t 3700.00GB/s \t 12.34% \t name"

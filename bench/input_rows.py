@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from bench.common import one_line, summarize, synchronize
-from bench.throughput import RowSpec, config_for
+from bench.row_steps import RowSpec, config_for
 from fasttrain.data import build_loader
 from fasttrain.data.imagenet import decode_record, list_shards
 from fasttrain.data.synthetic import converter_example

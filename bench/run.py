@@ -12,7 +12,7 @@ fast path measured here (Triton kernels, CUDA-graph step, buckets, DALI) is corr
 Parts, in this order, each under its share of --time_budget (time a part leaves unused passes on;
 whatever does not fit is recorded as skipped, never estimated):
     gpu_tests  python -m pytest -m gpu tests -v           (CUDA only; output in gpu_tests.txt)
-    rows       rows (a), (b), (c), (e) of bench/throughput.py on synthetic device input, for every
+    rows       rows (a), (b), (c), (e) of bench/row_steps.py on synthetic device input, for every
                model x batch; the optimizer step alone at each model's first batch
     pipeline   the input pipelines alone (torch, DALI when it imports, and on CUDA nvJPEG decoding
                through torchvision when it imports) and training rows fed by the loaders
@@ -31,12 +31,9 @@ it measured.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,10 +41,11 @@ from pathlib import Path
 import torch
 
 from bench import report
-from bench.common import ROOT, copy_bandwidth, environment
+from bench.common import copy_bandwidth, environment, run_limited
 from bench.input_rows import nvjpeg_rate, pipeline_data, pipeline_rate
 from bench.mfu import matmul_rate, training_flops
-from bench.throughput import ROW_TITLES, MeasureOptions, RowSpec, config_for, measure_row
+from bench.row_steps import ROW_TITLES, RowSpec, config_for
+from bench.throughput import MeasureOptions, measure_row
 from fasttrain.data import dali_available
 
 PARTS = ("gpu_tests", "rows", "pipeline", "kernels", "compile")
@@ -354,36 +352,6 @@ def default_out_dir(env: dict) -> Path:
 
     name = "".join(c if c.isalnum() else "-" for c in (env.get("gpu") or "cpu").lower()).strip("-")
     return default_cache_dir() / "bench" / f"{env['date'][:10]}-{name}"
-
-
-# Of a step's time limit, the last seconds (at most) between the SIGINT that asks it to stop and the
-# SIGKILL: pytest prints the failures it has seen so far, selfcheck writes the rows that ran.
-GRACE_S = 10.0
-
-
-def run_limited(cmd: list[str], limit: float, log_path: Path, env: dict | None = None) -> dict:
-    """Run cmd (in its own process group) with output to log_path, within `limit` s in all: at
-    `limit` - grace, SIGINT to cmd (what it has to say about the work it did lands in the log); at
-    `limit`, or once cmd has ended, SIGKILL to the group (what cmd started: inductor's compile
-    workers, pytest's children)."""
-    start = time.monotonic()
-    grace = min(GRACE_S, limit / 10)
-    with open(log_path, "w", encoding="utf-8") as log:
-        # cwd at the root: `python -m bench.throughput` and `-m pytest` import this checkout.
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-        )
-        try:
-            returncode, timed_out = proc.wait(timeout=max(limit - grace, 0.0)), False
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
-                os.kill(proc.pid, signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(limit - (time.monotonic() - start), 0.0))
-            with contextlib.suppress(ProcessLookupError):  # the group's last member may be gone
-                os.killpg(proc.pid, signal.SIGKILL)
-            returncode, timed_out = proc.wait(), True
-    return dict(returncode=returncode, timed_out=timed_out, seconds=time.monotonic() - start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """The PyTorch-side rows of bench/bench_input.py, one per process (the stdin protocol of
 bench/input_serve.py):
 
-    fasttrain-torch  fasttrain's loader as the trainer builds it: bench/throughput.config_for (the
+    fasttrain-torch  fasttrain's loader as the trainer builds it: bench/row_steps.config_for (the
                      recipe's Config: resnet50's for resnet, inception_v3's, colour distortion
                      included, for inception) with data_backend="torch", loader="processes" (the
                      DataLoader worker processes), num_workers=2, then
@@ -41,7 +41,7 @@ import torch
 from PIL import Image, ImageEnhance
 
 from bench.input_serve import serve
-from bench.throughput import RowSpec, config_for
+from bench.row_steps import RowSpec, config_for
 from fasttrain.data import build_loader
 from fasttrain.data.imagenet import list_shards
 from fasttrain.train import batch_stream

@@ -20,10 +20,12 @@ import torch
 from PIL import Image
 
 from bench import report
+from bench.common import run_limited
 from bench.input_rows import crop_resize_batch, decode_rate, write_dataset
 from bench.mfu import NOMINAL_GFLOP, counted_training_flops
-from bench.run import main, run_limited
-from bench.throughput import MeasureOptions, RowSpec, measure_row
+from bench.row_steps import RowSpec
+from bench.run import main
+from bench.throughput import MeasureOptions, measure_row
 from fasttrain.models import create_model
 
 ROOT = Path(__file__).resolve().parents[1]

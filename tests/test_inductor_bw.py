@@ -7,7 +7,7 @@ import torch
 from torch._inductor.runtime import triton_heuristics
 
 from bench.inductor_bw import parse_report, summarize_calls, summary_lines
-from bench.throughput import RowSpec
+from bench.row_steps import RowSpec
 
 
 def _write_report(path, graphs):

@@ -7,7 +7,7 @@ Reference: the plain step (forward, cross-entropy, backward, torch.optim.SGD for
 None), counted the same way. fasttrain's step adds its own bookkeeping (normalisation, the BN buffer
 guard and EMA, the LR from the device step, found_inf, the loss average): a fixed number of ops, which
 must not grow with the number of parameters and buffers. Before, it grew by one gradient-accumulation
-kernel per parameter and four view ops per BN buffer (bench/throughput.py's rows (e) and (b),
+kernel per parameter and four view ops per BN buffer (bench/row_steps.py's rows (e) and (b),
 ResNet-101 v2 at base_channels 8: 3,117 ops a step against 1,418).
 """
 
