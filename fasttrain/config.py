@@ -174,7 +174,8 @@ class Config:
     initial_learning_rate: float = 0.1
     """Learning rate at step 0 (before lr_batch_scaling)."""
     lr_batch_scaling: bool = False
-    """Multiply the learning rate by global_batch / 256 (the ResNet seed's rule)."""
+    """Multiply the learning rate by global_batch / 256 (TF official ResNet 2018 / v1.5's rule; the ResNet
+    seed does not scale)."""
     lr_schedule: Literal["exponential", "piecewise"] = "exponential"
     """exponential (staircase decay every num_epochs_per_decay) or piecewise (lr_boundary_epochs)."""
     num_epochs_per_decay: float = 30.0

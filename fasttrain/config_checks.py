@@ -141,6 +141,14 @@ def validate(cfg) -> None:
         _check_triton(cfg.device)
     if cfg.model_name == "inception_v3" and cfg.batch_size < 2:
         raise ConfigError("inception_v3 needs --batch_size of at least 2 (the aux head's BN sees 1x1 maps)")
+    if cfg.sync_bn and cfg.model_name == "inception_v3" and not cfg.inception_bn_gamma:
+        # torch's SyncBatchNorm converts nn.BatchNorm layers only; trained without a word, the ranks
+        # would keep their own statistics while config.json said sync_bn.
+        raise ConfigError(
+            "--sync_bn converts torch's BatchNorm layers, and inception_v3 without --inception_bn_gamma "
+            "(the seed's slim batch norm, beta only) has none: drop --sync_bn, or add --inception_bn_gamma "
+            "for torch's BatchNorm2d"
+        )
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
         raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
     bounds = cfg.lr_boundary_epochs

@@ -312,4 +312,21 @@ def maybe_sync_bn(model: nn.Module, enabled: bool, info: DistInfo | None = None)
             "drop sync_bn for CPU runs",
             settings=("sync_bn",),
         )
-    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    # A normalisation layer torch does not convert (SlimBatchNorm, a module of its own) would keep its
+    # rank's statistics without a word (config_checks refuses the one model that has them; this is
+    # the net for any other).
+    kept = sorted({type(m).__name__ for m in model.modules() if _keeps_own_statistics(m)})
+    if kept:
+        raise SettingError(
+            f"sync_bn cannot convert this model's {', '.join(kept)} layers (torch's SyncBatchNorm "
+            "replaces nn.BatchNorm layers only); drop sync_bn",
+            settings=("sync_bn",),
+        )
+    return model
+
+
+def _keeps_own_statistics(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "running_mean", None), torch.Tensor) and not isinstance(
+        module, nn.SyncBatchNorm
+    )

@@ -158,6 +158,27 @@ def test_per_rank_batch_and_sync_bn_errors():
     assert isinstance(converted[1], nn.SyncBatchNorm) and converted[0].weight is model[0].weight
 
 
+def test_sync_bn_refuses_a_batch_norm_torch_does_not_convert():
+    # The Inception seed's slim batch norm (beta only) is a module of its own, which torch's
+    # convert_sync_batchnorm passes over: --sync_bn trained on with each rank's own statistics.
+    from fasttrain.config import make_config
+    from fasttrain.config_checks import ConfigError
+    from fasttrain.models.inception_v3 import SlimBatchNorm
+
+    with pytest.raises(SettingError, match="cannot convert this model's SlimBatchNorm layers") as e:
+        maybe_sync_bn(nn.Sequential(nn.Conv2d(3, 4, 1), SlimBatchNorm(4), nn.BatchNorm2d(4)), True)
+    assert flag_text(e.value).endswith("drop --sync_bn")
+    # Refused when the configuration is made, before a process group or a loader starts.
+    with pytest.raises(ConfigError, match="--sync_bn converts torch's BatchNorm layers, and inception_v3"):
+        make_config(recipe="inception_v3", sync_bn=True)
+    cfg = make_config(recipe="inception_v3", sync_bn=True, inception_bn_gamma=True)  # nn.BatchNorm2d
+    from fasttrain.run import build_model
+
+    converted = maybe_sync_bn(build_model(cfg), True)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in converted.modules())
+    assert sum(isinstance(m, nn.SyncBatchNorm) for m in converted.modules()) == 96
+
+
 # --- torchrun: two nodes on one machine ----------------------------------------------------------
 
 
