@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fasttrain.checkpoint import CheckpointError
+from fasttrain.data.tfrecord import masked_crc32c
 from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
 from fasttrain.tf.proto import _MSG
 from fasttrain.tf.table import build_table, read_table
@@ -125,3 +126,79 @@ def test_v2_negative_dimension(tmp_path):
         CheckpointError, match=r"model.ckpt-1.index is corrupt: variable w has shape \(-1, -1\)"
     ):
         open_checkpoint(prefix).get("w")
+
+
+def test_v1_tensor_content_not_whole_values(tmp_path):
+    # 7 bytes for two float32 values: numpy's frombuffer raised ValueError before the size was checked.
+    path = write_v1(tmp_path / "odd", (2,), [([{}], [1.0, 2.0])])
+    items = []
+    for key, value, _ in read_table(path.read_bytes(), path):
+        value = bytes(value)
+        if key:
+            saved = _MSG["SavedTensorSlices"].FromString(value)
+            del saved.data.data.float_val[:]
+            saved.data.data.tensor_content = b"\x00" * 7
+            value = saved.SerializeToString()
+        items.append((key, value))
+    path.write_bytes(build_table(items))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{path} is corrupt: a slice of w at offset \d+ holds 7 bytes, not a whole number of float32",
+    ):
+        open_checkpoint(path).get("w")
+
+
+def test_v1_tensor_name_not_utf8_is_a_name_like_the_others(tmp_path):
+    # protobuf hands a string field that is not UTF-8 over as bytes: it became a bytes key beside the str
+    # ones, and the name checks that split names on "/" ended in a TypeError.
+    path = write_v1(tmp_path / "name", (1,), [([{}], [1.0])], name="bool/Zalue")
+    items = [
+        (key, bytes(value).replace(b"bool/Zalue", b"bool/\xffalue") if key == b"" else bytes(value))
+        for key, value, _ in read_table(path.read_bytes(), path)
+    ]
+    path.write_bytes(build_table(items))
+    ckpt = open_checkpoint(path)
+    assert list(ckpt.shapes()) == ["bool/\ufffdalue"]  # decoded as the slice keys' names are
+    with pytest.raises(CheckpointError, match="variable bool/\ufffdalue is incomplete"):
+        ckpt.get("bool/\ufffdalue")  # its slices are under the other name
+
+
+@pytest.mark.parametrize(
+    "dims", [(0, 2**40, 2**40), (0,) + (1,) * 64], ids=["no-values-yet-too-big", "65-dimensions"]
+)
+def test_v2_shape_no_array_can_hold(tmp_path, dims):
+    # Zero values pass the size check (the product is 0), but numpy can make no such array: a ValueError
+    # from reshape (or from np.zeros in V1) before.
+    prefix = write_checkpoint(tmp_path / "model.ckpt-1", {"w": np.ones(1, np.float32)}, state_file=False)
+
+    def shaped(entry):
+        del entry.shape.dim[:]
+        for d in dims:
+            entry.shape.dim.add(size=d)
+
+    _rewrite_v2_entry(prefix, "w", shaped)
+    with pytest.raises(CheckpointError, match=r"ckpt-1.index is corrupt: variable w has shape .*no array"):
+        open_checkpoint(prefix).shapes()
+
+
+def test_a_scalar_classifier_is_named_not_an_index_error(tmp_path):
+    # network_widths read the classifier's and the stem's last dimension: a scalar raised IndexError.
+    import shutil
+
+    from fasttrain.tf.state import network_widths
+
+    src = Path(__file__).parent / "data" / "tf-resnet-v2" / "resnet18_v2_w4"
+    shutil.copytree(src, tmp_path / "ckpt")
+    prefix = tmp_path / "ckpt" / "model.ckpt-0"
+
+    def scalar(entry):
+        del entry.shape.dim[:]
+        entry.size = 4
+        data = Path(f"{prefix}.data-00000-of-00001").read_bytes()[entry.offset : entry.offset + 4]
+        entry.crc32c = masked_crc32c(data)
+
+    _rewrite_v2_entry(prefix, "resnet/dense/kernel", scalar)
+    with pytest.raises(
+        CheckpointError, match=r"variable resnet/dense/kernel has shape \(\), not a dense kernel"
+    ):
+        network_widths(open_checkpoint(prefix), "resnet18_v2")

@@ -78,3 +78,53 @@ def test_repeated_key_across_blocks(tmp_path):
     crafted.write_bytes(_table([[(b"a", b"1")], [(b"a", b"2")]], [(b"a", 0), (b"a", 1)]))
     with pytest.raises(CheckpointError, match=r"repeats the previous key"):
         list(read_table(crafted.read_bytes(), crafted))
+
+
+def _block_of(entries: list[tuple[int, bytes]]) -> bytes:
+    """A data block of (shared, key tail) entries with empty values, one restart point (at 0)."""
+    out = bytearray()
+    for shared, tail in entries:
+        for n in (shared, len(tail), 0):
+            table._put_varint(out, n)
+        out += tail
+    return bytes(out + struct.pack("<II", 0, 1))
+
+
+def test_keys_sharing_more_than_a_tf_table_can_are_refused(tmp_path):
+    # Each entry shares the whole previous key and adds a byte: 4 bytes on disk, a key one byte longer
+    # in memory. 20,000 of them (80 kB) decoded to 2 GB of keys before (quadratic in the file's size).
+    first = b"v" * 1000
+    entries = [(0, first)] + [(len(first) + i, b"\x01") for i in range(20000)]
+    block = _block_of(entries)
+    out = bytearray()
+    handle = bytearray()
+    table._put_varint(handle, 0)
+    table._put_varint(handle, len(block))
+    out += block + b"\x00" + struct.pack("<I", masked_crc32c(block + b"\x00"))
+
+    def add(contents: bytes) -> bytes:
+        h = bytearray()
+        table._put_varint(h, len(out))
+        table._put_varint(h, len(contents))
+        out.extend(contents + b"\x00" + struct.pack("<I", masked_crc32c(contents + b"\x00")))
+        return bytes(h)
+
+    meta = add(table._build_block([]))
+    index = add(table._build_block([(first + b"\x01" * 20000, bytes(handle))]))
+    path = tmp_path / "shared.index"
+    path.write_bytes(bytes(out + (meta + index).ljust(40, b"\x00") + struct.pack("<Q", table.TABLE_MAGIC)))
+    with pytest.raises(
+        CheckpointError,
+        match=rf"^{path} is corrupt: the keys of the block at offset 0 share more than a TF table's keys "
+        r"can \(entry at offset \d+\)",
+    ):
+        list(read_table(path.read_bytes(), path))
+
+
+def test_long_keys_sharing_as_tfs_writer_shares_them_are_read(tmp_path):
+    # The bound's edge for a real writer: keys of 1,000 bytes that differ in their last bytes, sharing
+    # restarted every 16 entries (table_builder.cc): every key decoded, none refused.
+    keys = [b"k" * 994 + b"%06d" % i for i in range(200)]
+    path = tmp_path / "long.index"
+    path.write_bytes(build_table([(k, b"") for k in keys]))
+    assert [k for k, _, _ in read_table(path.read_bytes(), path)] == keys

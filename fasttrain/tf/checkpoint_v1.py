@@ -62,7 +62,9 @@ class CheckpointV1:
             for key, value, offset in read_table(_Mapped(path).data, path):
                 if key == b"":
                     for m in _parse("SavedTensorSlices", value, path, offset).meta.tensor:
-                        self.meta[m.name] = m
+                        # A name that is not UTF-8 comes as bytes: decoded as the slice keys' names are.
+                        name = m.name if isinstance(m.name, str) else bytes(m.name).decode("utf-8", "replace")
+                        self.meta[name] = m
                 elif (name := _v1_name(key)) is not None:
                     self.parts.setdefault(name, []).append((path, value, offset))
                 else:
@@ -85,6 +87,11 @@ class CheckpointV1:
             places = math.prod(s.stop - s.start for s in index)
             tensor = saved.data
             if tensor.tensor_content:
+                if len(tensor.tensor_content) % dtype.itemsize:
+                    raise CheckpointError(
+                        f"{path} is corrupt: a slice of {name} at offset {offset} holds "
+                        f"{len(tensor.tensor_content)} bytes, not a whole number of {dtype} values"
+                    )
                 values = np.frombuffer(tensor.tensor_content, dtype.newbyteorder("<"))
             else:
                 values = np.asarray(getattr(tensor, _V1_FIELDS[meta.type]))

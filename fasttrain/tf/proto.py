@@ -6,6 +6,7 @@ TensorFlow's field numbers; enum fields are read as int32, their wire type.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -22,6 +23,8 @@ DTYPES = {1: np.float32, 2: np.float64, 3: np.int32, 4: np.uint8, 5: np.int16, 6
           10: np.bool_, 17: np.uint16, 19: np.float16, 22: np.uint32, 23: np.uint64}  # fmt: skip
 _DT_BFLOAT16 = 14
 DTYPE_CODES = {np.dtype(v): k for k, v in DTYPES.items()}
+# The shapes numpy can hold: 64 dimensions at most, and (for 8-byte values) at most 2**60 of them.
+_MAX_DIMS, _MAX_ELEMENTS = 64, 2**60
 
 
 # TensorFlow's messages, one a line: "number name type", `*` before a repeated field's type; a capitalised
@@ -86,6 +89,13 @@ def _shape(proto, name: str, path: Path) -> tuple[int, ...]:
     shape = tuple(int(d.size) for d in proto.dim)
     if any(d < 0 for d in shape):
         raise CheckpointError(f"{path} is corrupt: variable {name} has shape {shape}, a negative dimension")
+    # numpy's limits, which a size check alone lets through when a dimension is 0: (0, 2**40, 2**40)
+    # has no values yet no array of it can be made, nor of more than 64 dimensions.
+    if len(shape) > _MAX_DIMS or math.prod(d for d in shape if d) > _MAX_ELEMENTS:
+        raise CheckpointError(
+            f"{path} is corrupt: variable {name} has shape {shape[:8]}{'...' if len(shape) > 8 else ''} "
+            f"({len(shape)} dimensions), which no array can hold"
+        )
     return shape
 
 

@@ -106,6 +106,12 @@ def zero_debias_counts(ckpt, model_name: str, model: torch.nn.Module) -> dict[st
                 if zd[f"{stat}/biased"] not in names or f"{bn}.{entry}" not in own:
                     continue
                 moving = np.asarray(ckpt.get(vmap[f"{bn}.{entry}"].name))
+                # Its shape before reading it: a crafted one may be no array's.
+                if names[zd[f"{stat}/biased"]][0] != moving.shape:
+                    raise _fail(
+                        ckpt, model_name, f"variable {zd[f'{stat}/biased']} has shape "
+                        f"{names[zd[f'{stat}/biased']][0]}, not {stat}'s {moving.shape}",
+                    )  # fmt: skip
                 biased = np.asarray(ckpt.get(zd[f"{stat}/biased"]), np.float64)
                 want = moving.astype(np.float64) * float(_bias_factor(keep, count))
                 scale = max(float(np.abs(want).max()), float(np.abs(biased).max()), 1e-12)
@@ -258,10 +264,15 @@ def network_widths(reader, model_name: str) -> tuple[int, int]:
     stem = next(iter(vmap.values())).name
     classifier = vmap[f"{classifier_names(probe)[0]}.weight"].name
     shapes = _shapes(reader)
-    for name in (stem, classifier):
+    for name, dims, what in ((stem, 4, "convolution kernel"), (classifier, 2, "dense kernel")):
         if name not in shapes:
             raise CheckpointError(
                 f"TensorFlow checkpoint {reader.prefix} has no {name}: is it a {model_name}?"
+            )
+        if len(shapes[name][0]) != dims or not shapes[name][0][-1]:
+            raise CheckpointError(
+                f"TensorFlow checkpoint {reader.prefix}: variable {name} has shape {shapes[name][0]}, not a "
+                f"{what} ({dims} dimensions, the last its width)"
             )
     base = shapes[stem][0][-1] if model_name.startswith("resnet") else 64
     return int(shapes[classifier][0][-1]), int(base)

@@ -17,8 +17,9 @@ Layout (all integers little endian):
     masked crc32c(b) = ((c >> 15) | (c << 17)) + 0xa282ead8 mod 2^32, c = crc32c(b) (as TFRecord's)
 
 Every failure (a length or handle outside its block or file, a checksum mismatch, a compressed block,
-data blocks overlapping or out of file order, keys not strictly rising) is a CheckpointError naming
-the file and the byte offset.
+data blocks overlapping or out of file order, keys not strictly rising, a block's keys adding up to more
+than 16 times its size, which no writer's sharing, restarted every 16 entries, can make) is a
+CheckpointError naming the file and the byte offset.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from fasttrain.data.tfrecord import masked_crc32c
 TABLE_MAGIC = 0xDB4775248B80FB57
 FOOTER_BYTES = 48
 _TRAILER_BYTES = 5  # compression type + masked crc32c
+# table_builder.cc's Options::block_restart_interval (16; tensor_bundle and V1's writers keep it).
+_RESTART_INTERVAL = 16
 
 
 def _varint(buf, pos: int, end: int, where) -> tuple[int, int]:
@@ -71,7 +74,7 @@ def _entries(block: memoryview, offset: int, path: Path):
     limit = size - 4 - 4 * num_restarts
     if num_restarts < 1 or limit < 0:
         raise CheckpointError(f"{path} is corrupt: bad restart count in the block at offset {offset}")
-    where, pos, key = (path, offset), 0, b""
+    where, pos, key, key_bytes = (path, offset), 0, b"", 0
     while pos < limit:
         start = pos
         shared, pos = _varint(block, pos, limit, where)
@@ -80,6 +83,16 @@ def _entries(block: memoryview, offset: int, path: Path):
         if shared > len(key) or pos + non_shared + value_len > limit:
             raise CheckpointError(f"{path} is corrupt: bad entry at offset {offset + start}")
         key = key[:shared] + bytes(block[pos : pos + non_shared])
+        # Sharing restarts every _RESTART_INTERVAL entries at most in every TF writer, so a block's keys
+        # add up to at most that many times its size; past it, entries that each share the whole
+        # previous key and add a byte make memory (and a V1 reader's time) grow with the square of
+        # the file: 2.8 GB for a 352 KiB index.
+        key_bytes += len(key)
+        if key_bytes > _RESTART_INTERVAL * size:
+            raise CheckpointError(
+                f"{path} is corrupt: the keys of the block at offset {offset} share more than a TF table's "
+                f"keys can (entry at offset {offset + start})"
+            )
         pos += non_shared
         yield key, block[pos : pos + value_len], offset + pos
         pos += value_len
@@ -136,7 +149,7 @@ def _put_varint(out: bytearray, value: int) -> None:
     out.append(value)
 
 
-def _build_block(items: list[tuple[bytes, bytes]], restart_interval: int = 16) -> bytes:
+def _build_block(items: list[tuple[bytes, bytes]], restart_interval: int = _RESTART_INTERVAL) -> bytes:
     out, restarts, last = bytearray(), [], b""
     for i, (key, value) in enumerate(items):
         shared = 0
