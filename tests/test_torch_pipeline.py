@@ -281,3 +281,16 @@ def test_a_long_kernel_warm_up_says_it_compiles(monkeypatch, capsys, seconds, ra
     time.sleep(0.2)  # a note not cancelled in time would print now
     err = capsys.readouterr().err
     assert ("compiling the input pipeline's numba kernels" in err) is said, err
+
+
+def test_an_epoch_leaves_torch_s_global_random_state_as_it_was(Loader, data):
+    # A DataLoader draws its workers' base seed from torch's global generator unless given its own (with
+    # no workers too): the state a checkpoint saves mid-epoch was then one draw on, and a run resumed
+    # from it drew again, so Inception's dropout masks parted from an uninterrupted run's (--loader
+    # processes; the threads draw nothing).
+    for workers in (0, 1):
+        loader = Loader(_cfg(data, num_workers=workers), "train", True)
+        torch.manual_seed(7)
+        before = torch.get_rng_state()
+        next(iter(loader))
+        assert torch.equal(torch.get_rng_state(), before), workers

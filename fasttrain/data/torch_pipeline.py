@@ -317,6 +317,11 @@ class TorchLoader(ShardLoader):
             num_workers=min(self.num_workers, self._len - start),
             pin_memory=torch.cuda.is_available(),
             worker_init_fn=ignore_stop_signals,  # a preempted job's trainer saves; see stop_signals
+            # Each iteration draws its workers' base seed from this generator, by default torch's global
+            # one: a checkpoint saves that state after the epoch's draw, a resumed run draws again, and
+            # the model's dropout masks then part from an uninterrupted run's. The batches use no torch
+            # random number (their augmentation is seeded per record), so any fixed generator will do.
+            generator=torch.Generator().manual_seed(cfg.seed),
         )
         # The workers are forked here. Garbage the parent has not collected yet would be collected in a
         # child instead, whatever its finalizers need: a dropped DALI pipeline's __del__ waits there for
