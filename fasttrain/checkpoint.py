@@ -101,8 +101,11 @@ def write_atomic(path: Path, write: Callable) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        named = getattr(exc, "filename", None)
+        if isinstance(exc, OSError) and named is not None and os.fspath(named) == os.fspath(tmp):
+            exc.filename = str(path)  # the file a user knows, not the temporary one, gone by now
         raise
 
 
@@ -149,6 +152,7 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
     tmp = final.with_name(f".{final.name}.tmp")
     sidecar = final.with_name(final.name + ".sha256")
     placed = []  # files put in place by this save, taken back if it fails before the data file lands
+    renamed = False  # the data file is in place: only the directory's fsync is left
     try:
         with open(tmp, "wb") as f:
             torch_save_to(f, state)
@@ -158,13 +162,15 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int = 3) -> P
         write_atomic(sidecar, lambda f: f.write(f"{digest}  {final.name}\n".encode()))
         placed.append(sidecar)
         os.replace(tmp, final)
+        renamed = True
         placed.clear()
         _fsync_dir(directory)
     except BaseException as exc:
         left = [p for p in (tmp, *placed) if not remove_file(p)]
         if isinstance(exc, OSError):
-            landed = not tmp.exists() and final.exists()  # only the directory's fsync failed
-            raise CheckpointError(_write_failure(final, step, exc, left, landed)) from None
+            # From the rename itself, not from what is on disk now: an earlier ckpt-<step>.pt (a resume
+            # fell back past it) is there whether this save landed or not.
+            raise CheckpointError(_write_failure(final, step, exc, left, renamed)) from None
         raise
     # The oldest beyond `keep`, counting only checkpoints up to this step: newer ones (left by a run
     # this one did not resume from, e.g. a corrupt newest it fell back past) are never deleted.
@@ -198,8 +204,9 @@ def _write_failure(final: Path, step: int, exc: OSError, left: list[Path], lande
             "a crash now may lose it: check the file system"
         )
     try:
-        # Up to this step only: a newer file is one this run fell back past (corrupt), not a resume point.
-        kept = [p for s, p in list_checkpoints(final.parent) if s <= step]
+        # Before this step only: a file of this step or a newer one is one this run fell back past
+        # (damaged), not a resume point (a run never saves the step it resumed from again).
+        kept = [p for s, p in list_checkpoints(final.parent) if s < step]
     except CheckpointError:
         kept = []
     if kept:
@@ -243,7 +250,25 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
         )
     if not is_state_dict(state["model"]):
         raise CheckpointError(f"{path} holds no state_dict under 'model' (parameter names to tensors)")
+    # The bookkeeping a resume reads before the tensors: of another kind, each ended in a traceback there.
+    for key, kind, what in _BOOKKEEPING:
+        value = state.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise CheckpointError(f"{path} is not a fasttrain checkpoint: its {key!r} is not {what}")
+    config = state.get("config")
+    if config is not None and not all(isinstance(k, str) for k in config):
+        raise CheckpointError(f"{path} is not a fasttrain checkpoint: its 'config' keys are not all names")
     return state
+
+
+# (entry, type, what it is) of what save_run writes beside the tensors; each may be absent (older files).
+_BOOKKEEPING = (
+    ("config", dict, "a table of settings"),
+    ("world_size", int, "a number of ranks"),
+    ("epoch_size", int, "a number of records"),
+    ("total_steps", int, "a step number"),
+    ("run_id", str, "a run identity"),
+)
 
 
 def is_state_dict(value) -> bool:

@@ -52,6 +52,13 @@ def shaping_changes(changes: list[str]) -> list[str]:
     return [c for c in changes if c.split()[0] in _STATE_SHAPING]
 
 
+def _load_error_text(exc: BaseException) -> str:
+    """A state that does not load, in one line: torch's lines (which keys are missing, unexpected or of
+    another size) joined, at most 300 characters."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def save_config(cfg: Config, run_dir: Path) -> None:
     """Write run_dir/config.json whole or not at all."""
     ckpt.write_atomic(run_dir / "config.json", lambda f: f.write((cfg.to_json() + "\n").encode()))
@@ -173,8 +180,9 @@ def restore_run(
     try:
         run.load_state_dict(state)
     except (KeyError, RuntimeError, ValueError) as exc:
-        shaping = shaping_changes(changes)
-        reason = "; ".join(shaping or changes) or str(exc).strip().splitlines()[0]
+        # A changed setting that shapes the state is the likely cause; another (a learning rate, a seed)
+        # cannot be, and naming it sent users to revert the wrong flag: then the load's own words.
+        reason = "; ".join(shaping_changes(changes)) or _load_error_text(exc)
         if source != run_dir:
             # Another directory's run, continued into train_dir: a new train_dir would not help.
             config = source / "config.json"

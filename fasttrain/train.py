@@ -52,223 +52,232 @@ def train(cfg: Config) -> dict:
     started = time.perf_counter()
     cfg = resolve_node_batch(cfg, processes_per_node(cfg.node_batch_size))  # a node's over its processes
     info = init_distributed(cfg.device)
-    log = print if info.is_main else (lambda *a, **k: None)
-    precision = resolve_precision(cfg, info.device)
-    if cfg.profile_comm and precision.cuda_graph:
-        raise SettingError(
-            "profile_comm times each all-reduce from Python hooks, which a CUDA graph "
-            "replay skips: add cuda_graph=false",
-            settings=("profile_comm", "cuda_graph"),
-        )
-    check_graph_capture_env(info, precision.cuda_graph)
-    seed_torch(cfg, info.device)
-
-    # --- data ------------------------------------------------------------------------------
-    data_dir = prepare_data_dir(cfg, info, log)
-    # The backend "auto" resolves to on this device: what config.json and the start-up line name.
-    backend = resolve_backend(cfg, info.device)
-    cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""), data_backend=backend)
-    # --num_workers and --loader auto: what they chose is on the start-up line, and why where it matters.
-    choice = choose_input(cfg, info.device.type == "cuda", backend)
-    auto = ""
-    if backend != "synthetic" and cfg.num_workers is None:
-        ranks = local_ranks()
-        auto = f"; auto for {available_cores()} cores, {ranks} rank{'s' * (ranks > 1)}"
-    auto += f"; {choice.why}" if choice.why else ""
-    cfg = choice.apply(cfg)
-    train_loader = build_loader(
-        cfg,
-        cfg.subset,
-        training=True,
-        rank=info.rank,
-        world_size=info.world_size,
-        device=info.device,
-        precision=precision,
-        reuse_buffers=True,  # the zero-copy ring: batch_stream holds a step's micro-batches only
-    )
-    if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
-        open_split(cfg, "validation", False, info.rank, info.world_size)
-    global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
-    epoch_size = cfg.epoch_size or train_loader.num_records
-    steps_per_epoch = max(1, epoch_size // global_batch)
-    max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
-    eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
-
-    # --- run directory ----------------------------------------------------------------------
-    run_dir = Path(cfg.train_dir or Path("runs") / (cfg.recipe or "base"))  # recipe None: the base Config
-    lock = claim_on_rank0(run_dir, info, log)
-    metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
-
-    # --- model, optimizer, step; then resume ----------------------------------------------------
-    schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
-    fresh = not has_checkpoint(cfg, run_dir, info)  # rank 0's answer on every rank
-    run = build_run(cfg, info, precision, schedule, train_loader, pretrained=fresh, log=log)
-    resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
+    # Every way out from here, errors at start-up included (a refused resume, a config.json that
+    # cannot be written), undoes what was made: the lock, the process group, the graph.
+    lock = stop = curves = run = None
     try:
-        step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append, epoch_size=epoch_size)
-    except FasttrainError:
-        for line in resume_lines:  # the reasons its message refers to
-            log(line)
-        raise
-    finished = step >= max_steps  # a finished run, evaluated again: its config.json stays as it was
-    if info.is_main:
-        try:
-            if not finished:  # only now: a refused resume leaves the run's config.json as it was
-                save_config(cfg, run_dir)
-            ensure_run_id(run_dir, cfg.checkpoint_dir, log=log)  # run.json: the run's identity (lock.py)
-        except OSError as exc:  # a full disk, a directory where the file should be: one line, not a traceback
-            raise FasttrainError(
-                f"cannot write {exc.filename or run_dir} ({exc.strerror}); free space in {run_dir} or "
-                "pass another train_dir",
-                settings=("train_dir",),
-            ) from None
-    if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
-        resume_lines.append(dropped)
-    # The input as the loader built it: the resolved backend and its loader (e.g. "torch, 4 loader threads").
-    data = f"{data_dir} ({train_loader.description}{auto})" if data_dir else "synthetic"
-    log(
-        f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
-        f"{precision.name}{' channels_last' if precision.channels_last else ''}"
-        f"{' cuda-graph' if precision.cuda_graph else ''}"
-        f"{' compiled' if run.step.compiled is not None and run.step.compiled.active else ''}"
-        f"{' stem4' if precision.stem_channels == 4 else ''}"
-        f" | global batch {global_batch} | "
-        f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
-    )
-    if finished:
-        log(
-            f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating "
-            f"it, not training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
-            f"train this one further a --max_steps above {step}"
-        )
-        resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]
-    for line in resume_lines:
-        log(line)
-    for line in getattr(train_loader, "notes", ()):  # e.g. the torch loader's hint on row checkpoints
-        log(line)
-
-    curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
-    step_fn = run.step
-
-    # --- the loop ------------------------------------------------------------------------------
-    # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
-    # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
-    stop = StopRequest(check_every=cfg.log_every)
-    progress = progress_bar(max_steps, step, enabled=info.is_main)
-    last_saved, tick, tick_step = step, time.perf_counter(), step
-    skipped_before = int(step_fn.scaler.skipped_steps.item())  # note: host read, once (a resume's count)
-    batches = batch_stream(train_loader, cfg.grad_accum_steps)
-    stall = InputStall(train_loader, info.device.type == "cuda", log, cfg.num_workers)
-    step_fn.timeline = stall if stall.cuda else None  # its timing events around each step
-    # The means of the loss and top-1 since the last log line come from the step's device-side sums
-    # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
-    # smoothed curve, an exponential moving average, is the step's loss_average.
-    eval_loader = None  # built at the first evaluation
-    last_eval: dict = {}  # the newest evaluation's result and step, for the summary at the end
-    first_step, loop_start, eval_seconds = step, time.perf_counter(), 0.0
-
-    def evaluate_now() -> dict:
-        # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
-        # and the training loader and step are not touched: a run with evaluations trains the same.
-        nonlocal eval_loader
-        rng = get_rng_state()
-        if eval_loader is None:
-            eval_loader = build_loader(
-                dataclasses.replace(cfg, batch_size=cfg.eval_batch_per_process),
-                "validation",
-                training=False,
-                rank=info.rank,
-                world_size=info.world_size,
-                device=info.device,
-                precision=precision,
-                reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
+        log = print if info.is_main else (lambda *a, **k: None)
+        precision = resolve_precision(cfg, info.device)
+        if cfg.profile_comm and precision.cuda_graph:
+            raise SettingError(
+                "profile_comm times each all-reduce from Python hooks, which a CUDA graph "
+                "replay skips: add cuda_graph=false",
+                settings=("profile_comm", "cuda_graph"),
             )
-        result = evaluate_raw_and_ema(
-            run.model,
-            eval_loader,
-            optimizer=run.optimizer,
-            bn_ema=run.bn_ema,
-            precision=precision,
-            device=info.device,
-            cfg=cfg,
-            world_size=info.world_size,
-            progress=log,
-            interrupted=lambda: stop.flag,  # a stop signal ends it at the next batch (the grace period)
-        )
-        set_rng_state(rng)
-        # A finished run evaluated again by the same command: its step's evaluation is written once.
-        if not (finished and metrics.has_row(step, split="validation")):
-            metrics.write(step=step, split="validation", **result)
-            curves.scalars(step, eval_scalars(result))
-        last_eval.update(result, step=step)
-        return result
+        check_graph_capture_env(info, precision.cuda_graph)
+        seed_torch(cfg, info.device)
 
-    def log_row() -> None:
-        """The seeds' log line and a metrics row for the steps since the last one (their mean loss)."""
-        nonlocal tick, tick_step, skipped_before
-        # note: CPU-GPU sync point, once per log_every steps
-        cross_entropy, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
-        # The seeds' logged loss holds the L2 term (fasttrain's update adds its gradient instead): of the
-        # weights after this step's update, theirs before it, one update apart.
-        l2 = run.optimizer.l2_term().item()
-        loss = cross_entropy + l2
-        skipped = int(step_fn.scaler.skipped_steps.item())
-        loss_avg = step_fn.loss_sum.item() / (step - tick_step) + l2
-        train_top1 = step_fn.top1_sum.item() / (step - tick_step)
-        step_fn.loss_sum.zero_()
-        step_fn.top1_sum.zero_()
-        elapsed, tick = time.perf_counter() - tick, time.perf_counter()
-        sec_per_batch = elapsed / (step - tick_step)
-        first, tick_step = tick_step + 1, step
-        log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
-        input_fields = stall.read(first, step, elapsed)  # after the seeds' line: its note follows
-        record = dict(
-            loss=loss,
-            loss_avg=loss_avg,
-            # The seed averages the total loss, its shadow from 0: after n steps the L2 term's share
-            # of it is l2 * (1 - 0.9^n) (n: the steps so far; fewer where a non-finite loss was left out).
-            loss_ema=step_fn.loss_average.item() + l2 * (1 - (1 - LOSS_AVERAGE_WEIGHT) ** step),
-            cross_entropy=cross_entropy,  # with the aux head's share (Inception): the loss without L2
-            l2_loss=l2,
-            train_top1=train_top1,
-            lr=schedule.at(step - 1),
-            examples_per_sec=global_batch / sec_per_batch,
-            sec_per_batch=sec_per_batch,
-            loss_scale=step_fn.scaler.scale.item(),
-            skipped_steps=skipped,
-            **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
+        # --- data ------------------------------------------------------------------------------
+        data_dir = prepare_data_dir(cfg, info, log)
+        # The backend "auto" resolves to on this device: what config.json and the start-up line name.
+        backend = resolve_backend(cfg, info.device)
+        cfg = dataclasses.replace(cfg, data_dir=str(data_dir or ""), data_backend=backend)
+        # --num_workers and --loader auto: what they chose is on the start-up line, and why where it matters.
+        choice = choose_input(cfg, info.device.type == "cuda", backend)
+        auto = ""
+        if backend != "synthetic" and cfg.num_workers is None:
+            ranks = local_ranks()
+            auto = f"; auto for {available_cores()} cores, {ranks} rank{'s' * (ranks > 1)}"
+        auto += f"; {choice.why}" if choice.why else ""
+        cfg = choice.apply(cfg)
+        train_loader = build_loader(
+            cfg,
+            cfg.subset,
+            training=True,
+            rank=info.rank,
+            world_size=info.world_size,
+            device=info.device,
+            precision=precision,
+            reuse_buffers=True,  # the zero-copy ring: batch_stream holds a step's micro-batches only
         )
-        metrics.write(
-            step=step,
-            **record,
-            epoch=train_loader.epoch,
-            skipped_records=train_loader.skipped,
+        if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
+            open_split(cfg, "validation", False, info.rank, info.world_size)
+        global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
+        epoch_size = cfg.epoch_size or train_loader.num_records
+        steps_per_epoch = max(1, epoch_size // global_batch)
+        max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
+        eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
+
+        # --- run directory ----------------------------------------------------------------------
+        run_dir = Path(cfg.train_dir or Path("runs") / (cfg.recipe or "base"))  # recipe None: the base Config
+        lock = claim_on_rank0(run_dir, info, log)
+        metrics = MetricsLog(run_dir / "metrics.jsonl", enabled=info.is_main)
+
+        # --- model, optimizer, step; then resume ----------------------------------------------------
+        schedule = LRSchedule(cfg, epoch_size / global_batch, global_batch, info.device)  # the seeds' float
+        fresh = not has_checkpoint(cfg, run_dir, info)  # rank 0's answer on every rank
+        run = build_run(cfg, info, precision, schedule, train_loader, pretrained=fresh, log=log)
+        resume_lines: list[str] = []  # printed after the header, and not "resuming" when nothing is left
+        try:
+            step = restore_run(cfg, run, run_dir=run_dir, log=resume_lines.append, epoch_size=epoch_size)
+        except FasttrainError:
+            for line in resume_lines:  # the reasons its message refers to
+                log(line)
+            raise
+        finished = step >= max_steps  # a finished run, evaluated again: its config.json stays as it was
+        problem = ""
+        if info.is_main:
+            try:
+                if not finished:  # only now: a refused resume leaves the run's config.json as it was
+                    save_config(cfg, run_dir)
+                ensure_run_id(run_dir, cfg.checkpoint_dir, log=log)  # run.json: the run's identity (lock.py)
+            except OSError as exc:  # a full disk, a directory where the file should be: one line
+                problem = (
+                    f"cannot write {exc.filename or run_dir} ({exc.strerror}); free space in {run_dir} or "
+                    "pass another train_dir"
+                )
+        # Every rank stops with rank 0's line, not the others later in their first all-reduce.
+        if problem := rank0_error(problem, info):
+            raise FasttrainError(
+                problem if info.is_main else "stopping with rank 0, which cannot write train_dir",
+                settings=("train_dir",),
+            )
+        if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
+            resume_lines.append(dropped)
+        # The input as the loader built it: the resolved backend and its loader ("torch, 4 loader threads").
+        data = f"{data_dir} ({train_loader.description}{auto})" if data_dir else "synthetic"
+        log(
+            f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
+            f"{precision.name}{' channels_last' if precision.channels_last else ''}"
+            f"{' cuda-graph' if precision.cuda_graph else ''}"
+            f"{' compiled' if run.step.compiled is not None and run.step.compiled.active else ''}"
+            f"{' stem4' if precision.stem_channels == 4 else ''}"
+            f" | global batch {global_batch} | "
+            f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
         )
-        curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
-        if cfg.histogram_every and step % cfg.histogram_every == 0:
-            grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
-            curves.histograms(step, run.model, grad_scale)
-        skipped_here, skipped_before = skipped - skipped_before, skipped
-        check_finite(streak, skipped_here, first, step, cfg, precision.loss_scaling, last_saved, run_dir)
-        if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
+        if finished:
             log(
-                f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
-                f"{comm['hidden_fraction']:.0%} hidden behind backward, "
-                f"{comm['exposed_ms']:.1f} ms exposed"
+                f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): evaluating "
+                f"it, not training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
+                f"train this one further a --max_steps above {step}"
+            )
+            resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]
+        for line in resume_lines:
+            log(line)
+        for line in getattr(train_loader, "notes", ()):  # e.g. the torch loader's hint on row checkpoints
+            log(line)
+
+        curves = Curves(run_dir, cfg.tensorboard and info.is_main, start_step=step)
+        step_fn = run.step
+
+        # --- the loop ------------------------------------------------------------------------------
+        # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
+        # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
+        stop = StopRequest(check_every=cfg.log_every)
+        progress = progress_bar(max_steps, step, enabled=info.is_main)
+        last_saved, tick, tick_step = step, time.perf_counter(), step
+        skipped_before = int(step_fn.scaler.skipped_steps.item())  # note: host read, once (a resume's count)
+        batches = batch_stream(train_loader, cfg.grad_accum_steps)
+        stall = InputStall(train_loader, info.device.type == "cuda", log, cfg.num_workers)
+        step_fn.timeline = stall if stall.cuda else None  # its timing events around each step
+        # The means of the loss and top-1 since the last log line come from the step's device-side sums
+        # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
+        # smoothed curve, an exponential moving average, is the step's loss_average.
+        eval_loader = None  # built at the first evaluation
+        last_eval: dict = {}  # the newest evaluation's result and step, for the summary at the end
+        first_step, loop_start, eval_seconds = step, time.perf_counter(), 0.0
+
+        def evaluate_now() -> dict:
+            # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
+            # and the training loader and step are not touched: a run with evaluations trains the same.
+            nonlocal eval_loader
+            rng = get_rng_state()
+            if eval_loader is None:
+                eval_loader = build_loader(
+                    dataclasses.replace(cfg, batch_size=cfg.eval_batch_per_process),
+                    "validation",
+                    training=False,
+                    rank=info.rank,
+                    world_size=info.world_size,
+                    device=info.device,
+                    precision=precision,
+                    reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
+                )
+            result = evaluate_raw_and_ema(
+                run.model,
+                eval_loader,
+                optimizer=run.optimizer,
+                bn_ema=run.bn_ema,
+                precision=precision,
+                device=info.device,
+                cfg=cfg,
+                world_size=info.world_size,
+                progress=log,
+                interrupted=lambda: stop.flag,  # a stop signal ends it at the next batch (the grace period)
+            )
+            set_rng_state(rng)
+            # A finished run evaluated again by the same command: its step's evaluation is written once.
+            if not (finished and metrics.has_row(step, split="validation")):
+                metrics.write(step=step, split="validation", **result)
+                curves.scalars(step, eval_scalars(result))
+            last_eval.update(result, step=step)
+            return result
+
+        def log_row() -> None:
+            """The seeds' log line and a metrics row for the steps since the last one (their mean loss)."""
+            nonlocal tick, tick_step, skipped_before
+            # note: CPU-GPU sync point, once per log_every steps
+            cross_entropy, streak = step_fn.last_loss.item(), int(step_fn.nonfinite_streak.item())
+            # The seeds' logged loss holds the L2 term (fasttrain's update adds its gradient instead): of the
+            # weights after this step's update, theirs before it, one update apart.
+            l2 = run.optimizer.l2_term().item()
+            loss = cross_entropy + l2
+            skipped = int(step_fn.scaler.skipped_steps.item())
+            loss_avg = step_fn.loss_sum.item() / (step - tick_step) + l2
+            train_top1 = step_fn.top1_sum.item() / (step - tick_step)
+            step_fn.loss_sum.zero_()
+            step_fn.top1_sum.zero_()
+            elapsed, tick = time.perf_counter() - tick, time.perf_counter()
+            sec_per_batch = elapsed / (step - tick_step)
+            first, tick_step = tick_step + 1, step
+            log_step(log, progress, step, loss, global_batch / sec_per_batch, sec_per_batch, train_top1)
+            input_fields = stall.read(first, step, elapsed)  # after the seeds' line: its note follows
+            record = dict(
+                loss=loss,
+                loss_avg=loss_avg,
+                # The seed averages the total loss, its shadow from 0: after n steps the L2 term's share
+                # of it is l2 * (1 - 0.9^n) (n: the steps so far; fewer where a non-finite loss was left out).
+                loss_ema=step_fn.loss_average.item() + l2 * (1 - (1 - LOSS_AVERAGE_WEIGHT) ** step),
+                cross_entropy=cross_entropy,  # with the aux head's share (Inception): the loss without L2
+                l2_loss=l2,
+                train_top1=train_top1,
+                lr=schedule.at(step - 1),
+                examples_per_sec=global_batch / sec_per_batch,
+                sec_per_batch=sec_per_batch,
+                loss_scale=step_fn.scaler.scale.item(),
+                skipped_steps=skipped,
+                **input_fields,  # input_stall, and the thread loader's loader_busy, loader_off_cpu
             )
             metrics.write(
                 step=step,
-                comm_ms=comm["comm_ms"],
-                comm_hidden_fraction=comm["hidden_fraction"],
-                comm_exposed_ms=comm["exposed_ms"],
+                **record,
+                epoch=train_loader.epoch,
+                skipped_records=train_loader.skipped,
             )
+            curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
+            if cfg.histogram_every and step % cfg.histogram_every == 0:
+                grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
+                curves.histograms(step, run.model, grad_scale)
+            skipped_here, skipped_before = skipped - skipped_before, skipped
+            check_finite(streak, skipped_here, first, step, cfg, precision.loss_scaling, last_saved, run_dir)
+            if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
+                log(
+                    f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
+                    f"{comm['hidden_fraction']:.0%} hidden behind backward, "
+                    f"{comm['exposed_ms']:.1f} ms exposed"
+                )
+                metrics.write(
+                    step=step,
+                    comm_ms=comm["comm_ms"],
+                    comm_hidden_fraction=comm["hidden_fraction"],
+                    comm_exposed_ms=comm["exposed_ms"],
+                )
 
-    def summary(loop_end: float) -> str:
-        trained = step - first_step
-        seconds = loop_end - loop_start - eval_seconds
-        return run_summary(trained, trained * global_batch, seconds, time.perf_counter() - started)
+        def summary(loop_end: float) -> str:
+            trained = step - first_step
+            seconds = loop_end - loop_start - eval_seconds
+            return run_summary(trained, trained * global_batch, seconds, time.perf_counter() - started)
 
-    try:
         while step < max_steps:
             step_fn(stall.next_batch(batches))
             step += 1
@@ -338,9 +347,12 @@ def train(cfg: Config) -> dict:
         # Every way out, errors included (a non-finite loss stop, a failed save): the graph goes
         # before the process group, whose NCCL communicator otherwise waits at exit for the graph
         # that captured its collectives (pytorch/pytorch#115388).
-        stop.restore()
-        curves.close()
-        step_fn.release_graph()
+        if stop is not None:
+            stop.restore()
+        if curves is not None:
+            curves.close()
+        if run is not None:
+            run.step.release_graph()
         cleanup()
         if lock is not None:
             lock.release()

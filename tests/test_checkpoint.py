@@ -125,6 +125,12 @@ def test_a_text_file_is_named_as_no_torch_file(tmp_path):
         ({"model": {0: torch.zeros(1)}, "step": 0}, "holds no state_dict under 'model'"),
         ({"model": {"w": torch.zeros(1)}, "step": "two"}, "its 'step' is 'two', not a step number"),
         ({"model": {"w": torch.zeros(1)}, "step": -1}, "its 'step' is -1, not a step number"),
+        # The bookkeeping a resume reads first: a ValueError from dict() in changed_settings before.
+        ({"model": {"w": torch.zeros(1)}, "step": 0, "config": ["x"]}, "its 'config' is not a table of"),
+        ({"model": {"w": torch.zeros(1)}, "step": 0, "config": {1: 2}}, "its 'config' keys are not all"),
+        ({"model": {"w": torch.zeros(1)}, "step": 0, "world_size": "2"}, "its 'world_size' is not a number"),
+        ({"model": {"w": torch.zeros(1)}, "step": 0, "epoch_size": 1.5}, "its 'epoch_size' is not a number"),
+        ({"model": {"w": torch.zeros(1)}, "step": 0, "run_id": 7}, "its 'run_id' is not a run identity"),
     ],
 )
 def test_a_checkpoint_of_the_wrong_structure_is_refused_and_the_run_falls_back(tmp_path, state, words):
@@ -173,6 +179,26 @@ def test_crash_at_each_phase_leaves_previous_checkpoint_intact(tmp_path, monkeyp
     for name, data in before.items():
         assert (tmp_path / name).read_bytes() == data
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_failed_save_over_an_older_file_of_its_step_is_not_called_written(tmp_path, monkeypatch):
+    # A resume that fell back past a damaged ckpt-4.pt saves step 4 again; when that save failed, the
+    # file already there made the message say "was written but its directory could not be synced".
+    ckpt.save_checkpoint(tmp_path, 2, _state(2))
+    ckpt.save_checkpoint(tmp_path, 4, _state(4))
+    (tmp_path / "ckpt-4.pt").write_bytes(b"truncated")
+    assert ckpt.load_latest(tmp_path)[1].name == "ckpt-2.pt"
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "torch_save_to", full)
+    with pytest.raises(ckpt.CheckpointError) as raised:
+        ckpt.save_checkpoint(tmp_path, 4, _state(4))
+    assert "was written" not in str(raised.value)
+    assert f"cannot write checkpoint {tmp_path / 'ckpt-4.pt'} (ENOSPC" in str(raised.value)
+    # and the checkpoint a rerun resumes from is step 2's: the damaged step-4 file is fallen back past.
+    assert f"the newest checkpoint is {tmp_path / 'ckpt-2.pt'}, which a rerun" in str(raised.value)
 
 
 def test_a_torch_saved_object_that_runs_code_is_refused_without_torchs_advice(tmp_path):

@@ -86,6 +86,45 @@ def test_both_ranks_stop_with_one_line_when_rank_0_cannot_save(data, tmp_path):
     assert not list(run_dir.glob("*ckpt-*"))  # the first save (step 2) failed and left nothing
 
 
+def test_both_ranks_stop_with_one_line_when_rank_0_cannot_write_config_json(data, tmp_path):
+    # Only rank 0 writes config.json and run.json at start-up: when it could not, it stopped alone and
+    # rank 1 went on into its first all-reduce (a gloo traceback; on NCCL a wait until the timeout).
+    run_dir = tmp_path / "run"
+    (run_dir / "config.json").mkdir(parents=True)  # a directory where the file should be
+    job = ["-m", "fasttrain", *trainer_args(data, run_dir, *FLAGS, "--max_steps=2")]
+    (agent,) = run_torchrun(job, timeout=180)
+    errors = [ln for ln in agent.stdout.splitlines() if ln.startswith("fasttrain: error:")]
+    assert len(errors) == 2, agent.stdout[-3000:]  # one line per rank
+    assert any(ln.startswith("fasttrain: error: cannot write ") and "--train_dir" in ln for ln in errors)
+    assert any("stopping with rank 0, which cannot write --train_dir" in ln for ln in errors), errors
+    assert "[rank1]: Traceback" not in agent.stdout and "[rank0]: Traceback" not in agent.stdout
+    # It names the file a user knows, not the temporary one it was written to (gone by then).
+    assert any(f"cannot write {run_dir / 'config.json'} (Is a directory)" in ln for ln in errors), errors
+
+
+def test_a_start_up_error_releases_the_run_directory(data, tmp_path):
+    # train() called from Python: an error after the lock was taken (here a --checkpoint_dir that is not
+    # there, found at the resume) left run.lock held until the caller's process ended, and every other
+    # trainer on that directory was refused.
+    from fasttrain.config import make_config
+    from fasttrain.errors import FasttrainError
+    from fasttrain.train import train
+
+    run_dir = tmp_path / "run"
+    cfg = make_config(
+        data_dir=str(data), num_classes=4, batch_size=4, image_size=32, num_workers=0, max_steps=2,
+        eval_at_end=False, tensorboard=False, train_dir=str(run_dir), device="cpu",
+        checkpoint_dir=str(tmp_path / "not-there"),
+    )  # fmt: skip
+    with pytest.raises(FasttrainError, match="not-there"):
+        train(cfg)
+    # Another process (a lock is its process's: this one would get its own again) takes the directory;
+    # before, it was refused "in use by another trainer".
+    take = f"import pathlib, fasttrain.lock as l; l.RunLock.acquire(pathlib.Path({str(run_dir)!r}))"
+    other = subprocess.run([sys.executable, "-c", take], capture_output=True, text=True)
+    assert other.returncode == 0, other.stderr[-2000:]
+
+
 _DISK_FULL = textwrap.dedent(
     """
     # Runs in a mount namespace of its own, on a tmpfs mounted at argv[1]; prints one JSON line.

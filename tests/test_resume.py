@@ -171,6 +171,30 @@ def test_a_checkpoint_without_a_data_position_is_one_error(data, reference, tmp_
     assert "--pretrained_model_checkpoint_path" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_a_checkpoint_that_does_not_fit_is_not_blamed_on_a_setting_that_cannot_cause_it(
+    data, reference, tmp_path
+):
+    # A parameter renamed in the file, resumed with another learning rate: the message said the
+    # learning rate was why ("(initial_learning_rate 0.1 -> 0.05): run with the settings..."), and with no
+    # setting changed it gave torch's first line alone, which names no parameter.
+    from fasttrain.checkpoint import load_checkpoint, save_checkpoint
+
+    state = load_checkpoint(reference / "ckpt-14.pt")
+    name = next(k for k in state["model"] if k.endswith("conv1.weight"))
+    state["model"][name + "_renamed"] = state["model"].pop(name)
+    run_dir = tmp_path / "run"
+    save_checkpoint(run_dir, 14, state)
+    out = subprocess.run(
+        command(data, run_dir, "--max_steps=16", "--initial_learning_rate=0.05"),
+        env=ENV, capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert f"{run_dir / 'ckpt-14.pt'} does not fit this run's model/optimizer (" in out.stderr, out.stderr
+    assert f'Missing key(s) in state_dict: "{name}"' in out.stderr, out.stderr
+    assert f'Unexpected key(s) in state_dict: "{name}_renamed"' in out.stderr, out.stderr
+    assert "initial_learning_rate" not in out.stderr
+
+
 @pytest.mark.parametrize("bn_ema", ["empty", "one-missing"])
 def test_a_checkpoint_without_its_bn_averages_is_one_error(data, reference, tmp_path, bn_ema):
     # The run averages its BN statistics (--ema_decay): a checkpoint without that average resumed with
