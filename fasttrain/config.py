@@ -200,7 +200,8 @@ class Config:
     ema_decay: float = 0.0
     """Exponential moving average of weights and BN statistics (0: off; 0.9999 in the Inception seed)."""
     grad_accum_steps: int = 1
-    """Micro-batches accumulated per optimizer step (only the last one communicates)."""
+    """Micro-batches accumulated per optimizer step (only the last one communicates; an epoch's last
+    batches that fill no step are dropped)."""
 
     # --- precision, layout, speed -----------------------------------------------------------
     precision: Literal["auto", "fp32", "fp16", "bf16"] = "auto"

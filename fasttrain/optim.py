@@ -201,7 +201,16 @@ class FlatOptimizer(torch.optim.Optimizer):
                         "(optimizer kind or EMA on/off): match them or start the optimizer afresh."
                     )
             for key, v in views.items():
-                v[i].copy_(saved[key])
+                # copy_ broadcasts: a scalar or a smaller tensor in a foreign file filled the whole
+                # state without a word.
+                value = saved[key]
+                if not isinstance(value, torch.Tensor) or value.shape != v[i].shape:
+                    got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                    raise ValueError(
+                        f"{type(self).__name__}.load_state_dict: {key!r} of parameter {i} is {got}, not "
+                        f"{tuple(v[i].shape)}; the checkpoint was saved for another model"
+                    )
+                v[i].copy_(value)
         if self.flat.registration_order:
             self.applied_steps.copy_(self.state[self.flat.registration_order[0]]["step"])
         self.state.clear()

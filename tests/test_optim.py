@@ -274,6 +274,18 @@ def test_load_state_dict_without_ema_is_a_clear_error():
         FusedMomentum(_params(), lr=0.1, ema_decay=0.9).load_state_dict(opt.state_dict())
 
 
+def test_load_state_dict_refuses_a_state_of_another_shape():
+    # copy_ broadcasts: a scalar momentum buffer in a foreign checkpoint filled parameter 0's whole
+    # buffer with that one value and the run went on.
+    opt = FusedMomentum(_params(), lr=0.1, ema_decay=0.9)
+    saved = opt.state_dict()
+    first = next(iter(saved["state"]))
+    saved["state"][first]["momentum_buffer"] = torch.tensor(5.0)
+    fresh = FusedMomentum(_params(), lr=0.1, ema_decay=0.9)
+    with pytest.raises(ValueError, match=r"'momentum_buffer' of parameter 0 is \(\), not \("):
+        fresh.load_state_dict(saved)
+
+
 # --- EMA, dispatch, API
 
 

@@ -202,3 +202,19 @@ def test_a_scalar_classifier_is_named_not_an_index_error(tmp_path):
         CheckpointError, match=r"variable resnet/dense/kernel has shape \(\), not a dense kernel"
     ):
         network_widths(open_checkpoint(prefix), "resnet18_v2")
+
+
+def test_v2_two_keys_that_decode_to_one_name(tmp_path):
+    # Keys that are not UTF-8 are decoded with replacement, so b"w\xfe" and b"w\xff" both read as
+    # "w\ufffd": the second replaced the first without a word.
+    prefix = write_checkpoint(tmp_path / "model.ckpt-1", {"w": np.ones(1, np.float32)}, state_file=False)
+    index = Path(f"{prefix}.index")
+    items = []
+    for key, value, _ in read_table(index.read_bytes(), index):
+        if key == b"w":
+            items += [(b"w\xfe", bytes(value)), (b"w\xff", bytes(value))]
+        else:
+            items.append((key, bytes(value)))
+    index.write_bytes(build_table(items))
+    with pytest.raises(CheckpointError, match=r"is corrupt: the key at offset \d+ names 'w\ufffd' again"):
+        open_checkpoint(prefix)

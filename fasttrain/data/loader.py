@@ -83,7 +83,9 @@ class EpochPosition:
 
 
 def batch_stream(loader, accum: int):
-    """Endless lists of `accum` (images, labels) batches, moving to the next epoch as needed."""
+    """Endless lists of `accum` (images, labels) batches, moving to the next epoch as needed. A step's
+    micro-batches come from one epoch: an epoch's last len(loader) % accum batches are not trained on,
+    as an epoch's last partial batch is not (a resume's data position counts them the same way)."""
     while True:
         group = []
         for images, labels in loader:

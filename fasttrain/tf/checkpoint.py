@@ -68,9 +68,12 @@ class CheckpointV2:
             if key == b"":
                 header = _parse("BundleHeaderProto", value, index, offset)
             elif not key.startswith(b"\x00"):  # keys from byte 0 are a partitioned variable's parts
-                self.entries[key.decode("utf-8", "replace")] = _parse(
-                    "BundleEntryProto", value, index, offset
-                )
+                name = key.decode("utf-8", "replace")
+                if name in self.entries:  # two keys that are not UTF-8, decoded alike: one would be lost
+                    raise CheckpointError(
+                        f"{index} is corrupt: the key at offset {offset} names {name!r} again (not UTF-8)"
+                    )
+                self.entries[name] = _parse("BundleEntryProto", value, index, offset)
         if header is None:
             raise CheckpointError(f"{index} has no bundle header: not a TensorFlow V2 checkpoint index")
         if header.endianness != 0:
