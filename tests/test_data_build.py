@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -265,6 +266,32 @@ def test_index_files_and_row_checkpoints_in_the_same_pass(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0 shards to write (0 images), 1 finished ones to give row checkpoints, 8 already written" in out
     assert RowIndex.open(tmp_path / "train-00001-of-00004") is not None
+    # Its summary counts the records it read for them (it said "wrote 0 images in 0 shards", and its
+    # progress lines "0/0 images").
+    records = len(read_index_file(tmp_path / "train-00001-of-00004.idx"))
+    said = f"wrote 0 images in 0 shards and row checkpoints for 1 finished shards ({records} records) to "
+    assert said in out, out
+
+
+def test_a_build_in_one_process_says_how_far_it_is_while_a_shard_runs(tmp_path, capsys, monkeypatch):
+    # With one process (--workers 1, one shard left, one core) the jobs ran in the main thread and the
+    # progress was looked at between shards only: a one-shard split printed no line however long it took.
+    from fasttrain.data import build, build_shard
+
+    real = build_shard.stored_image
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(build_shard, "stored_image", slow)
+    monkeypatch.setattr(build, "PROGRESS_SECONDS", 0.1)
+    one_each = ("--train_shards=1", "--validation_shards=1", "--num_threads=1")
+    assert main(build_args(FIXTURE / "input", tmp_path, *one_each)) == 0  # 2 jobs, about 0.75 s
+    lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
+    assert len(lines) >= 3, lines  # at most 1 (between the two shards) before
+    line = r"\d+/15 images, \d+ images/s, ETA (\d+\.\d min|not yet known)"
+    assert all(re.fullmatch(line, text) for text in lines), lines
 
 
 def test_progress_lines_give_the_rate_and_eta(tmp_path, capsys, monkeypatch):

@@ -71,6 +71,42 @@ def test_an_image_skip_left_out_is_named_until_its_shard_is_written_again(tree, 
     assert json.loads((out / ".fasttrain-build-skipped.json").read_text()) == {}
 
 
+def test_images_left_out_stay_recorded_when_the_build_dies_after_their_shard_is_named(
+    tree, tmp_path, capsys, monkeypatch
+):
+    # The main process recorded a shard's left-out images only once the worker's result reached it,
+    # after the shard had its name: a build killed in between (SIGKILL, the OOM killer) kept the
+    # shard as finished and lost the record, and every rerun said "nothing to do" without the note.
+    from fasttrain.data import build
+
+    image = tree / "train/n01440764/n01440764_7.JPEG"
+    image.write_bytes(b"")
+    out = tmp_path / "out"
+
+    class Killed(BaseException):
+        pass
+
+    def killed(path, value):
+        if path.name == build.SKIPPED_RECORD:
+            raise Killed  # the process dies here
+        return real(path, value)
+
+    real = build._write_json
+    monkeypatch.setattr(build, "_write_json", killed)
+    with pytest.raises(Killed):
+        main(build_args(tree, out, "--on_bad=skip"))
+    monkeypatch.undo()
+    holder = next(
+        n for n in SHARDS if n.startswith("train") and b"n01440764_7.JPEG" in (TF_OUTPUT / n).read_bytes()
+    )
+    assert (out / holder).exists()  # named: a rerun keeps it as finished
+    capsys.readouterr()
+    assert main(build_args(tree, out, "--on_bad=skip")) == 0
+    printed = capsys.readouterr().out
+    assert "note: 1 images an earlier --on_bad skip left out" in printed, printed
+    assert f"delete those shards ({holder})" in printed and not list(out.glob(".*.skipped"))
+
+
 def test_notes_name_the_synsets_and_folders_left_out_and_a_byte_order_mark_is_read(tree, tmp_path, capsys):
     synsets = tree / "synsets.txt"
     synsets.write_bytes(b"\xef\xbb\xbf" + synsets.read_bytes())  # an editor's "UTF-8 with BOM"

@@ -49,6 +49,7 @@ import fcntl
 import json
 import multiprocessing
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +65,7 @@ from fasttrain.data.build_shard import (
     load_index,
     run_job,
     set_counter,
+    skipped_path,
 )
 from fasttrain.data.errors import DataError
 
@@ -145,7 +147,8 @@ def _jobs_for(plan: SplitPlan, annotations: Annotations, output: Path, args) -> 
             if args.write_index and not args.row_checkpoints:
                 load_index(path)  # validates or rebuilds <shard>.idx (a header scan)
             if args.row_checkpoints and not has_row_checkpoints(path):
-                jobs.append(ShardJob(path, plan.directory, False, 0, False, True, False))  # rows only
+                records = len(load_index(path)[1])  # what its progress counts (a header scan, or the .idx)
+                jobs.append(ShardJob(path, plan.directory, False, records, False, True, False))  # rows only
             continue
         skip_bad = args.on_bad == "skip"
         jobs.append(
@@ -289,8 +292,29 @@ def _note_left_out(output: Path, out) -> None:
         )
 
 
+def _fold_shard_records(output: Path) -> None:
+    """Fold the workers' per-shard records of left-out images (build_shard.skipped_path) into the build's
+    record: one a killed build left beside a finished shard is the only record of those images; one
+    beside no shard belongs to a shard that was never finished (it is written again), and goes."""
+    found = {path: output / path.name[1 : -len(".skipped")] for path in output.glob(".*.skipped")}
+    if not found:
+        return
+    left_out = _left_out(output)
+    for path, shard in found.items():
+        if shard.exists():
+            try:
+                lines = json.loads(path.read_text())
+            except (OSError, ValueError):
+                lines = [f"(the record {path} of images left out of {shard.name} does not read)"]
+            left_out[shard.name] = [str(line) for line in lines] if isinstance(lines, list) else []
+    _write_json(output / SKIPPED_RECORD, left_out)
+    for path in found:
+        path.unlink(missing_ok=True)
+
+
 def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -> int:
     output = Path(args.output_directory)
+    _fold_shard_records(output)
     try:
         return _run_jobs(jobs, annotations, kept, args, out, output)
     finally:
@@ -302,18 +326,27 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
         out(f"nothing to do: all {kept} shards are written already")
         return 0
     left_out = _left_out(output)
+    # The progress counts images written and, in finished shards given row checkpoints, records read.
     total = sum(j.images for j in jobs)
     writes = sum(1 for j in jobs if j.write)
+    to_write = sum(j.images for j in jobs if j.write)
     workers = max(1, min(args.workers or len(os.sched_getaffinity(0)), len(jobs)))
     rows_only = f", {len(jobs) - writes} finished ones to give row checkpoints" if len(jobs) > writes else ""
-    out(f"{writes} shards to write ({total} images){rows_only}, {kept} already written, {workers} processes")
+    out(
+        f"{writes} shards to write ({to_write} images){rows_only}, {kept} already written, "
+        f"{workers} processes"
+    )
     counter = multiprocessing.Value("q", 0)
-    start = last = time.perf_counter()
+    start = time.perf_counter()
+    last = [start]  # when the last progress line was written (the ticker's and this loop's)
     images, skipped, cpu = 0, 0, 0.0
     pool = multiprocessing.Pool(workers, init_worker, (counter,)) if workers > 1 else None
     set_counter(counter)
     feed = _with_entries(jobs, annotations)
     results = pool.imap_unordered(run_job, feed) if pool else map(run_job, feed)
+    # In one process the jobs run in this thread, a whole shard per next(): a thread of its own writes
+    # the progress lines then (a one-shard build wrote none, and looked hung).
+    ticker = None if pool else _Ticker(lambda: _progress(out, counter.value, total, start), last)
     try:
         for done in range(1, len(jobs) + 1):
             while True:
@@ -321,7 +354,7 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
                     result = results.next(timeout=PROGRESS_SECONDS) if pool else next(results)
                     break
                 except multiprocessing.TimeoutError:
-                    last = _progress(out, counter.value, total, start)
+                    last[0] = _progress(out, counter.value, total, start)
             images, cpu = images + result.images, cpu + result.cpu_seconds
             for line in result.skipped:
                 out(f"skipped {line}")
@@ -332,26 +365,55 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
                 if result.skipped:
                     left_out[result.name] = result.skipped
                 _write_json(output / SKIPPED_RECORD, left_out)
-            if time.perf_counter() - last >= PROGRESS_SECONDS and done < len(jobs):
-                last = _progress(out, counter.value, total, start)
+            skipped_path(output / result.name).unlink(missing_ok=True)  # in the build's record now
+            if time.perf_counter() - last[0] >= PROGRESS_SECONDS and done < len(jobs):
+                last[0] = _progress(out, counter.value, total, start)
     except ShardFailed as e:
         raise DataError(str(e)) from None
     except KeyboardInterrupt:
         out("interrupted: the finished shards are kept; run the same command again to go on")
         return 130
     finally:
+        if ticker:
+            ticker.stop()
         if pool:
             pool.terminate()  # after a failure: the other shards stop half-written ...
             pool.join()
         _remove_temporaries(jobs)  # ... and their temporary files go (a killed worker leaves its own)
     seconds = time.perf_counter() - start
-    per_image = 1e3 * cpu / max(images + skipped, 1)
+    rows = len(jobs) - writes
+    read = total - to_write  # the records of finished shards given row checkpoints
+    per_image = 1e3 * cpu / max(images + skipped + read, 1)
     out(
-        f"wrote {images} images in {writes} shards to {args.output_directory} in {seconds:.2f} s "
-        f"({images / max(seconds, 1e-9):.0f} images/s, {per_image:.2f} CPU ms per image)"
+        f"wrote {images} images in {writes} shards"
+        + (f" and row checkpoints for {rows} finished shards ({read} records)" if rows else "")
+        + f" to {args.output_directory} in {seconds:.2f} s "
+        f"({(images + read) / max(seconds, 1e-9):.0f} images/s, {per_image:.2f} CPU ms per image)"
         + (f"; left out {skipped} bad images (named above)" if skipped else "")
     )
     return 0
+
+
+class _Ticker:
+    """Calls `line()` every PROGRESS_SECONDS (a daemon thread) once that long has passed since last[0]
+    (the time the last line was written, by either writer); with PROGRESS_SECONDS 0 (tests: a line
+    after every shard) it writes none of its own."""
+
+    def __init__(self, line, last: list[float]):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(line, last), daemon=True)
+        if PROGRESS_SECONDS > 0:
+            self._thread.start()
+
+    def _run(self, line, last: list[float]) -> None:
+        while not self._stop.wait(PROGRESS_SECONDS / 4):
+            if time.perf_counter() - last[0] >= PROGRESS_SECONDS:
+                last[0] = line()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def _write_json(path: Path, value) -> None:

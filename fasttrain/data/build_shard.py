@@ -12,11 +12,13 @@ the page cache. This module holds fasttrain's other data modules' helpers the bu
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fasttrain.checkpoint import write_atomic
 from fasttrain.data.build_image import BadImage, stored_image
 from fasttrain.data.build_lists import SplitPlan
 
@@ -83,6 +85,25 @@ _counter = None  # images done, shared by the worker processes (set by init_work
 def set_counter(counter) -> None:
     global _counter
     _counter = counter
+
+
+def skipped_path(shard: Path) -> Path:
+    """Where a worker records the images --on_bad skip left out of `shard` before naming it: the main
+    process folds it into the build's record (fasttrain.data.build) and deletes it."""
+    return shard.with_name(f".{shard.name}.skipped")
+
+
+def _count_records():
+    """A build_row_index progress hook that adds each call's new records to the shared counter."""
+    seen = [0]
+
+    def progress(done: int, _total: int) -> None:
+        if _counter is not None:
+            with _counter.get_lock():
+                _counter.value += done - seen[0]
+        seen[0] = done
+
+    return progress
 
 
 def init_worker(counter) -> None:
@@ -156,6 +177,10 @@ def run_job(job: ShardJob) -> ShardResult:
                 # otherwise be able to miss data, and a rerun keeps any shard that exists as finished.
                 f.flush()
                 os.fsync(f.fileno())
+            if skipped:  # before the shard takes its name: a build killed after it still knows them
+                write_atomic(
+                    skipped_path(job.path), lambda out: out.write((json.dumps(skipped) + "\n").encode())
+                )
             os.replace(tmp, job.path)  # the shard appears complete or not at all
         except OSError as e:  # the output side: reading an image is BadImage's
             tmp.unlink(missing_ok=True)
@@ -168,5 +193,9 @@ def run_job(job: ShardJob) -> ShardResult:
         if job.write_index:
             write_index_file(job.path.with_name(job.path.name + ".idx"), index)
     if job.row_checkpoints:
-        build_row_index(job.path)  # reads the .idx, or builds and writes it
+        # A finished shard's records count in the progress as they are read (a written one's counted).
+        progress = None if job.write else _count_records()
+        build_row_index(job.path, progress=progress)  # reads the .idx, or builds and writes it
+        if progress is not None:
+            progress(job.images, job.images)  # the last records (it reports every 256)
     return ShardResult(job.path.name, images, skipped, time.process_time() - start)
