@@ -119,14 +119,24 @@ class DynamicLossScaler:
 
     def state_dict(self) -> dict:
         return {
+            "enabled": self.enabled,
             "scale": self.scale.clone(),
             "growth_tracker": self.growth_tracker.clone(),
             "skipped_steps": self.skipped_steps.clone(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.scale.copy_(state["scale"])
-        self.growth_tracker.copy_(state["growth_tracker"])
+        """The saved scale and growth count where the saved scaler scaled as this one does; across a
+        change of precision (a bf16 run resumed on a GPU where auto picks fp16) this one keeps its
+        own: a bf16 run's scale of 1 loaded into fp16 lost small gradients to underflow for the 32,000
+        steps growth takes back to 2^16 (torch's GradScaler refuses a disabled one's state)."""
+        saved_enabled = state.get("enabled")
+        if saved_enabled is None:  # written before the flag: a disabled scaler is at 1 with tracker 0
+            # note: host reads, once at resume
+            saved_enabled = not (float(state["scale"]) == 1.0 and int(state["growth_tracker"]) == 0)
+        if saved_enabled == self.enabled:
+            self.scale.copy_(state["scale"])
+            self.growth_tracker.copy_(state["growth_tracker"])
         self.skipped_steps.copy_(state["skipped_steps"])
 
 

@@ -129,6 +129,9 @@ class TrainStep:
         self.lr = torch.zeros((), dtype=torch.float32, device=device)
         self.last_loss = torch.zeros((), dtype=torch.float32, device=device)
         self.last_top1 = torch.zeros((), dtype=torch.float32, device=device)  # of the step's batch
+        # 1 / (loss scale x world divisor) as the step's gradients were made: the scale is updated at the
+        # step's end, so read after it, it is twice this on a growth step (the histograms' unscaling).
+        self.last_grad_scale = torch.ones((), dtype=torch.float32, device=device)
         # The Inception seed's smoothed loss curve: tf.train.ExponentialMovingAverage(0.9) of each
         # step's loss, its shadow starting at 0 (no zero-debiasing, the seed's default).
         self.loss_average = torch.zeros((), dtype=torch.float32, device=device)
@@ -217,6 +220,7 @@ class TrainStep:
         found_inf = grads_not_finite(self.flat_grad, loss)
         self.schedule.on_device(self.step_count, self.lr)
         grad_scale = torch.reciprocal(self.scaler.scale * self.world_divisor)
+        self.last_grad_scale.copy_(grad_scale)
         self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
         self.bn_guard.restore(found_inf)
         if self.bn_ema is not None:

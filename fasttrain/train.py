@@ -256,8 +256,8 @@ def train(cfg: Config) -> dict:
             )
             curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
             if cfg.histogram_every and step % cfg.histogram_every == 0:
-                grad_scale = 1.0 / (record["loss_scale"] * step_fn.world_divisor)
-                curves.histograms(step, run.model, grad_scale)
+                # note: a host read, at histogram steps only (log steps, where the loss read has synced)
+                curves.histograms(step, run.model, step_fn.last_grad_scale.item())
             skipped_here, skipped_before = skipped - skipped_before, skipped
             check_finite(streak, skipped_here, first, step, cfg, precision.loss_scaling, last_saved, run_dir)
             if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:

@@ -62,3 +62,31 @@ def test_cpu_policy():
     assert (p.dtype, p.channels_last) == (torch.bfloat16, True)
     with pytest.raises(ValueError, match="cuda_graph=false"):
         resolve_precision(make_config(cuda_graph=True), torch.device("cpu"))
+
+
+def test_a_resume_across_precisions_keeps_this_runs_own_loss_scale():
+    # A bf16 run (scaler disabled: scale 1) resumed where auto picks fp16 (an A100 run on a V100): the
+    # scale of 1 was loaded, and small fp16 gradients underflowed for the ~32,000 steps growth takes.
+    cpu = torch.device("cpu")
+    bf16 = DynamicLossScaler(cpu, enabled=False)
+    bf16.update(torch.tensor(1.0))  # one skipped step: that count carries over
+    fp16 = DynamicLossScaler(cpu, enabled=True)
+    fp16.load_state_dict(bf16.state_dict())
+    assert fp16.scale.item() == 2.0**16 and fp16.growth_tracker.item() == 0 and fp16.skipped_steps.item() == 1
+    # The other way, the disabled scaler stays at 1 (it logged the fp16 run's 65536 before).
+    backed_off = DynamicLossScaler(cpu, enabled=True)
+    backed_off.update(torch.tensor(1.0))  # 2^15
+    disabled = DynamicLossScaler(cpu, enabled=False)
+    disabled.load_state_dict(backed_off.state_dict())
+    assert disabled.scale.item() == 1.0
+    # The same precision: the saved state exactly, and for files written before the flag as well.
+    again = DynamicLossScaler(cpu, enabled=True)
+    again.load_state_dict(backed_off.state_dict())
+    assert again.scale.item() == 2.0**15
+    older = {k: v for k, v in bf16.state_dict().items() if k != "enabled"}
+    fp16_older = DynamicLossScaler(cpu, enabled=True)
+    fp16_older.load_state_dict(older)
+    assert fp16_older.scale.item() == 2.0**16
+    older_fp16 = {k: v for k, v in backed_off.state_dict().items() if k != "enabled"}
+    fp16_older.load_state_dict(older_fp16)
+    assert fp16_older.scale.item() == 2.0**15

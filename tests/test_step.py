@@ -353,3 +353,30 @@ def test_bucket_all_reduces_are_captured_in_the_graph_on_nccl(tmp_path):
     for (key, a), b in zip(eager.state_dict().items(), graphed.state_dict().values()):
         if a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=key)
+
+
+def test_last_grad_scale_is_the_scale_the_step_s_gradients_were_made_with():
+    # The histograms unscaled p.grad by the loss scale read after the step; on a growth step that is
+    # twice the one backward used, and they showed half the gradients.
+    from fasttrain.precision import DynamicLossScaler
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    reference = copy.deepcopy(model)
+    opt = FusedMomentum(model.parameters(), lr=0.0, momentum=0.0, impl="torch")
+    step = TrainStep(
+        model, optimizer=opt, precision=Precision("fp16", False, False), device=cpu,
+        schedule=LRSchedule(make_config(initial_learning_rate=0.0), 100, 4, cpu),
+        loss_fn=lambda out, y: F.cross_entropy(out.float(), y), preprocess="resnet",
+    )  # fmt: skip
+    step.scaler = DynamicLossScaler(cpu, True, growth_interval=2)  # 2000 in a run
+    x, y = torch.randn(4, 2, 2, 3), torch.tensor([0, 1, 2, 0])
+    with torch.autocast("cpu", dtype=torch.float16):  # float NHWC batches go in as they are (model_input)
+        F.cross_entropy(reference(x.permute(0, 3, 1, 2)).float(), y).backward()
+    for _ in range(2):
+        step([(x, y)])
+    assert step.scaler.scale.item() == 2.0**17  # grown at the end of step 2
+    assert step.last_grad_scale.item() == 2.0**-16  # what step 2's backward was scaled by
+    unscaled = model[1].weight.grad * step.last_grad_scale
+    torch.testing.assert_close(unscaled, reference[1].weight.grad, rtol=1e-2, atol=1e-4)  # fp16 autocast
