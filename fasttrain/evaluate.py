@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fasttrain.accuracy import correct, top1_is_first_max
 from fasttrain.bn_buffers import BufferEMA, broadcast_statistics
 from fasttrain.distributed import first_rank_error, from_rank0
 from fasttrain.errors import exit_code, print_error
@@ -67,8 +68,10 @@ def evaluate(
     progress: Callable[[str], None] | None = None,
     label: str = "",
     interrupted: Callable[[], bool] | None = None,
+    first_max_top1: bool = False,
 ) -> dict:
-    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together), and
+    """{'top1', 'top5', 'count'} over every record of the loader (all ranks together; counted as
+    `correct` says, first_max_top1 its top-1 rule), and
     'max_eval_batches' when max_batches left batches out (the result is of part of the split). progress: where
     a line 'evaluating the {label} weights: 120/391 batches (31%), ...' goes every PROGRESS_EVERY_S.
     interrupted: asked before each batch; True raises EvaluationInterrupted on every rank (the ranks'
@@ -102,10 +105,8 @@ def evaluate(
         x = model_input(images, preprocess, precision)
         with torch.autocast(device.type, dtype=precision.dtype, enabled=precision.autocast):
             logits = model(x)
-        k = min(5, logits.shape[1])
-        top = logits.float().topk(k, dim=1).indices
-        hit = top == labels[:, None]
-        sums[:2] += torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum()])
+        top1, top5 = correct(logits, labels, first_max_top1)
+        sums[:2] += torch.stack([top1.sum(), top5.sum()])
         count += len(labels)  # on the host: a tensor of it would be a copy the CPU waits for, each batch
     sums[2] += count
     sums[3] += stopped  # summed with the rest: every rank stops if any rank did, or none does
@@ -145,6 +146,7 @@ def evaluate_raw_and_ema(
         world_size=world_size,
         progress=progress,
         interrupted=interrupted,
+        first_max_top1=top1_is_first_max(cfg.model_name),
     )
     if world_size > 1:  # every rank scores the model the checkpoint holds: rank 0's BN statistics
         broadcast_statistics(model, bn_ema)
