@@ -195,6 +195,12 @@ def without_effect(cfg, given) -> dict[str, str]:
         "num_epochs_per_decay": (cfg.lr_schedule != "exponential", f"lr_schedule is {cfg.lr_schedule}"),
         "aux_loss_weight": (not inception, f"{cfg.model_name} has no aux head"),
         "inception_bn_gamma": (not inception, f"the model is {cfg.model_name}"),
+        "train_epochs": (cfg.max_steps > 0, f"max_steps {cfg.max_steps} sets the run's length"),
+        "zero_init_residual": (
+            inception or cfg.model_name.endswith("_v2"),
+            f"{cfg.model_name}'s blocks end in no BN to zero (v1.5 ResNets' do)",
+        ),
+        "histogram_every": (not cfg.tensorboard, "tensorboard is off (histograms go to TensorBoard)"),
     }
     return {name: why for name, (unused, why) in rules.items() if unused and name in given}
 

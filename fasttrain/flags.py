@@ -157,6 +157,10 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
             f"processes) and {spelled['batch_size']}={values['batch_size']} (one process's) conflict; "
             "give one of them"
         )
+    if "train_epochs" in values and "max_steps" not in values:
+        # The run's length in epochs, as asked: the recipe's max_steps (the demo's 300, the Inception
+        # seed's 10,000,000) would otherwise end it, and --train_epochs did nothing without a word.
+        values["max_steps"] = 0
     cfg = make_config(**values)
     for name, why in without_effect(cfg, spelled).items():
         notes[f"{name} (unused)"] = f"{spelled[name]} has no effect: {why}"

@@ -92,6 +92,14 @@ def train(cfg: Config) -> dict:
         )
         if (cfg.eval_at_end or cfg.eval_every_epochs) and cfg.data_dir:  # a missing validation shard: now
             open_split(cfg, "validation", False, info.rank, info.world_size)
+        if len(train_loader) < cfg.grad_accum_steps:
+            # A step's micro-batches come from one epoch (batch_stream): none could ever fill one, and the
+            # loop went from epoch to epoch without a step, deaf to stop signals (checked between steps).
+            raise SettingError(
+                f"an epoch holds {len(train_loader)} batches per rank, fewer than grad_accum_steps "
+                f"{cfg.grad_accum_steps}: no step can be made; lower grad_accum_steps or batch_size",
+                settings=("grad_accum_steps", "batch_size"),
+            )
         global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
         epoch_size = cfg.epoch_size or train_loader.num_records
         steps_per_epoch = max(1, epoch_size // global_batch)

@@ -112,6 +112,25 @@ def test_the_cli_prints_one_line_and_exits_2(tmp_path):
     assert out.stderr.count("\n") == 1 and "conflict" in out.stderr and "Traceback" not in out.stderr
 
 
+def test_more_micro_batches_than_an_epoch_holds_is_refused(tmp_path):
+    # A step's micro-batches come from one epoch: with 6 batches an epoch and 7 to a step, the trainer
+    # went from epoch to epoch making no step, at full CPU, and SIGINT and SIGTERM could not stop it.
+    from fasttrain.data.synthetic import make_synthetic
+
+    data = tmp_path / "data"
+    make_synthetic(data, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 48 records
+    out = subprocess.run(
+        [sys.executable, "-m", "fasttrain", f"--data_dir={data}", "--num_classes=4", "--batch_size=8"]
+        + ["--grad_accum_steps=7", "--max_steps=1", "--image_size=32", "--num_workers=0", "--device=cpu"]
+        + [f"--train_dir={tmp_path / 'run'}"],
+        env={**os.environ, "FASTTRAIN_CACHE": str(tmp_path)},
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.count("\n") == 1 and "an epoch holds 6 batches per rank, fewer than " in out.stderr
+    assert "--grad_accum_steps 7: no step can be made" in out.stderr
+
+
 # --- a flag missing its value ------------------------------------------------------------------------
 
 
@@ -176,6 +195,30 @@ def test_a_flag_without_effect_here_gets_a_note(capsys):
     parse_args(["--recipe=resnet50", "--lr_schedule=piecewise", "--lr_boundary_epochs=1,2"])
     parse_args(["--recipe=resnet50"])
     assert capsys.readouterr().err == ""
+
+
+def test_train_epochs_sets_the_length_a_recipe_s_max_steps_would_have(capsys):
+    # The demo recipe sets max_steps 300, the Inception seed's 10,000,000: --train_epochs alone was
+    # overruled by them without a word (0.2 epochs of 10 steps trained 300 steps).
+    from fasttrain.flags import parse_command_line
+
+    for recipe in ("demo", "inception_v3"):
+        cfg, _ = parse_command_line([f"--recipe={recipe}", "--train_epochs=0.2"])
+        assert (cfg.max_steps, cfg.train_epochs) == (0, 0.2)
+    assert capsys.readouterr().err == ""
+    cfg, _ = parse_command_line(["--train_epochs=2", "--max_steps=10"])  # both given: max_steps, said
+    assert cfg.max_steps == 10
+    assert "--train_epochs has no effect: max_steps 10 sets the run's length" in capsys.readouterr().err
+
+
+def test_more_flags_without_effect_get_a_note(capsys):
+    parse_args(["--recipe=resnet50", "--model=resnet18_v2", "--zero_init_residual"])
+    parse_args(["--no-tensorboard", "--histogram_every=100"])
+    assert capsys.readouterr().err.splitlines() == [
+        "fasttrain: note: --zero_init_residual has no effect: resnet18_v2's blocks end in no BN to zero "
+        "(v1.5 ResNets' do)",
+        "fasttrain: note: --histogram_every has no effect: tensorboard is off (histograms go to TensorBoard)",
+    ]
 
 
 # --- TF's (absl's) spelling of a boolean's false ----------------------------------------------------
