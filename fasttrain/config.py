@@ -60,7 +60,8 @@ class Config:
     max_eval_batches: int = 0
     """Evaluate on at most this many batches per rank (0: the whole validation split)."""
     max_nonfinite_steps: int = 20
-    """Stop after this many consecutive steps with a non-finite loss (fp16 overflows included)."""
+    """With fp16 loss scaling: stop after this many consecutive skipped (overflowed) steps. Without it
+    (fp32, bf16) a run stops at the first log row after a non-finite loss, as the seeds assert."""
     fine_tune: bool = False
     """With pretrained_model_checkpoint_path: restore all but the classifier, which is re-initialised."""
     pretrained_model_checkpoint_path: str = ""
@@ -112,7 +113,8 @@ class Config:
     official: distorted-bbox crop, means) or vgg (the ResNet seed's: short side jittered in [256, 512],
     random crop, means on the [0, 1] scale)."""
     color_distort: bool = False
-    """Inception colour distortion (brightness, saturation, hue, contrast) in training."""
+    """Inception colour distortion (brightness, saturation, hue, contrast) in training, with
+    preprocess inception only."""
     label_offset: int = -1
     """Added to the stored labels 1..1000: 0 keeps background 0 (1001 classes), -1 gives 0..999."""
     num_classes: int = 1000

@@ -201,6 +201,10 @@ def without_effect(cfg, given) -> dict[str, str]:
             f"{cfg.model_name}'s blocks end in no BN to zero (v1.5 ResNets' do)",
         ),
         "histogram_every": (not cfg.tensorboard, "tensorboard is off (histograms go to TensorBoard)"),
+        "color_distort": (
+            cfg.preprocess != "inception",
+            f"preprocess is {cfg.preprocess} (the distortion is Inception preprocessing's)",
+        ),
     }
     return {name: why for name, (unused, why) in rules.items() if unused and name in given}
 

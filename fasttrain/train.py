@@ -34,7 +34,7 @@ from fasttrain.evaluate import EvaluationInterrupted, describe, eval_scalars, ev
 from fasttrain.input_stall import InputStall
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
-from fasttrain.precision import resolve_precision
+from fasttrain.precision import Precision, resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
 from fasttrain.rng import get_rng_state, set_rng_state
 from fasttrain.run import build_run
@@ -267,7 +267,7 @@ def train(cfg: Config) -> dict:
                 # note: a host read, at histogram steps only (log steps, where the loss read has synced)
                 curves.histograms(step, run.model, step_fn.last_grad_scale.item())
             skipped_here, skipped_before = skipped - skipped_before, skipped
-            check_finite(streak, skipped_here, first, step, cfg, precision.loss_scaling, last_saved, run_dir)
+            check_finite(streak, skipped_here, first, step, cfg, precision, last_saved, run_dir)
             if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
                 log(
                     f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "
@@ -407,14 +407,14 @@ def check_finite(
     first: int,
     step: int,
     cfg: Config,
-    loss_scaling: bool,
+    precision: Precision,
     last_saved: int,
     run_dir: Path,
 ) -> None:
     """Stop on non-finite losses. Without loss scaling: at the first log row after any skipped step
     (`skipped` of steps first..step; the seed asserts at every step); a streak counted only at the row's
     own step let a single non-finite step between rows pass. With it: after a streak of skips."""
-    if loss_scaling:
+    if precision.loss_scaling:
         if streak < cfg.max_nonfinite_steps:
             return
         when = f"for the last {streak} step(s) at step {step}"
@@ -423,9 +423,10 @@ def check_finite(
             return
         when = f"at {skipped} of steps {first}-{step}" if first < step else f"at step {step}"
     kept = f"; the last good checkpoint is {ckpt.checkpoint_path(run_dir, last_saved)}" if last_saved else ""
+    # fp32 is the advice only where the run is not fp32 already (it said so to fp32 runs too).
+    fp32 = " or use precision=fp32" if precision.name != "fp32" else ""
     raise TrainingStopped(
         f"the loss was not finite {when} "
-        f"(updates were skipped, weights are unchanged){kept}; lower "
-        "initial_learning_rate or use precision=fp32",
+        f"(updates were skipped, weights are unchanged){kept}; lower initial_learning_rate{fp32}",
         settings=("initial_learning_rate", "precision"),
     )

@@ -248,6 +248,16 @@ def test_training_batches_are_nhwc_float_in_range(data_dir, preprocess, color):
     assert half.dtype == torch.float16 and half.shape == images.shape
 
 
+def test_color_distort_is_inception_preprocessing_s_only_as_in_the_torch_backend(data_dir):
+    # The torch backend distorts colour for preprocess inception only; DALI distorted resnet's images
+    # too, so the same flags trained other images by backend.
+    plain, colour = (
+        next(iter(DaliLoader(_cfg(data_dir, preprocess="resnet", color_distort=c), "train", True)))[0]
+        for c in (False, True)
+    )
+    assert torch.equal(plain, colour)
+
+
 @pytest.mark.parametrize(
     "name, dtype", [("fp16", torch.float16), ("bf16", torch.float32), ("fp32", torch.float32)]
 )

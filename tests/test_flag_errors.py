@@ -214,10 +214,13 @@ def test_train_epochs_sets_the_length_a_recipe_s_max_steps_would_have(capsys):
 def test_more_flags_without_effect_get_a_note(capsys):
     parse_args(["--recipe=resnet50", "--model=resnet18_v2", "--zero_init_residual"])
     parse_args(["--no-tensorboard", "--histogram_every=100"])
+    parse_args(["--recipe=resnet50", "--color_distort"])  # the DALI backend distorted them all the same
     assert capsys.readouterr().err.splitlines() == [
         "fasttrain: note: --zero_init_residual has no effect: resnet18_v2's blocks end in no BN to zero "
         "(v1.5 ResNets' do)",
         "fasttrain: note: --histogram_every has no effect: tensorboard is off (histograms go to TensorBoard)",
+        "fasttrain: note: --color_distort has no effect: preprocess is vgg (the distortion is Inception "
+        "preprocessing's)",
     ]
 
 

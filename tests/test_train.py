@@ -81,8 +81,10 @@ def test_one_skipped_step_between_log_rows_stops_an_fp32_run(tmp_path, monkeypat
 
     monkeypatch.setattr(fasttrain.run, "TrainStep", OneBadStep)
     cfg = _cfg(tmp_path, precision="fp32", log_every=4, max_steps=8, checkpoint_every=100)
-    with pytest.raises(TrainingStopped, match="the loss was not finite at 1 of steps 1-4"):
+    with pytest.raises(TrainingStopped, match="the loss was not finite at 1 of steps 1-4") as raised:
         train(cfg)
+    # The advice fits the run: lower the learning rate; not "use precision=fp32" to an fp32 run.
+    assert str(raised.value).endswith("lower initial_learning_rate"), str(raised.value)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4] and rows[0]["skipped_steps"] == 1
 

@@ -410,7 +410,7 @@ def _graph(
             methods = [types.INTERP_LINEAR, types.INTERP_NN, types.INTERP_CUBIC, types.INTERP_LINEAR]
             interp = fn.cast(fn.random.choice([int(m) for m in methods]), dtype=types.INTERP_TYPE)
         images = fn.resize(images, size=[size, size], interp_type=interp, antialias=True)
-        if cfg.color_distort:
+        if cfg.color_distort and cfg.preprocess == "inception":  # Inception's, as the torch backend's
             images = distort_color(fn, dmath, types, images, gpu)
         mirror = fn.random.coin_flip(probability=0.5)
     else:
