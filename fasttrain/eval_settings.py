@@ -132,6 +132,13 @@ def _saved_config(run_dir: Path, args: argparse.Namespace):
         # num_classes and the ResNet width from the checkpoint: the recipe's may differ from the run's
         return config_for(make_config(recipe=args.recipe, **given), open_checkpoint(run_dir))
     if not path.is_file():
+        from fasttrain.tf.checkpoint import is_tf_checkpoint
+
+        if is_tf_checkpoint(run_dir):  # what is missing is the recipe, not another directory
+            raise ConfigError(
+                f"{run_dir} is a TensorFlow train directory, which has no config.json: name its recipe "
+                "with --recipe (inception_v3, resnet50, resnet101, ...)"
+            )
         raise ConfigError(f"{run_dir} is not a fasttrain run directory (no config.json); name a --train_dir")
     try:
         saved = json.loads(path.read_text(encoding="utf-8"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -332,7 +333,7 @@ def _load_tf(evaluator: _Evaluator, path: Path, converted: dict | None = None) -
 
 def evaluate_run(args: argparse.Namespace) -> list[dict]:
     """Evaluate as the command line asks; the results, one per checkpoint."""
-    from fasttrain.checkpoint import CheckpointError, list_checkpoints
+    from fasttrain.checkpoint import CheckpointError
     from fasttrain.distributed import init_distributed
 
     run_dir = Path(args.run_dir)
@@ -340,7 +341,11 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
     from fasttrain.lock import same_run
 
     info = init_distributed(cfg.device)
-    own = not args.checkpoint or same_run(run_dir, Path(args.checkpoint))
+    # A checkpoint that is not there is named by the evaluator in one line; a note that it belongs to
+    # another run would only mislead before it.
+    given = Path(args.checkpoint) if args.checkpoint else None
+    there = given is not None and (given.exists() or _is_tf_checkpoint(given))
+    own = not there or same_run(run_dir, given)
     metrics_out = Path(args.metrics_out) if args.metrics_out else (run_dir / "metrics.jsonl" if own else None)
     if not own and info.is_main:
         where = (
@@ -354,21 +359,20 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
     if info.is_main and metrics_out is not None:
         check_metrics_out(metrics_out, given=bool(args.metrics_out))
     evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
-    if not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir):
-        from fasttrain.tf.checkpoint import checkpoint_prefix
-
-        args.checkpoint = str(checkpoint_prefix(run_dir))  # a TF train directory: its newest, once
+    tf_dir = not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir)
     if args.checkpoint:
         return [evaluator(Path(args.checkpoint))]
     results, done, failed = [], None, None
     while True:
-        found = list_checkpoints(run_dir) if info.is_main else []
-        newest = from_rank0(found[-1] if found else None, info)  # all ranks evaluate the same checkpoint
-        if newest is None and not args.watch:
+        found = _checkpoints(run_dir, tf_dir) if info.is_main else []
+        found = from_rank0(found, info)  # all ranks evaluate the same checkpoints
+        if not found and not args.watch:
             raise CheckpointError(f"{run_dir} holds no checkpoint (ckpt-<step>.pt) yet; nothing to evaluate")
-        if newest is not None and newest[0] != done:
+        # The newest at the start; then each one newer than the last evaluated, oldest first: taking
+        # the newest alone passed over those written between two polls.
+        for step, path in found[-1:] if done is None else [(s, p) for s, p in found if s > done]:
             try:
-                results.append(evaluator(newest[1]))
+                results.append(evaluator(path))
                 failed = None
             except CheckpointError as exc:
                 if not args.watch:
@@ -377,7 +381,7 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
                 if info.is_main:
                     print(f"warning: {exc}; waiting for the next checkpoint", file=sys.stderr, flush=True)
                 failed = exc
-            done = newest[0]
+            done = step
         # The run's last step, as its newest checkpoint records it: config.json, read once, may be of
         # an earlier start (a resume with another --max_steps rewrites it). Older checkpoints: --max_steps.
         last = evaluator.total_steps or cfg.max_steps
@@ -385,7 +389,24 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
             if failed is not None:  # the run's last checkpoint could not be evaluated: not a success
                 raise failed
             return results
-        time.sleep(args.watch)
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:  # Ctrl-C between evaluations ends --watch, a success
+            return results
+
+
+def _checkpoints(run_dir: Path, tf_dir: bool) -> list[tuple[int, Path]]:
+    """(step, path) of the run's checkpoints, oldest first: its ckpt-<step>.pt files, or a TensorFlow
+    train directory's newest (its `checkpoint` file's, re-read at each poll as the seed's eval does)."""
+    from fasttrain.checkpoint import list_checkpoints
+
+    if not tf_dir:
+        return list_checkpoints(run_dir)
+    from fasttrain.tf.checkpoint import checkpoint_prefix
+
+    prefix = checkpoint_prefix(run_dir)
+    number = re.search(r"-(\d+)$", prefix.name)
+    return [(int(number.group(1)) if number else 0, prefix)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,8 +420,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print_error(err)
         return code
-    except KeyboardInterrupt:  # Ctrl-C ends --watch
-        return 0
+    except KeyboardInterrupt:  # during an evaluation (--watch's sleep returns): nothing was written
+        print("fasttrain.evaluate: interrupted while evaluating; no result written", file=sys.stderr)
+        return 130
     finally:
         cleanup()
     return 0

@@ -73,6 +73,105 @@ def test_a_watch_interval_that_is_no_number_of_seconds_is_a_usage_error(value, c
     assert exit_info.value.code == 2 and "--watch: must be a number of seconds" in capsys.readouterr().err
 
 
+def _evaluated_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r["step"] for r in map(json.loads, lines) if r.get("source") == "evaluate"]
+
+
+def test_watch_evaluates_every_checkpoint_written_between_two_polls(data, tmp_path):
+    # Each poll took the newest checkpoint alone: ckpt-4 and ckpt-6, both written while the watcher
+    # slept, gave one evaluation (step 6), and step 4's never came.
+    import threading
+
+    run_dir, parked = tmp_path / "run", tmp_path / "parked"
+    train(_cfg(data, run_dir, max_steps=6, eval_at_end=False))
+    parked.mkdir()
+    for name in ("ckpt-4.pt", "ckpt-4.pt.sha256", "ckpt-6.pt", "ckpt-6.pt.sha256"):
+        (run_dir / name).rename(parked / name)
+    codes = []
+    watcher = threading.Thread(target=lambda: codes.append(main([str(run_dir), "--watch", "0.3"])))
+    watcher.start()
+    deadline = time.monotonic() + 120
+    while not _evaluated_steps(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for name in ("ckpt-4.pt.sha256", "ckpt-4.pt", "ckpt-6.pt.sha256", "ckpt-6.pt"):  # as the trainer writes
+        (parked / name).rename(run_dir / name)
+    watcher.join(timeout=120)
+    assert codes == [0] and _evaluated_steps(run_dir) == [2, 4, 6]
+
+
+def test_watch_on_a_tensorflow_train_directory_follows_its_checkpoint_file(data, tmp_path):
+    # The seed's eval loops over its --checkpoint_dir; on a TF train directory --watch evaluated the
+    # newest checkpoint once and exited 0.
+    import threading
+
+    from fasttrain.tf.convert import main as convert
+
+    run_dir, tf_dir = tmp_path / "run", tmp_path / "tf"
+    train(_cfg(data, run_dir, max_steps=4, eval_at_end=False))
+    assert convert(["to-tf", str(run_dir / "ckpt-2.pt"), "--out", str(tf_dir / "model.ckpt-2")]) == 0
+    cmd = [sys.executable, "-m", "fasttrain.evaluate", str(tf_dir), "--recipe", "demo"]
+    cmd += ["--data_dir", str(data), "--device", "cpu", "--watch", "0.3"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+
+    def wait_for(words: str) -> None:
+        deadline = time.monotonic() + 120
+        while not any(words in line for line in lines) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(lines)[-2000:]  # it must still be watching
+            time.sleep(0.1)
+        assert any(words in line for line in lines), "".join(lines)[-2000:]
+
+    try:
+        wait_for("model.ckpt-2: step 2, validation top-1")
+        assert convert(["to-tf", str(run_dir / "ckpt-4.pt"), "--out", str(tf_dir / "model.ckpt-4")]) == 0
+        wait_for("model.ckpt-4: step 4, validation top-1")
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+def test_ctrl_c_ends_a_watch_between_evaluations_and_fails_one_cut_short(epochs_run, monkeypatch, capsys):
+    # Ctrl-C anywhere returned 0: a one-shot evaluation cut short said nothing and reported success.
+    from fasttrain import evaluate
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(evaluate, "evaluate_run", interrupted)
+    assert main([str(epochs_run), "--metrics_out", str(epochs_run / "x.jsonl")]) == 130
+    assert "interrupted while evaluating; no result written" in capsys.readouterr().err
+    monkeypatch.undo()
+
+    def sleep(seconds):
+        raise KeyboardInterrupt  # in --watch's wait for the next checkpoint
+
+    monkeypatch.setattr(evaluate.time, "sleep", sleep)
+    out = epochs_run / "watched.jsonl"
+    assert main([str(epochs_run), "--watch", "100", "--metrics_out", str(out)]) == 0
+    assert [json.loads(line)["step"] for line in out.read_text().splitlines()] == [3]
+
+
+def test_a_tf_directory_without_recipe_and_a_missing_checkpoint_are_named_as_they_are(
+    epochs_run, tmp_path, capsys
+):
+    # A TF train directory without --recipe was told to "name a --train_dir"; a --checkpoint that is not
+    # there came after a note calling it another run's checkpoint.
+    tf_dir = tmp_path / "tf"
+    tf_dir.mkdir()
+    (tf_dir / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-1"\n')
+    assert main([str(tf_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "is a TensorFlow train directory, which has no config.json: name its recipe with --recipe" in err
+    missing = tmp_path / "nowhere.pt"
+    assert main([str(epochs_run), "--checkpoint", str(missing)]) == 1
+    captured = capsys.readouterr()
+    assert "note:" not in captured.out + captured.err and str(missing) in captured.err
+
+
 def test_results_go_only_where_they_can_and_should(epochs_run, tmp_path, capsys):
     config = (epochs_run / "config.json").read_bytes()
     checkpoint = (epochs_run / "ckpt-2.pt").read_bytes()
