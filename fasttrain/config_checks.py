@@ -132,6 +132,13 @@ def validate(cfg) -> None:
         )
     if cfg.seed >= _SEED_LIMIT:
         raise ConfigError(f"--seed must be below 2**32, got {cfg.seed}")
+    if cfg.image_size < MIN_IMAGE_SIZE:
+        raise ConfigError(
+            f"--image_size must be at least {MIN_IMAGE_SIZE}, got {cfg.image_size} (the evaluation's resize "
+            "before its central crop rounds a smaller one to nothing)"
+        )
+    if cfg.bucket_cap_mb > MAX_BUCKET_MB:
+        raise ConfigError(f"--bucket_cap_mb must be at most {MAX_BUCKET_MB:,} MiB, got {cfg.bucket_cap_mb:g}")
     if cfg.model_name == "inception_v3" and cfg.image_size < INCEPTION_MIN_IMAGE_SIZE:
         raise ConfigError(
             f"inception_v3 trains at --image_size of at least {INCEPTION_MIN_IMAGE_SIZE}, got "
@@ -213,6 +220,12 @@ def without_effect(cfg, given) -> dict[str, str]:
 # needs a map of 17x17 (5x5 after pooling): 299 px and up; at 298 px the map is 16x16 and training
 # stopped in avg_pool2d ("Output size is too small"). Eval mode alone would run down to 75 px.
 INCEPTION_MIN_IMAGE_SIZE = 299
+# The ResNet evaluation resizes the short side to round(S * 256 / 224) and truncates: for S below 4
+# that is S or less, and the central crop's window went negative or empty (a ZeroDivisionError in
+# the resize at the first evaluation, after the whole run had trained); 8 leaves a margin.
+MIN_IMAGE_SIZE = 8
+# torch DDP's bucket size in bytes is a C++ int64: 1e300 MiB ended in a TypeError from its Reducer.
+MAX_BUCKET_MB = 2**20
 # The seed goes into NumPy SeedSequences and torch generators (as seed * 1000 + rank for synthetic
 # batches, which overflows torch's 64-bit seed above about 1.8e16): 32 bits is plenty and safe.
 _SEED_LIMIT = 2**32

@@ -31,8 +31,7 @@ class Curves:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise SettingError(
-                "tensorboard needs the tensorboard package: pip install tensorboard, "
-                "or pass tensorboard=false",
+                "tensorboard needs TensorBoard's package: pip install tensorboard, or pass tensorboard=false",
                 settings=("tensorboard",),
             ) from None
         # purge_step also for a fresh start (S = 0): event files of a run killed before its first

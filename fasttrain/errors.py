@@ -34,12 +34,12 @@ def flag_text(err: BaseException, spelled: dict[str, str] | None = None) -> str:
     `spelled` names it for a command whose flags differ (the data tools' `--cache-dir`).
 
     Only whole words are replaced, and not inside a path or a longer name (`runs/sync_bn` and
-    `--sync_bn` stay as they are).
+    `--sync_bn` stay as they are), nor a package after "install " (`pip install tensorboard`).
     """
     text = str(err)
     for name in getattr(err, "settings", ()):
         flag = (spelled or {}).get(name, f"--{name}")
-        text = re.sub(rf"(?<![\w/.-]){re.escape(name)}(?![\w/])", flag, text)
+        text = re.sub(rf"(?<![\w/.-])(?<!install ){re.escape(name)}(?![\w/])", flag, text)
     return text
 
 

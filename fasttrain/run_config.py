@@ -43,13 +43,15 @@ def resolve_node_batch(cfg: Config, processes: int) -> Config:
     if not cfg.node_batch_size:
         return cfg
     for name, spelled in (
-        ("node_batch_size", "--train-batch-size"),
-        ("eval_batch_size", "--eval-batch-size"),
+        # Set by the ResNet seed's --train-batch-size, or by the Inception seed's --batch_size with
+        # --num_gpus (seed_flags.machine_batch): the message names both, not the one not typed.
+        ("node_batch_size", "the ResNet seed's --train-batch-size, or --batch_size with --num_gpus"),
+        ("eval_batch_size", "the ResNet seed's --eval-batch-size"),
     ):
         value = getattr(cfg, name)
         if value % processes:
             raise ConfigError(
-                f"--{name}={value} (the seed's {spelled}) is one node's batch and does not divide over "
+                f"--{name}={value} ({spelled}) is one node's batch and does not divide over "
                 f"its {processes} processes (torchrun --nproc_per_node={processes}): choose a multiple "
                 f"of {processes}"
             )

@@ -21,6 +21,17 @@ def test_flag_text_writes_the_named_settings_as_flags_and_nothing_else():
     )
 
 
+def test_a_package_a_message_says_to_install_stays_a_package():
+    # "pip install tensorboard" became "pip install --tensorboard", a command that fails.
+    err = SettingError(
+        "tensorboard needs TensorBoard's package: pip install tensorboard, or pass tensorboard=false",
+        settings=("tensorboard",),
+    )
+    assert flag_text(err) == (
+        "--tensorboard needs TensorBoard's package: pip install tensorboard, or pass --tensorboard=false"
+    )
+
+
 def test_flag_text_leaves_errors_without_settings_as_they_are():
     assert flag_text(ValueError("model=x")) == "model=x"
     assert flag_text(DataError("model=x in a path")) == "model=x in a path"

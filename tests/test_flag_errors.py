@@ -84,6 +84,27 @@ def test_inception_below_its_minimum_image_size_is_refused(size):
     _refused(["--model=inception_v3", f"--image_size={size}"], f"got {size}")
 
 
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        # Trained, then a ZeroDivisionError in the resize at the first evaluation.
+        (["--image_size=1"], "--image_size must be at least 8, got 1"),
+        # A TypeError from torch DDP's Reducer on every rank.
+        (["--grad_sync=ddp", "--bucket_cap_mb=1e300"], "--bucket_cap_mb must be at most 1,048,576 MiB"),
+    ],
+)
+def test_values_that_failed_later_with_a_traceback_are_refused_at_once(argv, words):
+    _refused(argv, words)
+
+
+def test_inception_given_as_the_model_takes_its_own_width():
+    # The demo recipe's ResNet width (16) came along, and the error named a --base_channels never typed.
+    cfg = parse_args(["--model=inception_v3", "--image_size=299"])
+    assert (cfg.model_name, cfg.base_channels) == ("inception_v3", 64)
+    given = parse_args(["--model=inception_v3", "--image_size=299", "--base_channels=16"])
+    assert given.base_channels == 16  # typed: kept, and create_model names it
+
+
 def test_the_inception_minimum_is_where_the_model_stops_working():
     # The bound checked against the model itself (train mode, aux head on, as the trainer builds it),
     # on the meta device: shapes and their checks without the arithmetic (1 s instead of 40 s).

@@ -157,9 +157,11 @@ def test_the_node_batch_is_divided_over_the_nodes_processes(processes, per_proce
 
 
 def test_a_batch_that_does_not_divide_is_one_clear_error(tmp_path):
-    with pytest.raises(ConfigError, match=re.escape("--node_batch_size=130 (the seed's --train-batch-size)")):
+    said = "--node_batch_size=130 (the ResNet seed's --train-batch-size, or --batch_size with --num_gpus)"
+    with pytest.raises(ConfigError, match=re.escape(said)):
         resolve_node_batch(parse_args(["--recipe=resnet50", "--train-batch-size=130"]), 4)
-    with pytest.raises(ConfigError, match=re.escape("--eval_batch_size=100 (the seed's --eval-batch-size)")):
+    said = "--eval_batch_size=100 (the ResNet seed's --eval-batch-size)"
+    with pytest.raises(ConfigError, match=re.escape(said)):
         resolve_node_batch(parse_args(["--recipe=resnet50", "--train-batch-size=129"]), 3)
     # Through the command line, as torchrun --nproc_per_node=3 sets it: one line, exit code 2.
     out = subprocess.run(
