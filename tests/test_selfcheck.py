@@ -144,3 +144,14 @@ def test_unknown_check_is_refused_in_one_line(capsys):
         selfcheck.main(["--checks", "graph-replay,warp-drive"])
     assert exit_info.value.code == 2
     assert "unknown check(s) warp-drive" in capsys.readouterr().err
+
+
+def test_an_out_that_cannot_be_written_is_refused_before_any_check(tmp_path, monkeypatch, capsys):
+    # It ran every check, then said it could not write the report and exited 1 (a failed check's code).
+    from fasttrain.selfcheck import checks
+
+    ran = []
+    monkeypatch.setattr(checks, "CHECKS", {**checks.CHECKS, "eager-step": lambda ctx: ran.append(1)})
+    assert selfcheck.main(["--checks", "eager-step", "--out", "/proc/nope/x.json"]) == 2
+    assert "cannot write /proc/nope/x.json" in capsys.readouterr().err and not ran
+    assert selfcheck.main(["--checks", "eager-step", "--out", str(tmp_path)]) == 2  # a directory

@@ -196,6 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     from fasttrain.selfcheck.common import Context
 
     args = _parse(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    # Before the checks' minutes, and without leaving a file: a report that cannot be written is a bad
+    # flag (exit 2; it came after every check, as exit 1, the code of a failed check).
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        problem = "a directory" if out.is_dir() else ""
+        if not problem and not os.access(out if out.exists() else out.parent, os.W_OK):
+            problem = "Permission denied"
+    except OSError as exc:
+        problem = exc.strerror
+    if problem:
+        sys.stderr.write(f"fasttrain selfcheck: cannot write {out} ({problem}); pick another --out\n")
+        return 2
     # cuBLAS's documented setting for run-to-run reproducible results (a fixed workspace per stream),
     # read when its first handle is made: the graph-vs-eager check compares runs on different streams.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -221,9 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = any(r.status == "fail" for r in rows)
     report = {"environment": env, "policy": pol, "rows": [asdict(r) for r in rows]}
     report.update(passed=not failed and interrupted is None, interrupted=interrupted)
-    out = Path(args.out)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     except OSError as exc:
         sys.stderr.write(f"fasttrain selfcheck: cannot write {out} ({exc.strerror}); pick another --out\n")
