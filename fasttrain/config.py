@@ -35,7 +35,8 @@ class Config:
     max_steps: int = 0
     """Number of optimizer steps to train for (0: train_epochs epochs)."""
     train_epochs: float = 0.0
-    """Epochs to train for when max_steps is 0 (the ResNet seed's --train-epochs, 100)."""
+    """Epochs to train for when max_steps is 0 (the ResNet seed's --train-epochs, 100); given alone on
+    the command line it sets max_steps to 0 (a recipe's max_steps would end the run first)."""
     seed: int = 0
     """Seed for model initialisation, data order and augmentation (`0 <= seed < 2**32`)."""
     deterministic: bool = False
