@@ -13,8 +13,9 @@ from fasttrain.tf.checkpoint import open_checkpoint
 from fasttrain.tf.table import build_table, read_table
 
 
-def _table(data_blocks: list[list[tuple[bytes, bytes]]], index: list[tuple[bytes, int]]) -> bytes:
-    """Data blocks laid out in order, then an index whose entry (key, i) names data block i."""
+def _table(data_blocks: list, index: list[tuple[bytes, int]]) -> bytes:
+    """Data blocks laid out in order (each a list of (key, value) items, or a block's bytes as they
+    are), then an index whose entry (key, i) names data block i."""
     out, handles = bytearray(), []
 
     def add(contents: bytes) -> bytes:
@@ -24,7 +25,7 @@ def _table(data_blocks: list[list[tuple[bytes, bytes]]], index: list[tuple[bytes
         out.extend(contents + b"\x00" + struct.pack("<I", masked_crc32c(contents + b"\x00")))
         return bytes(handle)
 
-    handles = [add(table._build_block(items)) for items in data_blocks]
+    handles = [add(b if isinstance(b, bytes) else table._build_block(b)) for b in data_blocks]
     meta = add(table._build_block([]))
     index_handle = add(table._build_block([(key, handles[i]) for key, i in index]))
     return bytes(out + (meta + index_handle).ljust(40, b"\x00") + struct.pack("<Q", table.TABLE_MAGIC))
@@ -95,24 +96,8 @@ def test_keys_sharing_more_than_a_tf_table_can_are_refused(tmp_path):
     # in memory. 20,000 of them (80 kB) decoded to 2 GB of keys before (quadratic in the file's size).
     first = b"v" * 1000
     entries = [(0, first)] + [(len(first) + i, b"\x01") for i in range(20000)]
-    block = _block_of(entries)
-    out = bytearray()
-    handle = bytearray()
-    table._put_varint(handle, 0)
-    table._put_varint(handle, len(block))
-    out += block + b"\x00" + struct.pack("<I", masked_crc32c(block + b"\x00"))
-
-    def add(contents: bytes) -> bytes:
-        h = bytearray()
-        table._put_varint(h, len(out))
-        table._put_varint(h, len(contents))
-        out.extend(contents + b"\x00" + struct.pack("<I", masked_crc32c(contents + b"\x00")))
-        return bytes(h)
-
-    meta = add(table._build_block([]))
-    index = add(table._build_block([(first + b"\x01" * 20000, bytes(handle))]))
     path = tmp_path / "shared.index"
-    path.write_bytes(bytes(out + (meta + index).ljust(40, b"\x00") + struct.pack("<Q", table.TABLE_MAGIC)))
+    path.write_bytes(_table([_block_of(entries)], [(first + b"\x01" * 20000, 0)]))
     with pytest.raises(
         CheckpointError,
         match=rf"^{path} is corrupt: the keys of the block at offset 0 share more than a TF table's keys "
