@@ -3,6 +3,8 @@
 timed(fn, calls, device)      seconds for `calls` calls of fn, device work included: CUDA events
                               around the calls on a GPU, time.perf_counter on the CPU (which
                               executes synchronously)
+queued_timed(fn, calls, dev)  the device's own time for calls the host enqueues slower than the
+                              device runs them (a sleep kernel holds the stream meanwhile)
 environment(device, command)  where and how the numbers were measured: GPU, driver, CUDA, cuDNN,
                               torch, triton, DALI and the input libraries' versions, CPU, date,
                               command, git commit
@@ -55,6 +57,38 @@ def timed(fn: Callable[[], object], calls: int, device: torch.device) -> float:
     for _ in range(calls):
         fn()
     return time.perf_counter() - t0
+
+
+# Cycles of torch.cuda._sleep before a queued window: about 0.1-0.2 s at 1-2 GHz, more than the host
+# takes to enqueue a window of optimizer updates (20 x ~0.5 ms of Python each).
+_QUEUE_CYCLES = 2 * 10**8
+
+
+def queued_timed(fn: Callable[[], object], calls: int, device: torch.device) -> dict:
+    """The device's own seconds for `calls` calls of fn, where the host is slower than the device per
+    call (an optimizer update: ~0.5 ms of Python for a 0.17 ms kernel). timed() then measures the
+    host, the device idle between calls. Here a sleep kernel holds the stream while the host enqueues
+    every call, so the events around them time the device's work alone. {"seconds", "host_seconds",
+    "held_seconds"}: host_seconds (enqueueing) above held_seconds (the sleep) means the queue ran dry
+    and `seconds` is still the host's. On the CPU: timed()'s."""
+    if device.type != "cuda":
+        seconds = timed(fn, calls, device)
+        return dict(seconds=seconds, host_seconds=seconds, held_seconds=0.0)
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    events[0].record()
+    torch.cuda._sleep(_QUEUE_CYCLES)
+    events[1].record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - t0
+    events[2].record()
+    events[2].synchronize()  # note: host waits for the window's device work, outside the window
+    return dict(
+        seconds=events[1].elapsed_time(events[2]) / 1e3,
+        host_seconds=host,
+        held_seconds=events[0].elapsed_time(events[1]) / 1e3,
+    )
 
 
 def summarize(values: list[float]) -> dict:

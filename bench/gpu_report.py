@@ -8,7 +8,8 @@ columns: (f) fasttrain as its CLI runs it on CUDA (whole-step CUDA graph, the mo
 inductor inside it), (a) with --no-compile, (g) (f) with --pad_stem (the 4-channel stem), (e)
 --no-cuda_graph --no-compile, (b) eager PyTorch (channels_last, autocast, torch.optim foreach +
 foreach EMA), (d) torch.compile of (b)'s model and optimizer step, default mode, (d-max) mode
-max-autotune-no-cudagraphs. A cell is the median images/s of the timed windows (min-max) and the peak
+max-autotune-no-cudagraphs, (d-ro) mode reduce-overhead (torch.compile's own CUDA graphs). A cell is
+the median images/s of the timed windows (min-max) and the peak
 memory; compile times are reported apart. Rows profiled after their timed windows get a table of their
 device time by kind of kernel (bench/step_profile.py); an inductor_bw step, its kernels' GB/s against the
 copy's (bench/inductor_bw.py).
@@ -29,6 +30,7 @@ COLUMN_TITLES = {
     "b": "(b) eager PyTorch",
     "d": "(d) torch.compile default",
     "d-max": "(d-max) compile max-autotune-no-cudagraphs",
+    "d-ro": "(d-ro) compile reduce-overhead (its own CUDA graphs)",
 }
 
 
@@ -36,7 +38,8 @@ def column_of(row: dict) -> str:
     spec = row["spec"]
     if spec["row"] != "d":
         return spec["row"]
-    return "d" if spec.get("compile_mode") == "default" else "d-max"
+    mode = spec.get("compile_mode")
+    return {"default": "d", "reduce-overhead": "d-ro"}.get(mode, "d-max")
 
 
 def setting_key(spec: dict) -> str:
@@ -84,7 +87,7 @@ def speed_table(results: dict) -> list[str]:
     if not columns:
         return ["No step-speed row ran."]
     head = ["setting", *(titles[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
-    head += ["f / b", "f / d", "f / d-max", "f / g"]
+    head += ["f / b", "f / d", "f / d-max", "f / d-ro", "f / g"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
@@ -94,7 +97,7 @@ def speed_table(results: dict) -> list[str]:
         a = _rate(cols.get("a"))
         f = _rate(cols.get("f"))
         ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
-        ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max", "g")]
+        ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max", "d-ro", "g")]
         cells = []
         for c in columns:
             # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".

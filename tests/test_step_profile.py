@@ -41,6 +41,7 @@ from bench.step_profile import breakdown_table, group_of, kernel_breakdown
             "elementwise / reduction (ATen)",
         ),
         ("void at::native::(anonymous namespace)::max_pool_backward_nhwc", "pooling"),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_TNT", "matmul"),  # cuBLAS: "other" before
         ("something_else", "other"),
     ],
 )
