@@ -199,4 +199,11 @@ def _check_params(params: list[torch.Tensor]) -> None:
             )
         if id(p) in seen:
             raise ValueError(f"FlatParameters: parameter {i} {tuple(p.shape)} appears twice.")
+        if not p.requires_grad:
+            # Its missing gradient would count as zero: weight decay, momentum and the EMA would move a
+            # frozen parameter, where torch.optim and TF's apply_gradients leave it alone.
+            raise ValueError(
+                f"FlatParameters: parameter {i} {tuple(p.shape)} has requires_grad=False; leave frozen "
+                "parameters out of the optimizer's groups (fasttrain.models.param_groups does)."
+            )
         seen.add(id(p))

@@ -123,8 +123,8 @@ class FlatOptimizer(torch.optim.Optimizer):
                 self._update_group(group, *slices, grad_scale, found_inf, ema_weight)
         if found_inf is None:
             self.applied_steps += 1
-        else:
-            self.applied_steps += (found_inf == 0).to(torch.int64)
+        else:  # 0-d or one element (GradScaler's shape): a (1,) flag broke this after the update
+            self.applied_steps += (found_inf.reshape(()) == 0).to(torch.int64)
         return loss
 
     @torch.no_grad()
@@ -187,7 +187,9 @@ class FlatOptimizer(torch.optim.Optimizer):
         for group, old_lr in zip(self.param_groups, old_lrs):
             if isinstance(old_lr, torch.Tensor):
                 # Keep the caller's lr tensor (a captured CUDA graph reads its address).
-                group["lr"] = old_lr.fill_(group["lr"])
+                # copy_, not fill_: fill_ takes a 0-d value only, and a one-element lr broke a round trip
+                saved_lr = torch.as_tensor(group["lr"], dtype=old_lr.dtype)
+                group["lr"] = old_lr.copy_(saved_lr.reshape(old_lr.shape))
             elif isinstance(group["lr"], torch.Tensor):
                 group["lr"] = group["lr"].to(self.flat.device)
         views = {key: self.flat.views(buffer) for key, buffer in self._buffers.items()}

@@ -424,3 +424,32 @@ def test_cuda_graph_captured_step_matches_eager(monkeypatch, impl):
         assert eager.impl == "triton" or torch.cuda.get_device_capability() < (7, 0)
     for a, b in zip(_snapshot(eager), _snapshot(graphed)):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("Optimizer", [FusedMomentum, FusedRMSPropTF])
+def test_one_element_flags_and_lr_as_torch_s_grad_scaler_makes_them(Optimizer):
+    # A found_inf of shape (1,) (GradScaler's) made step() raise after the update had moved the weights,
+    # the count behind; an lr of shape (1,) broke the state_dict round trip half-way.
+    params = _params()
+    opt = Optimizer(params, lr=torch.tensor([0.1]), ema_decay=0.9, impl="torch")
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step(found_inf=torch.zeros(1))
+    opt.step(found_inf=torch.ones(1))  # skipped
+    assert opt.applied_steps.item() == 1
+    opt.load_state_dict(opt.state_dict())
+    assert opt.param_groups[0]["lr"].shape == (1,) and opt.param_groups[0]["lr"].item() == pytest.approx(0.1)
+
+
+def test_frozen_parameters_are_no_optimizer_s():
+    # A parameter with requires_grad=False got a zero gradient each step: weight decay and momentum moved
+    # it (torch.optim and TF's apply_gradients leave it alone).
+    from fasttrain.models import param_groups
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    groups = param_groups(model, weight_decay=0.1, no_decay_bn_bias=True)
+    assert all(p.requires_grad for g in groups for p in g["params"])
+    assert sum(len(g["params"]) for g in groups) == 5
+    with pytest.raises(ValueError, match=r"parameter 0 \(4, 3\) has requires_grad=False"):
+        FusedMomentum([model[0].weight, model[0].bias], lr=0.1, weight_decay=0.1, impl="torch")

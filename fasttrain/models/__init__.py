@@ -118,9 +118,10 @@ def param_groups(
     regularizers, the Inception seed). no_decay_bn: the same with only BN's gamma/beta at 0, biases
     decayed (TF official ResNet's `exclude_batch_norm`: every trainable variable but batch_normalization
     ones). Within a group parameters keep model.parameters() order (registration order); empty groups
-    are left out.
+    are left out, and so are parameters with requires_grad=False (as TF's apply_gradients never sees a
+    non-trainable variable).
     """
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # frozen ones are no optimizer's
     if not (no_decay_bn_bias or no_decay_bn):
         return [{"params": params, "weight_decay": weight_decay}]
     exempt: set[int] = set()
