@@ -14,6 +14,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,17 @@ from fasttrain.train import train
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
 
-def test_auto_takes_dali_only_for_its_gpu_decode(monkeypatch):
+def _dali_of_version(monkeypatch, version: str) -> None:
+    """DALI as if installed at `version` (a stand-in module: CI's DALI, or none, is another release)."""
+    nvidia = types.ModuleType("nvidia")
+    nvidia.dali = types.SimpleNamespace(__version__=version)
+    monkeypatch.setitem(sys.modules, "nvidia", nvidia)
+    monkeypatch.setitem(sys.modules, "nvidia.dali", nvidia.dali)
     monkeypatch.setattr(fasttrain.data, "dali_available", lambda: True)
+
+
+def test_auto_takes_dali_only_for_its_gpu_decode(monkeypatch):
+    _dali_of_version(monkeypatch, "1.44.0")
     auto = make_config(data_backend="auto")
     assert resolve_backend(auto, CPU) == "torch"  # not DALI's CPU mode
     assert resolve_backend(auto) == "torch"  # no device: a loader on the CPU
@@ -38,6 +48,9 @@ def test_auto_takes_dali_only_for_its_gpu_decode(monkeypatch):
     assert resolve_backend(dataclasses.replace(auto, skip_corrupt=True), CUDA) == "torch"
     assert resolve_backend(make_config(data_backend="dali"), CPU) == "dali"  # asked for by name
     assert resolve_backend(make_config(data_backend="synthetic"), CUDA) == "synthetic"
+    # A DALI older than the pipeline needs: auto chose it, and the loader then refused to run.
+    _dali_of_version(monkeypatch, "1.30.0")
+    assert resolve_backend(auto, CUDA) == "torch"
     monkeypatch.setattr(fasttrain.data, "dali_available", lambda: False)
     assert resolve_backend(auto, CUDA) == "torch"
 

@@ -44,6 +44,22 @@ def dali_available() -> bool:
     return True
 
 
+def _dali_recent() -> bool:
+    """DALI imports and is a release fasttrain's pipeline runs on (dali_pipeline.DALI_MIN_VERSION): "auto"
+    chose an older one, which the loader then refused, so the default command failed with it."""
+    if not dali_available():
+        return False
+    import nvidia.dali
+
+    from fasttrain.data.dali_pipeline import check_dali_version
+
+    try:
+        check_dali_version(nvidia.dali.__version__)
+    except SettingError:
+        return False
+    return True
+
+
 def resolve_backend(cfg: Config, device: torch.device | None = None) -> str:
     """The backend a loader for `device` (None: the CPU) uses: cfg.data_backend, or for "auto" DALI
     only where it is the faster path, its GPU (nvJPEG) decode on a CUDA device. On a CPU, DALI's CPU
@@ -52,7 +68,7 @@ def resolve_backend(cfg: Config, device: torch.device | None = None) -> str:
     explicit "dali" still runs it). DALI cannot skip a corrupt record: skip_corrupt takes torch too."""
     if cfg.data_backend == "auto":
         cuda = device is not None and torch.device(device).type == "cuda"
-        return "dali" if cuda and not cfg.skip_corrupt and dali_available() else "torch"
+        return "dali" if cuda and not cfg.skip_corrupt and _dali_recent() else "torch"
     if cfg.data_backend == "dali" and not dali_available():
         raise SettingError(
             "data_backend=dali needs NVIDIA DALI: pip install 'fasttrain[dali]'", settings=("data_backend",)

@@ -32,10 +32,13 @@ def train_window(fn, dmath, types, boxes, width, height):
     pixel a side and inside the image.
 
     An empty extent (no window with a valid aspect ratio, very wide or tall images) is the whole
-    image, as TF's fallback. DALI would round the fractions to pixels itself, and a window of a tiny
-    image (1x1, 3x2: the side fraction at least sqrt(0.05) = 0.22) could round to no pixel, which fails
-    its decode ("Invalid crop window"); TF's sample_distorted_bounding_box draws whole pixels, at least
-    one a side.
+    image. Unlike TF's: `scaling` bounds each side at sqrt(0.05) where TF bounds the area at 0.05, so
+    past about 6:1 no window fits and DALI takes the whole image where TF finds a square one; and a
+    zero-area box counts as covered by any window, where TF skips it (README, input pipelines).
+
+    DALI would round the fractions to pixels itself, and a window of a tiny image (1x1, 3x2: the side
+    fraction at least sqrt(0.05) = 0.22) could round to no pixel, which fails its decode ("Invalid crop
+    window"); TF's sample_distorted_bounding_box draws whole pixels, at least one a side.
     """
     anchor, extent, _ = fn.random_bbox_crop(
         boxes,
