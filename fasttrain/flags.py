@@ -161,7 +161,7 @@ def parse_command_line(argv: list[str]) -> tuple[Config, str]:
         # A ResNet recipe's width (the demo's 16) is no setting of Inception's: the model given instead
         # takes its own, where the error named a --base_channels the user never typed.
         values["base_channels"] = 64
-    if "train_epochs" in values and "max_steps" not in values:
+    if values.get("train_epochs") and "max_steps" not in values:
         # The run's length in epochs, as asked: the recipe's max_steps (the demo's 300, the Inception
         # seed's 10,000,000) would otherwise end it, and --train_epochs did nothing without a word.
         values["max_steps"] = 0
