@@ -49,13 +49,13 @@ import fcntl
 import json
 import multiprocessing
 import os
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from fasttrain.checkpoint import write_atomic
 from fasttrain.data.build_lists import Annotations, EmptySplit, SplitPlan, plan_split, read_annotations
+from fasttrain.data.build_progress import Ticker, progress_line
 from fasttrain.data.build_shard import (
     ShardFailed,
     ShardJob,
@@ -346,7 +346,8 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
     results = pool.imap_unordered(run_job, feed) if pool else map(run_job, feed)
     # In one process the jobs run in this thread, a whole shard per next(): a thread of its own writes
     # the progress lines then (a one-shard build wrote none, and looked hung).
-    ticker = None if pool else _Ticker(lambda: _progress(out, counter.value, total, start), last)
+    line = lambda: progress_line(out, counter.value, total, start)  # noqa: E731
+    ticker = None if pool else Ticker(line, last, PROGRESS_SECONDS)
     try:
         for done in range(1, len(jobs) + 1):
             while True:
@@ -354,7 +355,7 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
                     result = results.next(timeout=PROGRESS_SECONDS) if pool else next(results)
                     break
                 except multiprocessing.TimeoutError:
-                    last[0] = _progress(out, counter.value, total, start)
+                    last[0] = progress_line(out, counter.value, total, start)
             images, cpu = images + result.images, cpu + result.cpu_seconds
             for line in result.skipped:
                 out(f"skipped {line}")
@@ -367,7 +368,7 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
                 _write_json(output / SKIPPED_RECORD, left_out)
             skipped_path(output / result.name).unlink(missing_ok=True)  # in the build's record now
             if time.perf_counter() - last[0] >= PROGRESS_SECONDS and done < len(jobs):
-                last[0] = _progress(out, counter.value, total, start)
+                last[0] = progress_line(out, counter.value, total, start)
     except ShardFailed as e:
         raise DataError(str(e)) from None
     except KeyboardInterrupt:
@@ -394,28 +395,6 @@ def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, o
     return 0
 
 
-class _Ticker:
-    """Calls `line()` every PROGRESS_SECONDS (a daemon thread) once that long has passed since last[0]
-    (the time the last line was written, by either writer); with PROGRESS_SECONDS 0 (tests: a line
-    after every shard) it writes none of its own."""
-
-    def __init__(self, line, last: list[float]):
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(line, last), daemon=True)
-        if PROGRESS_SECONDS > 0:
-            self._thread.start()
-
-    def _run(self, line, last: list[float]) -> None:
-        while not self._stop.wait(PROGRESS_SECONDS / 4):
-            if time.perf_counter() - last[0] >= PROGRESS_SECONDS:
-                last[0] = line()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-
 def _write_json(path: Path, value) -> None:
     """`value` as JSON in `path`, replaced whole (fasttrain.checkpoint.write_atomic)."""
     text = (json.dumps(value) + "\n").encode()
@@ -429,11 +408,3 @@ def _remove_temporaries(jobs: list[ShardJob]) -> None:
         for entry in os.scandir(directory):
             if entry.name.endswith(".tmp") and entry.name[1:].rsplit(".", 2)[0] in names:
                 Path(entry.path).unlink(missing_ok=True)
-
-
-def _progress(out, done: int, total: int, start: float) -> float:
-    now = time.perf_counter()
-    rate = done / max(now - start, 1e-9)
-    eta = f"{(total - done) / rate / 60:.1f} min" if rate > 0 else "not yet known"
-    out(f"{done}/{total} images, {rate:.0f} images/s, ETA {eta}")
-    return now
