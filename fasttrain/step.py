@@ -219,8 +219,8 @@ class TrainStep:
         loss = total / len(batches)
         found_inf = grads_not_finite(self.flat_grad, loss)
         self.schedule.on_device(self.step_count, self.lr)
-        grad_scale = torch.reciprocal(self.scaler.scale * self.world_divisor)
-        self.last_grad_scale.copy_(grad_scale)
+        # Into last_grad_scale itself: the histograms read it, and no copy kernel joins the step.
+        grad_scale = torch.reciprocal(self.scaler.scale * self.world_divisor, out=self.last_grad_scale)
         self.optimizer.step(grad_scale=grad_scale, found_inf=found_inf)
         self.bn_guard.restore(found_inf)
         if self.bn_ema is not None:
