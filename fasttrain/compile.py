@@ -79,15 +79,18 @@ def why_not_compiled(device: torch.device) -> str | None:
     return None
 
 
-def compile_wanted(compile_flag: bool | None, device: torch.device, deterministic: bool = False) -> bool:
+def compile_wanted(
+    compile_flag: bool | None, device: torch.device, deterministic: bool = False, bn_kernels: str = "torch"
+) -> bool:
     """--compile as set, else its default: on for CUDA, where the regions inside the whole-step graph
     measured 1.09-1.40x the graph without them (bench/results/2026-11-27-h200-second-run/), off on the
     CPU (inductor's CPU code is no faster there and its compile takes minutes), and off with
     --deterministic (inductor picks among its reduction kernels' configurations by timing them, and
-    another pick sums in another order)."""
+    another pick sums in another order), and off with --bn_kernels=triton (whose kernels replace what
+    inductor would fuse)."""
     if compile_flag is not None:
         return bool(compile_flag)
-    return device.type == "cuda" and not deterministic
+    return device.type == "cuda" and not deterministic and bn_kernels == "torch"
 
 
 class CompiledModel:

@@ -156,6 +156,8 @@ def validate(cfg) -> None:
             "(the seed's slim batch norm, beta only) has none: drop --sync_bn, or add --inception_bn_gamma "
             "for torch's BatchNorm2d"
         )
+    if cfg.bn_kernels == "triton":
+        _check_bn_kernels(cfg)
     if cfg.fine_tune and not cfg.pretrained_model_checkpoint_path:
         raise ConfigError("--fine_tune needs --pretrained_model_checkpoint_path")
     bounds = cfg.lr_boundary_epochs
@@ -247,4 +249,23 @@ def _check_triton(device: str) -> None:
         raise ConfigError(
             "--optimizer_impl=triton needs a CUDA device and this run is on the CPU; use "
             "--optimizer_impl=auto or torch (TRITON_INTERPRET=1 runs the kernels on the CPU, for tests)"
+        )
+
+
+def _check_bn_kernels(cfg) -> None:
+    """--bn_kernels=triton: ResNets only, without what it would silently undo or be undone by."""
+    if cfg.model_name == "inception_v3":
+        raise ConfigError(
+            "--bn_kernels=triton runs the ResNets' BatchNorm + ReLU; inception_v3's blocks call torch's "
+            "(use --compile to fuse them)"
+        )
+    if cfg.compile:
+        raise ConfigError(
+            "--bn_kernels=triton replaces what --compile fuses (BatchNorm, the residual add, ReLU): "
+            "choose one (--no-compile, or --bn_kernels=torch)"
+        )
+    if cfg.sync_bn:
+        raise ConfigError(
+            "--bn_kernels=triton computes each rank's own BatchNorm statistics; --sync_bn needs torch's "
+            "SyncBatchNorm (--bn_kernels=torch)"
         )

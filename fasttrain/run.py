@@ -25,6 +25,7 @@ from fasttrain.data import Loader
 from fasttrain.dist_info import DistInfo
 from fasttrain.distributed import broadcast_module, maybe_sync_bn, wrap_ddp
 from fasttrain.models import create_model, param_groups
+from fasttrain.models.bn_act import use_bn_kernels
 from fasttrain.optim import FlatOptimizer, FusedMomentum, FusedRMSPropTF
 from fasttrain.precision import Precision
 from fasttrain.pretrained import restore_pretrained
@@ -98,12 +99,14 @@ def build_run(
     model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
     memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
     model = model.to(info.device, memory_format=memory_format)
+    if cfg.bn_kernels == "triton":
+        use_bn_kernels(model, info.device)
     broadcast_module(model)
     if info.rank:  # dropout masks of their own (every rank had rank 0's); rank 0 draws as one process does
         torch.manual_seed(cfg.seed + 1_000_003 * info.rank)
     optimizer = build_optimizer(cfg, model)
     # After the optimizer: the compiled regions see the parameters as views of its flat buffers.
-    wanted = compile_wanted(cfg.compile, info.device, cfg.deterministic)
+    wanted = compile_wanted(cfg.compile, info.device, cfg.deterministic, cfg.bn_kernels)
     compiled = CompiledModel(model, cfg.compile_mode, log) if wanted else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     buckets, ddp_model = None, None

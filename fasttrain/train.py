@@ -150,6 +150,7 @@ def train(cfg: Config) -> dict:
             f"{' cuda-graph' if precision.cuda_graph else ''}"
             f"{' compiled' if run.step.compiled is not None and run.step.compiled.active else ''}"
             f"{' stem4' if precision.stem_channels == 4 else ''}"
+            f"{' triton-bn' if cfg.bn_kernels == 'triton' else ''}"
             f" | global batch {global_batch} | "
             f"{steps_per_epoch} steps/epoch | data {data} | run dir {run_dir}"
         )

@@ -28,6 +28,7 @@ _SPECIAL = {
     "lr_schedule": "piecewise",
     "precision": "bf16",
     "grad_sync": "ddp",
+    "bn_kernels": "triton",
     "compile_mode": "max-autotune-no-cudagraphs",
     "lr_boundary_epochs": "5,7",
     "histogram_every": "50",  # a multiple of the demo's log_every

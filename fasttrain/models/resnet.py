@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fasttrain.models.bn_act import bn_add_relu
 from fasttrain.models.stem import StemConv2d
 
 BN_MOMENTUM = 1.0 - 0.997
@@ -68,7 +69,6 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(width)
         self.conv2 = _conv(width, width, 3)
         self.bn2 = nn.BatchNorm2d(width)
-        self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
     @property
@@ -77,10 +77,8 @@ class BasicBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        out += identity  # in place: BN's backward does not need its output
-        return self.relu(out)
+        out = bn_add_relu(self.bn1, self.conv1(x))
+        return bn_add_relu(self.bn2, self.conv2(out), identity)
 
 
 class Bottleneck(nn.Module):
@@ -94,7 +92,6 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(width)
         self.conv3 = _conv(width, width * self.expansion, 1)
         self.bn3 = nn.BatchNorm2d(width * self.expansion)
-        self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
 
     @property
@@ -103,11 +100,9 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        out += identity  # in place: BN's backward does not need its output
-        return self.relu(out)
+        out = bn_add_relu(self.bn1, self.conv1(x))
+        out = bn_add_relu(self.bn2, self.conv2(out))
+        return bn_add_relu(self.bn3, self.conv3(out), identity)
 
 
 class ResNet(nn.Module):
@@ -132,7 +127,6 @@ class ResNet(nn.Module):
         w = base_channels
         self.conv1 = StemConv2d(3, w, 7, stride=2, padding=3, bias=False)  # 3 channels, or 4 (stem.py)
         self.bn1 = nn.BatchNorm2d(w)
-        self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         cin = w
         for stage, count in enumerate(blocks):
@@ -175,7 +169,7 @@ class ResNet(nn.Module):
     def stem(self, x: torch.Tensor) -> torch.Tensor:
         """conv1, BN, ReLU and the max pool: a method of its own, which --compile compiles as one
         region (fasttrain.compile) while the modules keep their state_dict names."""
-        return self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        return self.maxpool(bn_add_relu(self.bn1, self.conv1(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)

@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fasttrain.models.bn_act import bn_add_relu
 from fasttrain.models.stem import StemConv2d
 
 BN_MOMENTUM = 1.0 - 0.997  # resnet_model.py _BATCH_NORM_DECAY = 0.997
@@ -126,9 +127,9 @@ class PreActBasicBlock(nn.Module):
         self.conv2 = _conv(width, width, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = F.relu(self.bn1(x), inplace=True)  # BN's backward reads its input, not its output
+        a = bn_add_relu(self.bn1, x)  # BN's backward reads its input, not its output
         shortcut = x if self.shortcut is None else self.shortcut(a)
-        out = self.conv2(F.relu(self.bn2(self.conv1(a)), inplace=True))
+        out = self.conv2(bn_add_relu(self.bn2, self.conv1(a)))
         out += shortcut  # in place: a conv's backward does not need its output
         return out
 
@@ -151,10 +152,10 @@ class PreActBottleneck(nn.Module):
         self.conv3 = _conv(width, cout, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = F.relu(self.bn1(x), inplace=True)
+        a = bn_add_relu(self.bn1, x)
         shortcut = x if self.shortcut is None else self.shortcut(a)
-        out = F.relu(self.bn2(self.conv1(a)), inplace=True)
-        out = F.relu(self.bn3(self.conv2(out)), inplace=True)
+        out = bn_add_relu(self.bn2, self.conv1(a))
+        out = bn_add_relu(self.bn3, self.conv2(out))
         out = self.conv3(out)
         out += shortcut
         return out
@@ -222,7 +223,7 @@ class ResNetV2(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = tf_same_max_pool(self.conv1(x))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        x = F.relu(self.final_bn(x), inplace=True)
+        x = bn_add_relu(self.final_bn, x)
         # The seed's 7x7 VALID average pool is the global average at 224 px (a 7x7 map), the only size
         # its reshape to (N, 8 w e) accepts; global here so that other sizes (tests) run. (N, C, 1, 1)
         # -> (N, C) is a no-copy flatten in either layout.

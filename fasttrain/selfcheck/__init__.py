@@ -142,7 +142,7 @@ def policy(device: torch.device) -> dict:
         "precision": chosen.name,
         "channels_last": chosen.channels_last,
         "cuda_graph": chosen.cuda_graph,
-        "compile": compile_wanted(cfg.compile, device, cfg.deterministic),
+        "compile": compile_wanted(cfg.compile, device, cfg.deterministic, cfg.bn_kernels),
         "pad_stem": chosen.stem_channels == 4,
         "optimizer": select_impl("auto", device),
     }

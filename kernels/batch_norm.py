@@ -1,0 +1,386 @@
+"""Training BatchNorm (+ residual add) (+ ReLU) on channels_last activations, in 4 Triton passes.
+
+What one call computes, for x of shape (N, C, H, W) in channels_last (viewed as M = N*H*W rows of C
+contiguous channels), per channel c, in float32 for x in fp32, fp16 or bf16 (float64 for float64):
+
+    mean  = sum_m x / M                      var = sum_m (x - mean)^2 / M       (biased, as BN normalises)
+    a     = weight * rsqrt(var + eps)                                          (weight 1, bias 0 when None)
+    z     = (x - mean) * a + bias (+ residual)   y = relu(z) or z              (y stored in x's dtype)
+    running_mean = (1 - momentum) * running_mean + momentum * mean
+    running_var  = (1 - momentum) * running_var  + momentum * var * M / (M - 1)
+
+which is nn.BatchNorm2d in training mode (then `out += residual`, then ReLU), the block tail of ResNet
+v1.5 and the BN + ReLU of the ResNet seed's v2. Backward, with g = dL/dy masked by the ReLU (z > 0):
+
+    dbias   = sum_m g                        dweight = sum_m g * xhat,   xhat = (x - mean) * rsqrt(var + eps)
+    dx      = weight * rsqrt(var + eps) * (g - dbias / M - xhat * dweight / M)
+    dresidual = g
+
+Passes over the activations (each a read or a write of one (M, C) tensor), the point of the kernels:
+
+    forward:  statistics (read x) | apply (read x [, residual], write y)           3, or 4 with residual
+    backward: sums (read dy, x [, y]; write g as dresidual) | dx (read dy or g, x; write dx)
+                                                                                    5, or 7 with residual
+
+8 without the residual (11 with), against 8 + the ReLU's 3 + the add's 3 for the same work in separate
+eager kernels. Without a residual the ReLU mask is recomputed from x (z > 0, the same expression the
+forward evaluated, compiled without FMA contraction in both kernels so that it rounds alike) instead of
+read from y; with one, the mask is y > 0, as torch's ReLU backward reads it.
+
+Statistics in one read, without E[x^2] - E[x]^2's cancellation: in each program every row slot of
+its tile keeps a running (count, mean, M2) by Welford's update as the tiles go by; the slots, then
+the programs' partials (in a small kernel per channel block), are merged by Chan et al.'s formula.
+
+Runs on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU tensors (how
+CI tests it). `bn_act` is the entry point; fasttrain/models/bn_act.py decides when it is used
+(--bn_kernels triton). Not measured on a GPU yet: the block shapes below are a first guess.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import check_triton_launch, interpreter_enabled, lazy_jit, tl, triton
+
+# Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU about 8K elements per tile,
+# 8 warps; the statistics grid aims at PROGRAMS_PER_SM resident programs per SM. Under the
+# interpreter every program is a Python loop iteration, so tiles are as large as the tensor allows.
+GPU_TILE = 8192
+GPU_NUM_WARPS = 8
+PROGRAMS_PER_SM = 4
+MERGE_BLOCK_P = 128
+MERGE_BLOCK_C = 32
+# Under the interpreter: elements per tile and programs of the reducing kernels (tests set them small,
+# so that several tiles per program, several programs and masked edges run on tiny tensors).
+INTERPRETER_TILE = 1 << 16
+INTERPRETER_PROGRAMS = 1
+
+
+@lazy_jit
+def _stats_kernel(
+    x_ptr, part_ptr, M, C, rows_per_prog,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Program (p, cb): mean and M2 of rows [p * rows_per_prog, ...) for channel block cb, in
+    part[p, 0, c] and part[p, 1, c] (the count follows from p). Each of the tile's BLOCK_M row slots
+    keeps its own running count, mean and M2 (Welford's update, elementwise: no reduction across
+    threads inside the loop); the slots are merged once at the end (Chan's pairwise formula)."""
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    start = pid_m.to(tl.int64) * rows_per_prog
+    end = tl.minimum(start + rows_per_prog, M)
+    n = tl.zeros([BLOCK_M, 1], dtype=ACC)
+    mean = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
+    m2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
+    for r in range(0, rows_per_prog, BLOCK_M):
+        rows = start + r + tl.arange(0, BLOCK_M)
+        rmask = rows < end
+        x = tl.load(
+            x_ptr + rows[:, None] * C + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0
+        )
+        x = x.to(ACC)
+        valid = rmask[:, None].to(ACC)
+        n = n + valid
+        step = valid / tl.maximum(n, 1.0)  # 1/n for a row this tile has, 0 for one it has not
+        delta = x - mean
+        mean = mean + delta * step
+        m2 = m2 + delta * (x - mean) * valid
+    total = tl.maximum(tl.sum(n, axis=0), 1.0)  # (1,)
+    pmean = tl.sum(n * mean, axis=0) / total
+    dev = mean - pmean[None, :]
+    pm2 = tl.sum(m2 + n * dev * dev, axis=0)
+    base = part_ptr + pid_m.to(tl.int64) * 2 * C
+    tl.store(base + cols, pmean, mask=cmask)
+    tl.store(base + C + cols, pm2, mask=cmask)
+
+
+@lazy_jit
+def _merge_kernel(
+    part_ptr, mean_ptr, invstd_ptr, rmean_ptr, rvar_ptr,
+    P, M, C, rows_per_prog, momentum, eps,
+    UPDATE_RUNNING: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """Per channel: merge the P partials BLOCK_P at a time (exact pairwise formulas), then mean,
+    rsqrt(var + eps) and the running statistics."""
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    n = tl.zeros([BLOCK_C], dtype=ACC)
+    mean = tl.zeros([BLOCK_C], dtype=ACC)
+    m2 = tl.zeros([BLOCK_C], dtype=ACC)
+    for p0 in range(0, P, BLOCK_P):
+        ps = p0 + tl.arange(0, BLOCK_P)
+        pmask = ps < P
+        mask = pmask[:, None] & cmask[None, :]
+        offs = ps.to(tl.int64)[:, None] * 2 * C + cols[None, :]
+        pmean = tl.load(part_ptr + offs, mask=mask, other=0.0)
+        pm2 = tl.load(part_ptr + offs + C, mask=mask, other=0.0)
+        rows_left = M - ps.to(tl.int64) * rows_per_prog
+        pn = tl.where(pmask, tl.minimum(rows_left, rows_per_prog), 0).to(ACC)
+        nb = tl.sum(pn, axis=0)
+        bmean = tl.sum(pn[:, None] * pmean, axis=0) / tl.maximum(nb, 1.0)
+        dev = tl.where(mask, pmean - bmean[None, :], 0.0)
+        bm2 = tl.sum(pm2 + pn[:, None] * dev * dev, axis=0)
+        total = n + nb
+        frac = nb / tl.maximum(total, 1.0)
+        delta = bmean - mean
+        mean = mean + delta * frac
+        m2 = m2 + bm2 + delta * delta * n * frac
+        n = total
+    var = m2 / M
+    invstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + cols, mean, mask=cmask)
+    tl.store(invstd_ptr + cols, invstd, mask=cmask)
+    if UPDATE_RUNNING:
+        rmean = tl.load(rmean_ptr + cols, mask=cmask, other=0.0)
+        rvar = tl.load(rvar_ptr + cols, mask=cmask, other=0.0)
+        unbiased = m2 / (M - 1)
+        tl.store(rmean_ptr + cols, (1.0 - momentum) * rmean + momentum * mean, mask=cmask)
+        tl.store(rvar_ptr + cols, (1.0 - momentum) * rvar + momentum * unbiased, mask=cmask)
+
+
+@lazy_jit
+def _apply_kernel(
+    x_ptr, res_ptr, y_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C,
+    HAS_RES: tl.constexpr, RELU: tl.constexpr, AFFINE: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    mask = (rows < M)[:, None] & cmask[None, :]
+    offs = rows[:, None] * C + cols[None, :]
+    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
+    a = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
+    shift = tl.zeros([BLOCK_C], dtype=ACC)
+    if AFFINE:
+        a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+        shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    z = (x - mean[None, :]) * a[None, :] + shift[None, :]
+    if HAS_RES:
+        z = z + tl.load(res_ptr + offs, mask=mask, other=0.0).to(ACC)
+    if RELU:
+        z = tl.maximum(z, 0.0)
+    tl.store(y_ptr + offs, z.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@lazy_jit
+def _grad_sums_kernel(
+    dy_ptr, x_ptr, y_ptr, g_ptr, part_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C, rows_per_prog,
+    HAS_RES: tl.constexpr, RELU: tl.constexpr, AFFINE: tl.constexpr,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """part[p, 0, c] = sum g, part[p, 1, c] = sum g * xhat over the program's rows; with a residual,
+    g (the masked gradient, = dresidual) is also written."""
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
+    a = invstd
+    shift = tl.zeros([BLOCK_C], dtype=ACC)
+    if AFFINE:
+        a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+        shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    start = pid_m.to(tl.int64) * rows_per_prog
+    end = tl.minimum(start + rows_per_prog, M)
+    # Elementwise accumulators per row slot, summed across the slots once at the end.
+    sum_g = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
+    sum_gx = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
+    for r in range(0, rows_per_prog, BLOCK_M):
+        rows = start + r + tl.arange(0, BLOCK_M)
+        mask = (rows < end)[:, None] & cmask[None, :]
+        offs = rows[:, None] * C + cols[None, :]
+        g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(ACC)
+        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+        if RELU:
+            if HAS_RES:
+                keep = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) > 0.0
+            else:
+                keep = (x - mean[None, :]) * a[None, :] + shift[None, :] > 0.0
+            g = tl.where(keep, g, 0.0)
+        if HAS_RES:
+            tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
+        sum_g += g
+        sum_gx += g * ((x - mean[None, :]) * invstd[None, :])
+    base = part_ptr + pid_m.to(tl.int64) * 2 * C
+    tl.store(base + cols, tl.sum(sum_g, axis=0), mask=cmask)
+    tl.store(base + C + cols, tl.sum(sum_gx, axis=0), mask=cmask)
+
+
+@lazy_jit
+def _grad_x_kernel(
+    g_ptr, x_ptr, dx_ptr, sums_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C,
+    MASK_RELU: tl.constexpr, AFFINE: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):  # fmt: skip
+    """dx from g (masked here from dy when MASK_RELU, else already masked) and the channel sums."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    cmask = cols < C
+    mask = (rows < M)[:, None] & cmask[None, :]
+    offs = rows[:, None] * C + cols[None, :]
+    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
+    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
+    a = invstd
+    shift = tl.zeros([BLOCK_C], dtype=ACC)
+    if AFFINE:
+        a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+        shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    mean_g = tl.load(sums_ptr + cols, mask=cmask, other=0.0) / M
+    mean_gx = tl.load(sums_ptr + C + cols, mask=cmask, other=0.0) / M
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(ACC)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
+    if MASK_RELU:
+        g = tl.where((x - mean[None, :]) * a[None, :] + shift[None, :] > 0.0, g, 0.0)
+    xhat = (x - mean[None, :]) * invstd[None, :]
+    dx = a[None, :] * (g - mean_g[None, :] - xhat * mean_gx[None, :])
+    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """What the kernels compute in (and the vectors' dtype): float64 for float64 x, else float32."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _acc(x: torch.Tensor):
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _geometry(x: torch.Tensor, M: int, C: int) -> tuple[int, int, dict]:
+    """(BLOCK_M, BLOCK_C, launch options) for an (M, C) view."""
+    if interpreter_enabled():
+        block_c = triton.next_power_of_2(C)
+        return max(1, min(triton.next_power_of_2(M), INTERPRETER_TILE // block_c)), block_c, {}
+    block_c = min(64, triton.next_power_of_2(C))
+    # No FMA contraction: the forward's z and the backward's recomputed one round alike.
+    return GPU_TILE // block_c, block_c, {"num_warps": GPU_NUM_WARPS, "enable_fp_fusion": False}
+
+
+def _programs(x: torch.Tensor, M: int, block_m: int, channel_blocks: int) -> tuple[int, int]:
+    """(P, rows_per_prog) of the reducing kernels: rows_per_prog a multiple of block_m."""
+    tiles = triton.cdiv(M, block_m)
+    if x.device.type == "cuda":
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+        target = max(1, PROGRAMS_PER_SM * sms // channel_blocks)
+    else:
+        target = INTERPRETER_PROGRAMS
+    per_prog = triton.cdiv(tiles, min(tiles, target))
+    return triton.cdiv(tiles, per_prog), per_prog * block_m
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t (N, C, H, W) as channels_last contiguous (a copy only when it is not)."""
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+class _Layout:
+    """Sizes and launch geometry of one call, the same in forward and backward."""
+
+    def __init__(self, x: torch.Tensor):
+        N, C, H, W = x.shape
+        self.M, self.C = N * H * W, C
+        block_m, block_c, options = _geometry(x, self.M, C)
+        self.cblocks = triton.cdiv(C, block_c)
+        self.P, self.rows_per_prog = _programs(x, self.M, block_m, self.cblocks)
+        self.tiles = (triton.cdiv(self.M, block_m), self.cblocks)
+        self.tile_meta = dict(ACC=_acc(x), BLOCK_C=block_c, BLOCK_M=block_m, **options)
+        # The merge: one program per MERGE_BLOCK_C channels on a GPU (more programs than tiles have).
+        merge_c = block_c if interpreter_enabled() else min(block_c, MERGE_BLOCK_C)
+        self.merge_grid = (triton.cdiv(C, merge_c),)
+        self.merge_meta = dict(ACC=_acc(x), BLOCK_C=merge_c, BLOCK_P=MERGE_BLOCK_P, **options)
+        self.vector = dict(dtype=_acc_dtype(x), device=x.device)
+
+
+class _BNAct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, relu):
+        x = _rows(x)
+        k = _Layout(x)
+        M, C, P = k.M, k.C, k.P
+        part = torch.empty((P, 2, C), **k.vector)
+        mean, invstd = torch.empty(C, **k.vector), torch.empty(C, **k.vector)
+        _stats_kernel[(P, k.cblocks)](x, part, M, C, k.rows_per_prog, **k.tile_meta)
+        update = running_mean is not None
+        _merge_kernel[k.merge_grid](
+            # Without running statistics their pointers are never read or written; `part` stands in
+            # (not `mean`: the interpreter writes every tensor argument back, an alias of an output too).
+            part, mean, invstd, running_mean if update else part, running_var if update else part,
+            P, M, C, k.rows_per_prog, float(momentum), float(eps),
+            UPDATE_RUNNING=update, **k.merge_meta,
+        )  # fmt: skip
+        res = None if residual is None else _rows(residual)
+        y = torch.empty_like(x)
+        affine = weight is not None
+        wb = (weight, bias) if affine else (mean, mean)  # unread without affine
+        _apply_kernel[k.tiles](
+            x, x if res is None else res, y, mean, invstd, *wb, M, C,
+            HAS_RES=res is not None, RELU=relu, AFFINE=affine, **k.tile_meta,
+        )  # fmt: skip
+        ctx.save_for_backward(x, y if res is not None else None, mean, invstd, weight, bias)
+        ctx.relu, ctx.has_res = relu, res is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, y, mean, invstd, weight, bias = ctx.saved_tensors
+        dy = _rows(dy)
+        k = _Layout(x)
+        part = torch.empty((k.P, 2, k.C), **k.vector)
+        g = torch.empty_like(x) if ctx.has_res else None  # the masked gradient, = dresidual
+        affine = weight is not None
+        wb = (weight, bias) if affine else (mean, mean)
+        _grad_sums_kernel[(k.P, k.cblocks)](
+            dy, x, x if y is None else y, dy if g is None else g, part, mean, invstd, *wb,
+            k.M, k.C, k.rows_per_prog, HAS_RES=ctx.has_res, RELU=ctx.relu, AFFINE=affine, **k.tile_meta,
+        )  # fmt: skip
+        sums = part.sum(0) if k.P > 1 else part[0]
+        dx = torch.empty_like(x)
+        _grad_x_kernel[k.tiles](
+            dy if g is None else g, x, dx, sums, mean, invstd, *wb, k.M, k.C,
+            MASK_RELU=ctx.relu and not ctx.has_res, AFFINE=affine, **k.tile_meta,
+        )  # fmt: skip
+        dweight = dbias = None
+        if affine:
+            dbias = sums[0].clone() if ctx.needs_input_grad[2] else None
+            dweight = sums[1].clone() if ctx.needs_input_grad[1] else None
+        return dx, dweight, dbias, g, None, None, None, None, None
+
+
+def bn_act(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    *,
+    momentum: float,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    relu: bool = True,
+) -> torch.Tensor:
+    """Training-mode BatchNorm of x (N, C, H, W) with batch statistics, then `+ residual` (same shape
+    and dtype as x) when given, then ReLU when `relu`; the running statistics (float32, float64 for a
+    float64 x; or both None) are updated in place. weight and bias are (C,) tensors of that dtype or
+    both None. Differentiable in x, weight,
+    bias and residual. Equations in the module docstring."""
+    check_triton_launch("bn_act", x)
+    if x.dim() != 4:
+        raise ValueError(f"bn_act: x must be (N, C, H, W), got shape {tuple(x.shape)}.")
+    N, C, H, W = x.shape
+    if N * H * W < 2:
+        raise ValueError(f"bn_act: training needs more than one value per channel, got {tuple(x.shape)}.")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(
+            f"bn_act: residual {tuple(residual.shape)} {residual.dtype} does not match x "
+            f"{tuple(x.shape)} {x.dtype}."
+        )
+    vectors = {"weight": weight, "bias": bias, "running_mean": running_mean, "running_var": running_var}
+    for name, t in vectors.items():
+        if t is not None and (t.shape != (C,) or t.dtype != _acc_dtype(x) or not t.is_contiguous()):
+            want = f"a contiguous {_acc_dtype(x)} ({C},) tensor"
+            raise ValueError(f"bn_act: {name} must be {want}, got {tuple(t.shape)} {t.dtype}.")
+    if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
+        raise ValueError("bn_act: weight and bias, running_mean and running_var, come in pairs.")
+    return _BNAct.apply(x, weight, bias, residual, running_mean, running_var, momentum, eps, relu)

@@ -1,0 +1,262 @@
+"""--bn_kernels=triton: kernels/batch_norm.py's BatchNorm (+ residual add) (+ ReLU) and its wiring into the
+ResNets (fasttrain/models/bn_act.py), against torch's BatchNorm in float64 (an independent reference:
+torch's own batch_norm and autograd, not the kernels' equations), on the CPU under Triton's
+interpreter and, where CUDA is, compiled at a ResNet-50 layer's size and inside a CUDA graph.
+
+Tolerances. The kernels compute in float32 from the same inputs the float64 reference gets:
+- fp32 tensors: each output is a short chain of fp32 operations on O(1) values, and the statistics are
+  sums of at most a few hundred terms merged pairwise, so a relative error of a few 1e-7 per value and
+  about 1e-6 for the sums; rtol 1e-5 with atol 1e-5 of the tensor's scale leaves a 10x margin and
+  still fails on any wrong term (a biased running variance is off by 1/(M-1), several percent here).
+- bf16 tensors: outputs are rounded to bf16 (8 significant bits): on a GPU to nearest, within 2^-9 of
+  the value; Triton's interpreter truncates, within 2^-8. So `_bf16_close`: rtol 2^-7 per element, with
+  atol 2^-12 of the scale for values near 0 (whose float32 computation carries the larger terms'
+  rounding). The parameter gradients and the statistics stay float32: 1e-5 (1e-4 for sums of 100,352).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fasttrain.kernels import batch_norm
+from fasttrain.kernels.batch_norm import bn_act
+from fasttrain.kernels.common import HAVE_TRITON
+from kernel_helpers import DEVICES, _triton_interpreter  # noqa: F401  (an autouse fixture)
+
+from fasttrain.compile import compile_wanted
+from fasttrain.config import make_config
+from fasttrain.config_checks import ConfigError
+from fasttrain.errors import SettingError
+from fasttrain.models import create_model
+from fasttrain.models.bn_act import use_bn_kernels
+
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+CL = torch.channels_last
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=CL)
+
+
+def _reference(x, weight, bias, residual, running_mean, running_var, momentum, eps, relu, dy, y_kernel):
+    """(y, running_mean, running_var, dx, dweight, dbias, dresidual) by torch in float64.
+
+    The ReLU's mask is the kernels' (y_kernel > 0), after checking that it differs from float64's only
+    where the ReLU's input is within rounding of 0 (in float32, a few 1e-7 of the scale): at a real
+    layer's size a few of its millions of inputs fall there, and one element on the other side moves
+    its channel's gradient sums by a whole dy, far more than their rounding."""
+    leaves = [
+        t.detach().double().requires_grad_() if t is not None else None for t in (x, weight, bias, residual)
+    ]
+    x64, w64, b64, r64 = leaves
+    rm, rv = running_mean.double(), running_var.double()
+    z = F.batch_norm(x64, rm, rv, w64, b64, training=True, momentum=momentum, eps=eps)
+    if r64 is not None:
+        z = z + r64
+    mask = torch.ones_like(z)
+    if relu:
+        mask = (y_kernel.detach().cpu() > 0).double()
+        flipped = mask != (z > 0).double()
+        scale = z.abs().max().item()
+        assert z.detach()[flipped].abs().max().item() <= 1e-5 * scale if flipped.any() else True, (
+            f"{int(flipped.sum())} ReLU masks differ from float64's away from 0"
+        )
+    wanted = [t for t in leaves if t is not None]
+    grads = iter(torch.autograd.grad(z, wanted, dy.double() * mask))
+    dx, dw, db, dr = (next(grads) if t is not None else None for t in leaves)
+    return (torch.relu(z) if relu else z).detach(), rm, rv, dx, dw, db, dr
+
+
+def _close(actual, expected, rtol):
+    scale = expected.abs().max().item() or 1.0
+    torch.testing.assert_close(actual.double(), expected, rtol=rtol, atol=rtol * scale)
+
+
+def _bf16_close(actual, expected):
+    scale = expected.abs().max().item() or 1.0
+    torch.testing.assert_close(actual.double(), expected, rtol=2**-7, atol=2**-12 * scale)
+
+
+def _run_case(device, shape, dtype, relu, residual, affine, generator, mean=0.0, std=1.0):
+    N, C, H, W = shape
+    x = _cl((torch.randn(shape, generator=generator) * std + mean).to(dtype)).to(device)
+    weight = torch.randn(C, generator=generator).to(device) if affine else None
+    bias = torch.randn(C, generator=generator).to(device) if affine else None
+    res = _cl(torch.randn(shape, generator=generator).to(dtype)).to(device) if residual else None
+    rm = torch.randn(C, generator=generator).to(device)
+    rv = (torch.rand(C, generator=generator) + 0.5).to(device)
+    dy = _cl(torch.randn(shape, generator=generator).to(dtype)).to(device)
+    inputs = [t.requires_grad_() if t is not None else None for t in (x, weight, bias, res)]
+    rm_k, rv_k = rm.clone(), rv.clone()
+    y = bn_act(
+        inputs[0], inputs[1], inputs[2], rm_k, rv_k, momentum=0.1, eps=1e-3, residual=inputs[3], relu=relu
+    )
+    assert y.dtype == dtype and y.is_contiguous(memory_format=CL)
+    wanted = [t for t in inputs if t is not None]
+    got = iter(torch.autograd.grad(y, wanted, dy))
+    grads = [next(got) if t is not None else None for t in inputs]
+    ref = _reference(
+        x.cpu(),
+        *(t if t is None else t.cpu() for t in (weight, bias, res)),
+        rm.cpu(),
+        rv.cpu(),
+        0.1,
+        1e-3,
+        relu,
+        dy.cpu(),
+        y,
+    )
+    return (y, rm_k, rv_k, *grads), ref
+
+
+CASES = [
+    # shape, relu, residual, affine: channels not a power of 2 nor a multiple of the tile's, odd M
+    pytest.param((3, 5, 7, 3), True, False, True, id="bn-relu"),
+    pytest.param((2, 70, 5, 3), True, True, True, id="bn-add-relu"),
+    pytest.param((4, 6, 3, 3), False, False, True, id="bn"),
+    pytest.param((2, 9, 4, 5), False, True, True, id="bn-add"),
+    pytest.param((3, 4, 5, 5), True, False, False, id="bn-relu-no-affine"),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape, relu, residual, affine", CASES)
+@pytest.mark.parametrize("tiles", ["one-tile", "many-programs"])
+def test_bn_act_matches_torch_batch_norm_in_float64(
+    device, shape, relu, residual, affine, tiles, monkeypatch
+):
+    if tiles == "many-programs":  # several tiles per program, several programs, a masked last tile
+        monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
+        monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+    g = torch.Generator().manual_seed(sum(shape))
+    got, ref = _run_case(device, shape, torch.float32, relu, residual, affine, g)
+    for name, a, e in zip(("y", "running_mean", "running_var", "dx", "dweight", "dbias", "dres"), got, ref):
+        assert (a is None) == (e is None), name
+        if a is not None:
+            _close(a.cpu(), e, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bn_act_in_bf16_rounds_only_its_outputs(device):
+    g = torch.Generator().manual_seed(3)
+    got, ref = _run_case(device, (2, 12, 5, 4), torch.bfloat16, True, True, True, g)
+    y, rm, rv, dx, dw, db, dres = got
+    for a, e in ((y, ref[0]), (dx, ref[3]), (dres, ref[6])):
+        _bf16_close(a.cpu(), e)
+    for a, e in ((rm, ref[1]), (rv, ref[2]), (dw, ref[4]), (db, ref[5])):
+        _close(a.cpu(), e, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_statistics_hold_when_the_mean_dwarfs_the_spread(device, monkeypatch):
+    # mean 1000, std 0.01: E[x^2] - E[x]^2 in float32 would lose every digit of the variance (1e-4
+    # against 1e6 * 6e-8); the pairwise (Chan) merges keep it to about 1e-4 of itself.
+    monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
+    monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+    g = torch.Generator().manual_seed(5)
+    got, ref = _run_case(device, (4, 3, 6, 6), torch.float32, False, False, True, g, mean=1000.0, std=0.01)
+    y, rm, rv = got[:3]
+    _close(rv.cpu(), ref[2], 1e-3)
+    _close(y.cpu(), ref[0], 1e-2)  # y = xhat * w + b: xhat ~ 1 carries the fp32 inputs' 6e-5 / 0.01
+
+
+def test_bn_act_refuses_what_it_cannot_compute():
+    x = _cl(torch.randn(2, 3, 2, 2))
+    with pytest.raises(ValueError, match="residual"):
+        bn_act(x, None, None, None, None, momentum=0.1, eps=1e-5, residual=x.to(torch.float64))
+    with pytest.raises(ValueError, match="more than one value"):
+        bn_act(torch.randn(1, 3, 1, 1), None, None, None, None, momentum=0.1, eps=1e-5)
+    with pytest.raises(ValueError, match="weight must be"):
+        bn_act(x, torch.ones(4), torch.zeros(4), None, None, momentum=0.1, eps=1e-5)
+    with pytest.raises(ValueError, match="running_mean must be a contiguous torch.float32"):
+        bn_act(x, None, None, torch.zeros(3, dtype=torch.float64), torch.ones(3), momentum=0.1, eps=1e-5)
+
+
+def _train(model, steps, x, labels):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        loss = F.cross_entropy(model(x), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", ["resnet50", "resnet18", "resnet50_v2"])
+def test_a_resnet_trains_with_the_kernels_as_with_torch_s_batch_norm(name):
+    # Every block's BN + add + ReLU through the kernels: the same losses, weights and running statistics
+    # as torch's ops after 3 SGD steps, bn_momentum 0.5 so that a wrong running update shows. In float64
+    # (the kernels then compute in float64): in float32 these tiny nets (4 channels wide, BN over 16
+    # values in layer4) put a ReLU input within rounding of 0 on the other side now and then, which moves
+    # a bias gradient by several percent; in float64 the two agree to 3e-10 (seen), so 1e-8 holds with a
+    # margin and a misplaced add or ReLU (O(1)), or a wrong gradient term, fails it.
+    def build():
+        torch.manual_seed(0)
+        model = create_model(name, 10, base_channels=4, bn_momentum=0.5, zero_init_residual=False)
+        return model.to(torch.float64, memory_format=CL)
+
+    torch.manual_seed(1)
+    x, labels = _cl(torch.randn(4, 3, 64, 64, dtype=torch.float64)), torch.randint(0, 10, (4,))
+    eager, fused = build(), build()
+    marked = use_bn_kernels(fused, torch.device("cpu"))
+    assert marked == sum(type(m) is torch.nn.BatchNorm2d for m in fused.modules())
+    losses = _train(fused, 3, x, labels), _train(eager, 3, x, labels)
+    torch.testing.assert_close(*losses, rtol=1e-8, atol=0)
+    fused_state, eager_state = fused.state_dict(), eager.state_dict()
+    for key, value in eager_state.items():
+        scale = value.abs().max().item() if value.is_floating_point() else 0
+        torch.testing.assert_close(fused_state[key], value, rtol=1e-8, atol=1e-8 * scale, msg=key)
+    # Eval mode runs torch's ops on the running statistics: bit-identical outputs.
+    fused.eval(), eager.eval()
+    fused.load_state_dict(eager_state)
+    with torch.no_grad():
+        assert torch.equal(fused(x), eager(x))
+
+
+def test_the_settings_that_cannot_go_with_the_kernels_are_refused(monkeypatch):
+    with pytest.raises(ConfigError, match="inception_v3"):
+        make_config(recipe="inception_v3", bn_kernels="triton")
+    with pytest.raises(ConfigError, match="--compile"):
+        make_config(model="resnet50", bn_kernels="triton", compile=True)
+    with pytest.raises(ConfigError, match="--sync_bn"):
+        make_config(model="resnet50", bn_kernels="triton", sync_bn=True, compile=False)
+    cfg = make_config(model="resnet50", bn_kernels="triton")
+    # --compile's default (on for CUDA) gives way to the kernels, which replace what it fuses.
+    assert not compile_wanted(cfg.compile, torch.device("cuda"), False, cfg.bn_kernels)
+    assert compile_wanted(None, torch.device("cuda"), False, "torch")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(SettingError, match="TRITON_INTERPRET") as err:
+        use_bn_kernels(create_model("resnet18", 10, base_channels=4), torch.device("cpu"))
+    assert err.value.settings == ("bn_kernels",)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("residual", [False, True])
+def test_bn_act_at_a_resnet_50_layer_s_size_and_in_a_cuda_graph(residual):
+    # ResNet-50's layer1 output at batch 32: M = 100,352 rows of 256 channels, bf16, many programs.
+    g = torch.Generator().manual_seed(7)
+    got, ref = _run_case("cuda", (32, 256, 56, 56), torch.bfloat16, True, residual, True, g)
+    for i in (0, 3):  # y, dx: bf16
+        _bf16_close(got[i].cpu(), ref[i])
+    for i in (1, 2, 4, 5):  # the statistics and the parameter gradients (sums of 100,352 terms)
+        _close(got[i].cpu(), ref[i], 1e-4)
+    # Captured and replayed: the same output as the eager call.
+    x = _cl(torch.randn(8, 64, 28, 28, device="cuda", dtype=torch.bfloat16))
+    w, b = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    rm, rv = torch.zeros(64, device="cuda"), torch.ones(64, device="cuda")
+    eager = bn_act(x, w, b, rm.clone(), rv.clone(), momentum=0.1, eps=1e-5)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        bn_act(x, w, b, rm.clone(), rv.clone(), momentum=0.1, eps=1e-5)  # warm-up: compiles
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = bn_act(x, w, b, rm, rv, momentum=0.1, eps=1e-5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
