@@ -4,9 +4,9 @@ item's bench.throughput arguments (row_args).
 
 The settings are the first-GPU-run issue's rows, most important first; the columns (f) fasttrain as its
 CLI runs it on CUDA (whole-step graph, --compile), (a) with --no-compile, (g) (f) with
---pad_stem, (e) --no-cuda_graph, (b) eager PyTorch, (d) torch.compile of (b) in default mode and
-(d-max) in max-autotune-no-cudagraphs (bench/row_steps.py builds each, bench/throughput.py times
-it). Seconds in LIMITS and MIN_START come from the first run on an H200
+--pad_stem, (e) --no-cuda_graph, (h) (a) with --bn_kernels=triton, (b) eager PyTorch, (d)
+torch.compile of (b) in default mode and (d-max) in max-autotune-no-cudagraphs (bench/row_steps.py
+builds each, bench/throughput.py times it). Seconds in LIMITS and MIN_START come from the first run on an H200
 (bench/results/2026-11-27-h200-first-run/): cold compiles of 75-151 s, compiled rows of 33-39 s from
 inductor's cache, eager rows of 22-27 s.
 """
@@ -55,7 +55,9 @@ COMPILE_MODES = {
     "d": "default", "d-max": "max-autotune-no-cudagraphs", "d-ro": "reduce-overhead", "f": "default",
     "g": "default",
 }  # fmt: skip
-COLUMNS = ("a", "f", "g", "e", "b", "d", "d-max", "d-ro")
+COLUMNS = ("a", "f", "g", "e", "b", "d", "d-max", "d-ro", "h")
+# Columns without a compile, measured in turn in one process (the "aeb" item).
+EAGER = ("a", "e", "b", "h")
 # Columns that compile, each in a process of its own, warmed in the lane in this order: (g) after (d), so
 # that with two compiles at once (g) starts once (f) has put the blocks they share in inductor's cache.
 COMPILED = ("f", "d", "g", "d-max", "d-ro")
@@ -107,7 +109,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--work", default="", help="folder for logs and data (default: a new temporary one)")
     p.add_argument("--budget", type=float, default=450.0, help="seconds for everything (default 450)")
     p.add_argument("--steps", default=",".join(STEPS), help=f"of {','.join(STEPS)} (default all)")
-    p.add_argument("--columns", default="a,f,g,e,b,d", help=f"step-speed columns, of {','.join(COLUMNS)}")
+    p.add_argument("--columns", default="a,f,g,e,b,d,h", help=f"step-speed columns, of {','.join(COLUMNS)}")
     p.add_argument("--configs", default="", help="setting keys such as resnet50-bf16-256 (default all)")
     p.add_argument(
         "--hide", default="", help="packages made to fail to import (the dry run's DALI, tfrecord)"
@@ -140,7 +142,7 @@ def row_args(
     s: Setting, column: str, result: Path, columns: list[str], dry_run: bool, warm: bool = False
 ) -> list[str]:
     """`python` arguments of one step-speed item: bench.throughput for `column` of setting `s` ("aeb":
-    those of (a), (e), (b) that `columns` asks for, in one process), its rows appended to `result`;
+    those of (a), (e), (b), (h) that `columns` asks for, in one process), its rows appended to `result`;
     `warm`: the compile lane's run, nothing timed."""
     spec = dict(
         row="d" if column.startswith("d") else column, model=s.model, batch=s.batch,
@@ -157,5 +159,5 @@ def row_args(
     if not warm:  # then where the device time goes, by kind of kernel (bench/step_profile.py)
         opts["profile"] = 1 if dry_run else 3
     args = ["-m", "bench.throughput", "--spec", json.dumps(spec), "--opts", json.dumps(opts)]
-    rows = ",".join(c for c in ("a", "e", "b") if c in columns) if column == "aeb" else ""
+    rows = ",".join(c for c in EAGER if c in columns) if column == "aeb" else ""
     return args + (["--rows", rows] if rows else []) + ["--result", str(result)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 
+from bench.gpu_plan import EAGER
 from bench.step_profile import breakdown_table
 
 COLUMN_TITLES = {
@@ -31,6 +32,7 @@ COLUMN_TITLES = {
     "d": "(d) torch.compile default",
     "d-max": "(d-max) compile max-autotune-no-cudagraphs",
     "d-ro": "(d-ro) compile reduce-overhead (its own CUDA graphs)",
+    "h": "(h) (a) with --bn_kernels=triton",
 }
 
 
@@ -87,7 +89,7 @@ def speed_table(results: dict) -> list[str]:
     if not columns:
         return ["No step-speed row ran."]
     head = ["setting", *(titles[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
-    head += ["f / b", "f / d", "f / d-max", "f / d-ro", "f / g"]
+    head += ["f / b", "f / d", "f / d-max", "f / d-ro", "f / g", "h / f", "h / d"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
@@ -98,10 +100,12 @@ def speed_table(results: dict) -> list[str]:
         f = _rate(cols.get("f"))
         ratios = [_ratio(a, _rate(cols.get(c))) for c in ("b", "e", "d", "d-max")]
         ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max", "d-ro", "g")]
+        h = _rate(cols.get("h"))
+        ratios += [_ratio(h, f), _ratio(h, _rate(cols.get("d")))]
         cells = []
         for c in columns:
             # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".
-            step = steps.get(f"rows {key}" if c in ("a", "e", "b") else f"{c} {key}", {})
+            step = steps.get(f"rows {key}" if c in EAGER else f"{c} {key}", {})
             died = c not in cols and step.get("status") in ("failed", "timed out")
             cells.append(
                 f"{step['status']}: {step.get('last_line', '')[:80]}" if died else _cell(cols.get(c))

@@ -61,6 +61,7 @@ from bench.gpu_plan import (
     COMPILED,
     DRY,
     DRY_LIMITS,
+    EAGER,
     FULL,
     LIMITS,
     MIN_START,
@@ -279,7 +280,7 @@ class Driver:
 
     def rows(self, s: Setting) -> None:
         result = self.work / "rows.jsonl"
-        eager = [c for c in ("a", "e", "b") if c in self.args.column_list]
+        eager = [c for c in EAGER if c in self.args.column_list]
         if eager and not self.measured(s, eager):
             if self.remaining() < MIN_START["rows"]:
                 self.not_run(f"rows {s.key}", "time budget")

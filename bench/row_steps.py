@@ -25,6 +25,9 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     g  (f) with --pad_stem: the model's first convolution on the images' 3 channels and a fourth, zero
        one (fasttrain/models/stem.py); (g) / (f) is what the 4-channel stem buys the whole step (on an
        H200, nothing: 1.00x, so it is off by default since 2026-11-28; before, (g) was (f) without it)
+    h  (a) with --bn_kernels=triton: every BatchNorm of the ResNets' blocks, with the residual add and
+       the ReLU after it, in fasttrain's Triton kernels (kernels/batch_norm.py: 8 passes over the
+       activations, 11 with the add), no compile; (h) / (f) is what they buy against inductor's fusion
 
 The optimizer step alone (Row.optimizer_step, Row.optimizer_bytes): bench/throughput.py's docstring.
 """
@@ -32,6 +35,7 @@ The optimizer step alone (Row.optimizer_step, Row.optimizer_bytes): bench/throug
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,12 +46,13 @@ from fasttrain.compile import COMPILE_MODES, CompiledModel, compile_wanted
 from fasttrain.config import make_config
 from fasttrain.data.normalize import normalize_images
 from fasttrain.models import param_groups
+from fasttrain.models.bn_act import use_bn_kernels
 from fasttrain.precision import Precision, resolve_precision
 from fasttrain.run import build_model, build_optimizer, make_loss
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import TrainStep
 
-ROWS = ("a", "b", "c", "d", "e", "f", "g")
+ROWS = ("a", "b", "c", "d", "e", "f", "g", "h")
 ROW_TITLES = {
     "a": "fasttrain --no-compile (graph, fused optimizer+EMA, policy precision)",
     "b": "eager PyTorch: AMP + channels_last + foreach optim + foreach EMA",
@@ -56,6 +61,7 @@ ROW_TITLES = {
     "e": "fasttrain without the CUDA graph (eager step, otherwise as (a))",
     "f": "fasttrain --compile (inductor regions inside the whole-step graph; the CLI's default on CUDA)",
     "g": "fasttrain --compile --pad_stem (the first convolution on 4 channels, the fourth zero)",
+    "h": "fasttrain --bn_kernels=triton (graph, BatchNorm + add + ReLU in fasttrain's kernels, no compile)",
 }
 # A row's recipe by model: the seed's for its v2 models, the 2018 v1.5 program's for the rest.
 RECIPE_OF = {
@@ -127,8 +133,10 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
     """Rows (a), (e), (f): fasttrain's own pieces, wired as train.train() wires them for one device."""
     precision = resolve_precision(cfg, device)
     model = _model(cfg, device, precision.channels_last)
+    if cfg.bn_kernels == "triton":
+        use_bn_kernels(model, device)
     optimizer = build_optimizer(cfg, model)
-    wanted = compile_wanted(cfg.compile, device, cfg.deterministic)
+    wanted = compile_wanted(cfg.compile, device, cfg.deterministic, cfg.bn_kernels)
     compiled = CompiledModel(model, cfg.compile_mode) if wanted else None
     bn_ema = BufferEMA(model, cfg.ema_decay) if cfg.ema_decay else None
     schedule = LRSchedule(cfg, steps_per_epoch=1000, global_batch=cfg.batch_size, device=device)
@@ -157,6 +165,7 @@ def build_fasttrain_row(cfg, device: torch.device) -> Row:
             optimizer=f"{type(optimizer).__name__} (impl {optimizer.impl})",
             compile=f"{len(compiled.regions)} regions, mode {cfg.compile_mode}" if compiled else "no",
             stem_channels=precision.stem_channels,
+            bn_kernels=cfg.bn_kernels,
         ),
         num_params=sum(p.numel() for p in model.parameters()),
         optimizer_bytes=_update_bytes(states, ema=True),
@@ -259,6 +268,10 @@ def build_row(spec: RowSpec, device: torch.device) -> Row:
     torch.backends.cudnn.benchmark = spec.row != "c"
     if spec.row == "a":  # without --compile, the CLI's default on CUDA: (f) is that
         row = build_fasttrain_row(dataclasses.replace(cfg, compile=False), device)
+    elif spec.row == "h":
+        if device.type == "cpu":  # the CPU dry run: the kernels run only in Triton's interpreter there
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        row = build_fasttrain_row(dataclasses.replace(cfg, compile=False, bn_kernels="triton"), device)
     elif spec.row == "e":
         row = build_fasttrain_row(dataclasses.replace(cfg, cuda_graph=False, compile=False), device)
     elif spec.row in ("f", "g"):

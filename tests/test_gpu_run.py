@@ -65,7 +65,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert " skipped" in gpu_tests and "error" not in gpu_tests.splitlines()[-1].lower()
     # One row per column, each measured (3 windows), the compiled one too.
     rows = {r["spec"]["row"]: r for r in results["rows"]}
-    assert sorted(rows) == ["a", "b", "d", "e", "f", "g"]
+    assert sorted(rows) == ["a", "b", "d", "e", "f", "g", "h"]
     assert all(r["status"] == "ok" and len(r["seconds"]) == 3 for r in rows.values()), rows
     assert rows["d"]["spec"]["compile_mode"] == "default" and "compile" in rows["d"]["setting"]
     assert (
@@ -74,6 +74,9 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         and rows["f"]["setting"]["stem_channels"] == 3  # --pad_stem is off unless asked for
         and rows["g"]["setting"]["compile"] == "9 regions, mode default"  # (f) on 4 input channels
         and rows["g"]["setting"]["stem_channels"] == 4
+        and rows["a"]["setting"]["bn_kernels"] == "torch"
+        # (h): fasttrain's BatchNorm kernels (Triton's interpreter here), without --compile
+        and (rows["h"]["setting"]["bn_kernels"], rows["h"]["setting"]["compile"]) == ("triton", "no")
     )
     assert rows["a"]["optimizer"]["ms"] > 0
     # Each timed row profiled after its windows (its CPU operators here, grouped by kind), the profile
@@ -131,7 +134,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "rows resnet18-fp32-4: start" not in again.stdout and "e2e: start" not in again.stdout
     resumed = json.loads((out / "results.json").read_text())
-    assert resumed["part"] == 2 and len(resumed["rows"]) == 6 and resumed["steps"]["e2e"]["status"] == "ok"
+    assert resumed["part"] == 2 and len(resumed["rows"]) == 7 and resumed["steps"]["e2e"]["status"] == "ok"
 
 
 def test_without_cuda_it_stops_at_the_preflight_in_one_line(tmp_path):

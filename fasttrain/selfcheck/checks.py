@@ -2,6 +2,7 @@
 
 from fasttrain.selfcheck.data_checks import check_fused_decode
 from fasttrain.selfcheck.step_checks import (
+    check_bn_kernels,
     check_compiled_graph,
     check_eager_step,
     check_fp16_overflow,
@@ -26,6 +27,7 @@ CHECKS = {
     "graph-replay": check_graph_replay,
     "compiled-graph": check_compiled_graph,
     "padded-stem": check_padded_stem,
+    "bn-kernels": check_bn_kernels,
     "fp16-overflow": check_fp16_overflow,
     "no-host-sync": check_no_host_sync,
     "buckets-vs-ddp": check_buckets_vs_ddp,

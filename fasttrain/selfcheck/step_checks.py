@@ -244,6 +244,60 @@ def check_padded_stem(ctx: Context) -> str:
     )
 
 
+def check_bn_kernels(ctx: Context) -> str:
+    """--bn_kernels triton: BatchNorm + residual add + ReLU in fasttrain's Triton kernels at ResNet-50's
+    layer1 size in bf16, against torch's BatchNorm in float64 (tests/test_bn_kernels.py)."""
+    needs_cuda(ctx, "the Triton BatchNorm kernels")
+    from fasttrain.kernels.batch_norm import bn_act
+    from fasttrain.models.bn_act import why_no_bn_kernels
+
+    reason = why_no_bn_kernels(ctx.device)
+    if reason:
+        raise Skip(reason)
+    gen = torch.Generator().manual_seed(0)
+    shape, c = (32, 256, 56, 56), 256
+
+    def tensor(*size):
+        return torch.randn(*size, generator=gen).to(ctx.device)
+
+    x, res, dy = (
+        tensor(*shape).to(torch.bfloat16).contiguous(memory_format=torch.channels_last) for _ in range(3)
+    )
+    w, b = tensor(c), tensor(c)
+    rm, rv = torch.zeros(c, device=ctx.device), torch.ones(c, device=ctx.device)
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, res)]
+    y = bn_act(*leaves[:3], rm, rv, momentum=0.1, eps=1e-5, residual=leaves[3])
+    got = [y, *torch.autograd.grad(y, leaves, dy)]
+    ref_leaves = [t.double().requires_grad_() for t in (x, w, b, res)]
+    ref_rm, ref_rv = torch.zeros_like(rm, dtype=torch.float64), torch.ones_like(rv, dtype=torch.float64)
+    z = F.batch_norm(ref_leaves[0], ref_rm, ref_rv, ref_leaves[1], ref_leaves[2], True, 0.1, 1e-5)
+    z = z + ref_leaves[3]
+    # The ReLU's mask is the kernels' where it differs from float64's within rounding of 0 (a few of
+    # the 25.7M inputs fall there; one moves its channel's gradient sums by a whole dy).
+    mask = y.detach() > 0
+    flipped = mask != (z > 0)
+    near_zero = z.detach()[flipped].abs().max().item() if flipped.any() else 0.0
+    assert near_zero <= 1e-5 * z.abs().max().item(), f"{int(flipped.sum())} ReLU masks differ away from 0"
+    want = [torch.relu(z), *torch.autograd.grad(z, ref_leaves, dy.double() * mask)]
+    # bf16 outputs (y, dx, dresidual) rounded to nearest: within 2^-9 of each value (2^-7 allowed), and
+    # 2^-12 of the scale near 0; the fp32 gradient sums of 100,352 terms: 1e-4 of their scale.
+    for name, a, e in zip(("y", "dx", "dweight", "dbias", "dresidual"), got, want):
+        scale = e.abs().max().item()
+        if a.dtype == torch.bfloat16:
+            bad = ((a.double() - e).abs() > 2**-7 * e.abs() + 2**-12 * scale).sum().item()
+            assert not bad, f"{name}: {bad} values off by more than 2^-7 of themselves"
+        else:
+            worst = (a.double() - e).abs().max().item() / scale
+            assert worst <= 1e-4, f"{name} off by {worst:.1e} of its scale"
+    for name, a, e in (("running_mean", rm, ref_rm), ("running_var", rv, ref_rv)):
+        worst = (a.double() - e).abs().max().item() / e.abs().max().item()
+        assert worst <= 1e-4, f"{name} off by {worst:.1e} of its scale"
+    return (
+        "BatchNorm + add + ReLU (batch 32, 256 x 56 x 56, bf16, channels_last) in the Triton kernels = "
+        "torch's in float64: output, all 4 gradients and the running statistics"
+    )
+
+
 def check_fp16_overflow(ctx: Context) -> str:
     needs_cuda(ctx, "fp16 loss scaling under graph replay")
     model, step = _run_graphed(ctx, graph=True, steps=5, precision="fp16")
