@@ -172,6 +172,19 @@ def kernel_table(results: dict) -> list[str]:
                 "",
             ]
             continue
+        if "passes_at_copy" in info:  # bench/bench_bn.py
+            cells = ", ".join(
+                f"{name} {ms:.3f} ms ({info['passes_at_copy'][name]:.1f} passes)"
+                for name, ms in info["ms"].items()
+            )
+            add = " + add" if info["residual"] else ""
+            out += [
+                f"**BatchNorm{add} + ReLU forward + backward, {tuple(info['shape'])} {info['dtype']}** "
+                f"(the kernels' own count: {info['kernel_passes']} passes; copy {info['copy_gb_per_s']:,.0f} "
+                f"GB/s): {cells}.",
+                "",
+            ]
+            continue
         if "interleaved" not in info:
             continue
         out.append(

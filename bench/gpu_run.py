@@ -34,7 +34,8 @@ whatever an earlier step did, except the preflight:
                profiled for 3 steps (bench/step_profile.py: device time by kind of kernel, in
                rows.profile.jsonl; at most 30 s, else its process ends)
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
-               and bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels
+               bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels, and
+               bench/bench_bn.py's BatchNorm + add + ReLU (Triton kernels, eager, inductor)
       e2e      the trainer's CLI on the JPEG shards against the same on synthetic data (bench/gpu_e2e.py)
       inductor_bw  last: the first setting's (d) compiled cold with inductor's bandwidth profiler,
                each inductor kernel's GB/s against the copy's (bench/inductor_bw.py)
@@ -308,8 +309,9 @@ class Driver:
         select = (
             "interleaved and resnet50" if self.args.dry_run else "interleaved and (resnet50 or inception)"
         )
-        select = f"({select}) or stem"
-        cmd = self.py("-m", "pytest", "bench/bench_optim.py", "bench/bench_stem.py", "--benchmark-only")
+        select = f"({select}) or stem or bn_relu"
+        files = ["bench/bench_optim.py", "bench/bench_stem.py", "bench/bench_bn.py"]
+        cmd = self.py("-m", "pytest", *files, "--benchmark-only")
         cmd += ["-q", "-s", "-k", select]
         cmd += ["-p", "no:cacheprovider", f"--benchmark-json={self.work / 'bench_optim.json'}"]
         self.run("kernels", cmd, self.limits["kernels"], "kernels.log")

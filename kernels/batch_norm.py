@@ -42,14 +42,16 @@ import torch
 
 from .common import check_triton_launch, interpreter_enabled, lazy_jit, tl, triton
 
-# Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU about 8K elements per tile,
-# 8 warps; the statistics grid aims at PROGRAMS_PER_SM resident programs per SM. Under the
-# interpreter every program is a Python loop iteration, so tiles are as large as the tensor allows.
+# Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile
+# (128 rows of 64 channels), 8 warps; the reducing kernels (statistics, the backward's sums) run
+# PROGRAMS_PER_SM programs per SM, each looping over its rows' tiles; the merge of their partials takes
+# all of a few channels' partials in one MERGE_TILE tile. First guesses, not tuned on a GPU yet. Under
+# the interpreter every program is a Python loop iteration, so tiles are as large as the tensor allows.
 GPU_TILE = 8192
 GPU_NUM_WARPS = 8
 PROGRAMS_PER_SM = 4
-MERGE_BLOCK_P = 128
-MERGE_BLOCK_C = 32
+MERGE_TILE = 4096
+MERGE_BLOCK_P = 128  # the interpreter's merge: partials per loop iteration
 # Under the interpreter: elements per tile and programs of the reducing kernels (tests set them small,
 # so that several tiles per program, several programs and masked edges run on tiny tensors).
 INTERPRETER_TILE = 1 << 16
@@ -286,10 +288,15 @@ class _Layout:
         self.P, self.rows_per_prog = _programs(x, self.M, block_m, self.cblocks)
         self.tiles = (triton.cdiv(self.M, block_m), self.cblocks)
         self.tile_meta = dict(ACC=_acc(x), BLOCK_C=block_c, BLOCK_M=block_m, **options)
-        # The merge: one program per MERGE_BLOCK_C channels on a GPU (more programs than tiles have).
-        merge_c = block_c if interpreter_enabled() else min(block_c, MERGE_BLOCK_C)
+        # The merge: on a GPU all P partials of a few channels in one tile (one load, no loop, several
+        # programs), MERGE_TILE elements; under the interpreter MERGE_BLOCK_P rows at a time.
+        if interpreter_enabled():
+            merge_p, merge_c = MERGE_BLOCK_P, block_c
+        else:
+            merge_p = min(triton.next_power_of_2(self.P), MERGE_TILE)
+            merge_c = min(block_c, max(1, MERGE_TILE // merge_p))
         self.merge_grid = (triton.cdiv(C, merge_c),)
-        self.merge_meta = dict(ACC=_acc(x), BLOCK_C=merge_c, BLOCK_P=MERGE_BLOCK_P, **options)
+        self.merge_meta = dict(ACC=_acc(x), BLOCK_C=merge_c, BLOCK_P=merge_p, **options)
         self.vector = dict(dtype=_acc_dtype(x), device=x.device)
 
 

@@ -122,6 +122,7 @@ def test_dry_run_runs_every_step_and_keeps_its_results(tmp_path):
         "input stall",
         "- loader-processes-2 (2 processes): ",  # the threshold pair, reported after the other loaders alone
         "## inductor's kernels against the copy's bandwidth, resnet18-fp32-4 (d)",
+        "**BatchNorm + add + ReLU forward + backward, (2, 16, 4, 4) float32**",  # bench/bench_bn.py
     ):
         assert heading in summary
     with tarfile.open(out / "logs.tar.gz") as tar:

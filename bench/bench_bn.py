@@ -1,0 +1,136 @@
+"""BatchNorm (+ residual add) + ReLU, forward and backward, at ResNet-50's shapes: fasttrain's Triton kernels
+(--bn_kernels triton, kernels/batch_norm.py) against eager torch and inductor's fusion of the same ops.
+
+    python -m pytest bench/bench_bn.py --benchmark-only -s        # on the GPU run: in its kernels step
+    FASTTRAIN_BENCH_SMOKE=1 python -m pytest bench --benchmark-only   # CI: tiny, a check that it runs
+
+One call = y = relu(batch_norm(x) [+ residual]) in training mode (batch statistics, running statistics
+updated) and the gradients of x, weight, bias [and residual] for a given dy, as a training step runs
+them, at batch 256 in bf16 channels_last (ResNet-50 v1.5: the stem's BN, a bottleneck's first BN, its
+last BN with the shortcut added, and the same in layer3). Contenders, interleaved round after round
+(CUDA events around CALLS calls after warm-up rounds, so drift hits all alike):
+
+    triton   kernels/batch_norm.bn_act: 4 kernels, 8 passes over the activations (11 with the add)
+    eager    F.batch_norm (cuDNN) + add + ReLU, autograd's backward
+    inductor torch.compile (mode default) of the eager function: what --compile and (d) run
+
+Reported in extra_info per shape: each contender's median ms, and `passes_at_copy`: how many passes
+over the (N, C, H, W) bf16 activations a copy would make in that time, at the device-to-device copy
+bandwidth measured in the same run (the kernels' own count is 8 or 11; the third GPU run's profile put
+inductor's BN/ReLU/add kernels at about 15.5 over the whole ResNet-50 step). On the CPU the smoke run
+times the eager contender at a tiny size and runs the kernels once under Triton's interpreter: the
+numbers say nothing, it checks that the benchmark runs.
+"""
+
+import os
+import statistics
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.common import copy_bandwidth, synchronize, timed
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+SMOKE = os.environ.get("FASTTRAIN_BENCH_SMOKE") == "1"
+ON_GPU = DEVICE.type == "cuda" and not SMOKE
+DTYPE = torch.bfloat16 if DEVICE.type == "cuda" else torch.float32
+CALLS = 10 if DEVICE.type == "cuda" else 1
+ROUNDS, WARMUP_ROUNDS = (1, 0) if SMOKE or DEVICE.type != "cuda" else (10, 2)
+# (N, C, H, W), residual: ResNet-50 v1.5 at batch 256 (stem bn1; layer1's bn1 and bn3 + shortcut;
+# layer3's bn1 and bn3 + shortcut).
+SHAPES = (
+    [
+        ((256, 64, 112, 112), False),
+        ((256, 64, 56, 56), False),
+        ((256, 256, 56, 56), True),
+        ((256, 256, 14, 14), False),
+        ((256, 1024, 14, 14), True),
+    ]
+    if ON_GPU
+    else [((2, 8, 8, 8), False), ((2, 16, 4, 4), True)]
+)
+
+
+def _eager(x, w, b, rm, rv, res):
+    y = F.batch_norm(x, rm, rv, w, b, training=True, momentum=0.003, eps=1e-5)
+    if res is not None:
+        y = y + res
+    return torch.relu(y)
+
+
+def _triton(x, w, b, rm, rv, res):
+    from fasttrain.kernels.batch_norm import bn_act
+
+    return bn_act(x, w, b, rm, rv, momentum=0.003, eps=1e-5, residual=res)
+
+
+def _call(fn, shape, residual):
+    """One forward + backward of fn on fresh inputs of `shape` (made once)."""
+    gen = torch.Generator().manual_seed(0)
+    n, c, h, w_ = shape
+
+    def act():
+        t = torch.randn(shape, generator=gen).to(DEVICE, DTYPE)
+        return t.contiguous(memory_format=torch.channels_last)
+
+    x, dy = act().requires_grad_(), act()
+    res = act().requires_grad_() if residual else None
+    w = torch.randn(c, generator=gen).to(DEVICE).requires_grad_()
+    b = torch.randn(c, generator=gen).to(DEVICE).requires_grad_()
+    rm, rv = torch.zeros(c, device=DEVICE), torch.ones(c, device=DEVICE)
+    inputs = [t for t in (x, w, b, res) if t is not None]
+
+    def call():
+        y = fn(x, w, b, rm, rv, res)
+        return torch.autograd.grad(y, inputs, dy)
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "shape, residual",
+    SHAPES,
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else ("add" if v else "noadd"),
+)
+def test_bn_relu_interleaved(benchmark, env_info, shape, residual):
+    contenders = {"eager": _call(_eager, shape, residual)}
+    if ON_GPU:
+        contenders["inductor"] = _call(torch.compile(_eager), shape, residual)
+    contenders["triton"] = _call(_triton, shape, residual)
+    for call in contenders.values():  # compiles (Triton's JIT, inductor), cuDNN's choice
+        call()
+    times = {name: [] for name in contenders}
+    copy_rates = []
+    for r in range(WARMUP_ROUNDS + ROUNDS):
+        for name, call in contenders.items():
+            if name == "triton" and not ON_GPU:
+                continue  # the interpreter runs it once above; its time says nothing
+            seconds = timed(call, CALLS, DEVICE)
+            if r >= WARMUP_ROUNDS:
+                times[name].append(seconds / CALLS * 1e3)
+        if r >= WARMUP_ROUNDS:
+            copy_rates.append(
+                copy_bandwidth(DEVICE, 1 << 28 if ON_GPU else 1 << 22, calls=3, windows=1)["gb_per_s"]
+            )
+    synchronize(DEVICE)
+    ms = {name: statistics.median(v) for name, v in times.items() if v}
+    copy_gb_per_s = statistics.median(copy_rates)
+    pass_gb = shape[0] * shape[1] * shape[2] * shape[3] * torch.finfo(DTYPE).bits / 8 / 1e9
+    passes = {name: t / 1e3 * copy_gb_per_s / pass_gb for name, t in ms.items()}
+    ratios = {
+        f"{k}_over_triton": ms[k] / ms["triton"] for k in ("eager", "inductor") if k in ms and "triton" in ms
+    }
+    benchmark.extra_info.update(env_info)
+    benchmark.extra_info.update(
+        shape=list(shape), residual=residual, dtype=str(DTYPE).replace("torch.", ""), rounds=ROUNDS,
+        calls=CALLS, ms=ms, passes_at_copy=passes, kernel_passes=11 if residual else 8,
+        copy_gb_per_s=copy_gb_per_s, pass_gb=pass_gb, **ratios,
+    )  # fmt: skip
+    line = ", ".join(f"{k} {v:.3f} ms ({passes[k]:.1f} passes)" for k, v in ms.items())
+    print(f"\nBN{' + add' if residual else ''} + ReLU fwd+bwd {tuple(shape)} {DTYPE}: {line}")
+    benchmark.pedantic(contenders["triton"] if ON_GPU else contenders["eager"], rounds=1, iterations=1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "--benchmark-only", "-s"]))
