@@ -25,9 +25,10 @@ statistics (decay 0.9999, the Inception seed's, in every row so that all rows do
     g  (f) with --pad_stem: the model's first convolution on the images' 3 channels and a fourth, zero
        one (fasttrain/models/stem.py); (g) / (f) is what the 4-channel stem buys the whole step (on an
        H200, nothing: 1.00x, so it is off by default since 2026-11-28; before, (g) was (f) without it)
-    h  (a) with --bn_kernels=triton: every BatchNorm of the ResNets' blocks, with the residual add and
-       the ReLU after it, in fasttrain's Triton kernels (kernels/batch_norm.py: 8 passes over the
-       activations, 11 with the add), no compile; (h) / (f) is what they buy against inductor's fusion
+    h  (a) with --bn_kernels=triton: every BatchNorm of the blocks (ResNets, Inception v3), with the
+       residual add and the ReLU after it, in fasttrain's Triton kernels (kernels/batch_norm.py: 8
+       passes over the activations, 11 with the add), no compile; (h) / (f) is what they buy against
+       inductor's fusion
 
 The optimizer step alone (Row.optimizer_step, Row.optimizer_bytes): bench/throughput.py's docstring.
 """

@@ -222,9 +222,9 @@ class Config:
     """Give the first convolution its images with a fourth, zero channel, as NVIDIA's MLPerf ResNet-50
     does (default: off; on an H200 it gained nothing in the whole bf16 step; same weights and output)."""
     bn_kernels: Literal["torch", "triton"] = "torch"
-    """The ResNets' BatchNorm (+ residual add) + ReLU: torch's ops (fused by --compile) or triton,
-    fasttrain's kernels (8 passes over the activations, 11 with the add; CUDA, without --compile, which
-    it then defaults off; not yet measured on a GPU)."""
+    """BatchNorm (+ residual add) + ReLU: torch's ops (fused by --compile) or triton, fasttrain's kernels
+    (8 passes over the activations, 11 with the add; CUDA, without --compile, which it then defaults
+    off; not yet measured on a GPU)."""
     grad_sync: Literal["buckets", "ddp"] = "buckets"
     """Multi-process gradient sync: buckets (fasttrain's flat-buffer all-reduce) or ddp (torch DDP)."""
     bucket_cap_mb: float = 25.0

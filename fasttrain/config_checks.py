@@ -253,12 +253,7 @@ def _check_triton(device: str) -> None:
 
 
 def _check_bn_kernels(cfg) -> None:
-    """--bn_kernels=triton: ResNets only, without what it would silently undo or be undone by."""
-    if cfg.model_name == "inception_v3":
-        raise ConfigError(
-            "--bn_kernels=triton runs the ResNets' BatchNorm + ReLU; inception_v3's blocks call torch's "
-            "(use --compile to fuse them)"
-        )
+    """--bn_kernels=triton: without what it would silently undo or be undone by."""
     if cfg.compile:
         raise ConfigError(
             "--bn_kernels=triton replaces what --compile fuses (BatchNorm, the residual add, ReLU): "

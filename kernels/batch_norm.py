@@ -99,12 +99,13 @@ def _stats_kernel(
 
 @lazy_jit
 def _merge_kernel(
-    part_ptr, mean_ptr, invstd_ptr, rmean_ptr, rvar_ptr,
+    part_ptr, mean_ptr, invstd_ptr, rmean_ptr, rvar_ptr, var_ptr,
     P, M, C, rows_per_prog, momentum, eps,
-    UPDATE_RUNNING: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+    UPDATE_RUNNING: tl.constexpr, WRITE_VAR: tl.constexpr, ACC: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """Per channel: merge the P partials BLOCK_P at a time (exact pairwise formulas), then mean,
-    rsqrt(var + eps) and the running statistics."""
+    rsqrt(var + eps), the running statistics and (WRITE_VAR) the biased batch variance."""
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     n = tl.zeros([BLOCK_C], dtype=ACC)
@@ -133,6 +134,8 @@ def _merge_kernel(
     invstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + cols, mean, mask=cmask)
     tl.store(invstd_ptr + cols, invstd, mask=cmask)
+    if WRITE_VAR:
+        tl.store(var_ptr + cols, var, mask=cmask)
     if UPDATE_RUNNING:
         rmean = tl.load(rmean_ptr + cols, mask=cmask, other=0.0)
         rvar = tl.load(rvar_ptr + cols, mask=cmask, other=0.0)
@@ -144,7 +147,7 @@ def _merge_kernel(
 @lazy_jit
 def _apply_kernel(
     x_ptr, res_ptr, y_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C,
-    HAS_RES: tl.constexpr, RELU: tl.constexpr, AFFINE: tl.constexpr,
+    HAS_RES: tl.constexpr, RELU: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -155,8 +158,9 @@ def _apply_kernel(
     mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
     a = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
     shift = tl.zeros([BLOCK_C], dtype=ACC)
-    if AFFINE:
+    if HAS_W:
         a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    if HAS_B:
         shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
     x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
     z = (x - mean[None, :]) * a[None, :] + shift[None, :]
@@ -170,7 +174,7 @@ def _apply_kernel(
 @lazy_jit
 def _grad_sums_kernel(
     dy_ptr, x_ptr, y_ptr, g_ptr, part_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C, rows_per_prog,
-    HAS_RES: tl.constexpr, RELU: tl.constexpr, AFFINE: tl.constexpr,
+    HAS_RES: tl.constexpr, RELU: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
     ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """part[p, 0, c] = sum g, part[p, 1, c] = sum g * xhat over the program's rows; with a residual,
@@ -182,8 +186,9 @@ def _grad_sums_kernel(
     invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
     a = invstd
     shift = tl.zeros([BLOCK_C], dtype=ACC)
-    if AFFINE:
+    if HAS_W:
         a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    if HAS_B:
         shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
     start = pid_m.to(tl.int64) * rows_per_prog
     end = tl.minimum(start + rows_per_prog, M)
@@ -214,8 +219,8 @@ def _grad_sums_kernel(
 @lazy_jit
 def _grad_x_kernel(
     g_ptr, x_ptr, dx_ptr, sums_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C,
-    MASK_RELU: tl.constexpr, AFFINE: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    MASK_RELU: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
 ):  # fmt: skip
     """dx from g (masked here from dy when MASK_RELU, else already masked) and the channel sums."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -227,8 +232,9 @@ def _grad_x_kernel(
     invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
     a = invstd
     shift = tl.zeros([BLOCK_C], dtype=ACC)
-    if AFFINE:
+    if HAS_W:
         a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
+    if HAS_B:
         shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
     mean_g = tl.load(sums_ptr + cols, mask=cmask, other=0.0) / M
     mean_gx = tl.load(sums_ptr + C + cols, mask=cmask, other=0.0) / M
@@ -277,6 +283,15 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _wb(weight, bias, stand_in):
+    """The weight and bias pointers; `stand_in` for one that is None (never read then)."""
+    return (stand_in if weight is None else weight), (stand_in if bias is None else bias)
+
+
+def _has_wb(weight, bias) -> dict:
+    return dict(HAS_W=weight is not None, HAS_B=bias is not None)
+
+
 class _Layout:
     """Sizes and launch geometry of one call, the same in forward and backward."""
 
@@ -302,28 +317,28 @@ class _Layout:
 
 class _BNAct(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, relu):
+    def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, relu, batch_stats):
         x = _rows(x)
         k = _Layout(x)
         M, C, P = k.M, k.C, k.P
         part = torch.empty((P, 2, C), **k.vector)
-        mean, invstd = torch.empty(C, **k.vector), torch.empty(C, **k.vector)
+        mean = torch.empty(C, **k.vector) if batch_stats is None else batch_stats[0]
+        invstd = torch.empty(C, **k.vector)
         _stats_kernel[(P, k.cblocks)](x, part, M, C, k.rows_per_prog, **k.tile_meta)
         update = running_mean is not None
         _merge_kernel[k.merge_grid](
             # Without running statistics their pointers are never read or written; `part` stands in
             # (not `mean`: the interpreter writes every tensor argument back, an alias of an output too).
             part, mean, invstd, running_mean if update else part, running_var if update else part,
-            P, M, C, k.rows_per_prog, float(momentum), float(eps),
-            UPDATE_RUNNING=update, **k.merge_meta,
+            part if batch_stats is None else batch_stats[1], P, M, C, k.rows_per_prog, float(momentum),
+            float(eps), UPDATE_RUNNING=update, WRITE_VAR=batch_stats is not None, **k.merge_meta,
         )  # fmt: skip
         res = None if residual is None else _rows(residual)
         y = torch.empty_like(x)
-        affine = weight is not None
-        wb = (weight, bias) if affine else (mean, mean)  # unread without affine
+        wb = _wb(weight, bias, mean)
         _apply_kernel[k.tiles](
             x, x if res is None else res, y, mean, invstd, *wb, M, C,
-            HAS_RES=res is not None, RELU=relu, AFFINE=affine, **k.tile_meta,
+            HAS_RES=res is not None, RELU=relu, **_has_wb(weight, bias), **k.tile_meta,
         )  # fmt: skip
         ctx.save_for_backward(x, y if res is not None else None, mean, invstd, weight, bias)
         ctx.relu, ctx.has_res = relu, res is not None
@@ -336,23 +351,20 @@ class _BNAct(torch.autograd.Function):
         k = _Layout(x)
         part = torch.empty((k.P, 2, k.C), **k.vector)
         g = torch.empty_like(x) if ctx.has_res else None  # the masked gradient, = dresidual
-        affine = weight is not None
-        wb = (weight, bias) if affine else (mean, mean)
+        wb, has_wb = _wb(weight, bias, mean), _has_wb(weight, bias)
         _grad_sums_kernel[(k.P, k.cblocks)](
             dy, x, x if y is None else y, dy if g is None else g, part, mean, invstd, *wb,
-            k.M, k.C, k.rows_per_prog, HAS_RES=ctx.has_res, RELU=ctx.relu, AFFINE=affine, **k.tile_meta,
+            k.M, k.C, k.rows_per_prog, HAS_RES=ctx.has_res, RELU=ctx.relu, **has_wb, **k.tile_meta,
         )  # fmt: skip
         sums = part.sum(0) if k.P > 1 else part[0]
         dx = torch.empty_like(x)
         _grad_x_kernel[k.tiles](
             dy if g is None else g, x, dx, sums, mean, invstd, *wb, k.M, k.C,
-            MASK_RELU=ctx.relu and not ctx.has_res, AFFINE=affine, **k.tile_meta,
+            MASK_RELU=ctx.relu and not ctx.has_res, **has_wb, **k.tile_meta,
         )  # fmt: skip
-        dweight = dbias = None
-        if affine:
-            dbias = sums[0].clone() if ctx.needs_input_grad[2] else None
-            dweight = sums[1].clone() if ctx.needs_input_grad[1] else None
-        return dx, dweight, dbias, g, None, None, None, None, None
+        dweight = sums[1].clone() if weight is not None and ctx.needs_input_grad[1] else None
+        dbias = sums[0].clone() if bias is not None and ctx.needs_input_grad[2] else None
+        return dx, dweight, dbias, g, None, None, None, None, None, None
 
 
 def bn_act(
@@ -366,12 +378,16 @@ def bn_act(
     eps: float,
     residual: torch.Tensor | None = None,
     relu: bool = True,
+    batch_stats: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Training-mode BatchNorm of x (N, C, H, W) with batch statistics, then `+ residual` (same shape
-    and dtype as x) when given, then ReLU when `relu`; the running statistics (float32, float64 for a
-    float64 x; or both None) are updated in place. weight and bias are (C,) tensors of that dtype or
-    both None. Differentiable in x, weight,
-    bias and residual. Equations in the module docstring."""
+    and dtype as x) when given, then ReLU when `relu`. The running statistics (both given or both None)
+    are updated in place as nn.BatchNorm2d updates them; `batch_stats` (mean, var), when given, receive
+    the batch's mean and biased variance instead, for a module that keeps its own kind of average
+    (Inception's slim batch norm; the mean buffer is kept for the backward: leave it unchanged). weight
+    and bias are each a (C,) tensor or None (scale 1, shift 0). Every vector is float32 (float64 for a
+    float64 x) and contiguous. Differentiable in x, weight, bias and residual. Equations in the module
+    docstring."""
     check_triton_launch("bn_act", x)
     if x.dim() != 4:
         raise ValueError(f"bn_act: x must be (N, C, H, W), got shape {tuple(x.shape)}.")
@@ -384,10 +400,14 @@ def bn_act(
             f"{tuple(x.shape)} {x.dtype}."
         )
     vectors = {"weight": weight, "bias": bias, "running_mean": running_mean, "running_var": running_var}
+    if batch_stats is not None:
+        vectors.update(batch_mean=batch_stats[0], batch_var=batch_stats[1])
     for name, t in vectors.items():
         if t is not None and (t.shape != (C,) or t.dtype != _acc_dtype(x) or not t.is_contiguous()):
             want = f"a contiguous {_acc_dtype(x)} ({C},) tensor"
             raise ValueError(f"bn_act: {name} must be {want}, got {tuple(t.shape)} {t.dtype}.")
-    if (weight is None) != (bias is None) or (running_mean is None) != (running_var is None):
-        raise ValueError("bn_act: weight and bias, running_mean and running_var, come in pairs.")
-    return _BNAct.apply(x, weight, bias, residual, running_mean, running_var, momentum, eps, relu)
+    if (running_mean is None) != (running_var is None):
+        raise ValueError("bn_act: running_mean and running_var come in a pair.")
+    return _BNAct.apply(
+        x, weight, bias, residual, running_mean, running_var, momentum, eps, relu, batch_stats
+    )

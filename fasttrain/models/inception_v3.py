@@ -70,6 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fasttrain.models.bn_act import bn_add_relu
 from fasttrain.models.stem import StemConv2d
 
 BN_MOMENTUM = 1.0 - 0.9997
@@ -114,6 +115,20 @@ class SlimBatchNorm(nn.Module):
             self._update_moving(batch_mean, batch_var * ((n - 1) / n))
         return y
 
+    def kernel_forward(self, x: torch.Tensor, residual: torch.Tensor | None, relu: bool) -> torch.Tensor:
+        """Training forward in fasttrain's Triton kernels (--bn_kernels triton; models/bn_act.py calls
+        it): beta only, the batch's mean and biased variance averaged as above."""
+        from fasttrain.kernels.batch_norm import bn_act
+
+        mean, var = torch.empty_like(self.running_mean), torch.empty_like(self.running_var)
+        y = bn_act(
+            x, None, self.bias, None, None, momentum=0.0, eps=self.eps, residual=residual, relu=relu,
+            batch_stats=(mean, var),
+        )  # fmt: skip
+        with torch.no_grad():
+            self._update_moving(mean, var)
+        return y
+
     def _update_moving(self, mean: torch.Tensor, var: torch.Tensor) -> None:
         # TF's _zero_debias (moving_averages.py), all in float32 as TF computes it: o = 1 - decay is
         # the Python double rounded once, a = 1 - o and the powers a^t in float32 (1 - a^t near
@@ -155,7 +170,7 @@ class BasicConv2d(nn.Module):
         self.init_std = init_std
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.conv(x)), inplace=True)
+        return bn_add_relu(self.bn, self.conv(x))
 
 
 def _avg_pool_3x3(x: torch.Tensor) -> torch.Tensor:
