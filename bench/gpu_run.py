@@ -26,8 +26,9 @@ whatever an earlier step did, except the preflight:
                steps), so that e2e's timed trainer runs compile from the cache
     then alone, one at a time, the timed items in QUEUE's order (most important first); an item starts
     only while its minimum time is left in --budget, else it is recorded as not run:
-      rows     one configuration: (a) fasttrain --no-compile, (e) with --no-cuda_graph and (b)
-               eager PyTorch in one process; then each in a process of its own: (f) fasttrain as its
+      rows     one configuration: (a) fasttrain --no-compile, (e) with --no-cuda_graph, (b) eager
+               PyTorch and (h) (a) with --bn_kernels triton in one process; then each in a process of
+               its own: (f) fasttrain as its
                CLI runs it on CUDA (inductor regions inside the whole-step graph), (g) (f) with
                --pad_stem (the 4-channel stem), (d) torch.compile of (b), default mode, and (d-max) mode
                max-autotune-no-cudagraphs, where --columns asks for them; each row, once written,

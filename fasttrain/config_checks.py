@@ -264,3 +264,8 @@ def _check_bn_kernels(cfg) -> None:
             "--bn_kernels=triton computes each rank's own BatchNorm statistics; --sync_bn needs torch's "
             "SyncBatchNorm (--bn_kernels=torch)"
         )
+    if cfg.channels_last is False:
+        raise ConfigError(
+            "--bn_kernels=triton works on channels_last activations; with --no-channels_last it would "
+            "copy every one in and out: drop --no-channels_last, or use --bn_kernels=torch"
+        )

@@ -32,15 +32,19 @@ its tile keeps a running (count, mean, M2) by Welford's update as the tiles go b
 the programs' partials (in a small kernel per channel block), are merged by Chan et al.'s formula.
 
 Runs on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU tensors (how
-CI tests it). `bn_act` is the entry point; fasttrain/models/bn_act.py decides when it is used
-(--bn_kernels triton). Not measured on a GPU yet: the block shapes below are a first guess.
+CI tests it). NaN and inf pass through as in torch's ops (relu(NaN) is NaN), so the step's overflow
+check still sees them. First derivatives only: a create_graph backward is refused. Float64 (the
+tests' exact comparisons) computes in float64, but on a GPU Triton passes eps and momentum as float32
+(about 1e-9 of the results); the interpreter keeps them double. `bn_act` is the entry point;
+fasttrain/models/bn_act.py decides when it is used (--bn_kernels triton). Not measured on a GPU yet:
+the block shapes below are a first guess.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .common import check_triton_launch, interpreter_enabled, lazy_jit, tl, triton
+from .common import HAVE_TRITON, interpreter_enabled, lazy_jit, tl, triton
 
 # Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile
 # (128 rows of 64 channels), 8 warps; the reducing kernels (statistics, the backward's sums) run
@@ -131,7 +135,10 @@ def _merge_kernel(
         m2 = m2 + bm2 + delta * delta * n * frac
         n = total
     var = m2 / M
-    invstd = 1.0 / tl.sqrt(var + eps)
+    if ACC == tl.float32:  # correctly rounded, as torch's 1 / sqrt (fp32 `/` and sqrt are approximate)
+        invstd = tl.div_rn(1.0, tl.sqrt_rn(var + eps))
+    else:  # float64's are IEEE
+        invstd = 1.0 / tl.sqrt(var + eps)
     tl.store(mean_ptr + cols, mean, mask=cmask)
     tl.store(invstd_ptr + cols, invstd, mask=cmask)
     if WRITE_VAR:
@@ -167,7 +174,7 @@ def _apply_kernel(
     if HAS_RES:
         z = z + tl.load(res_ptr + offs, mask=mask, other=0.0).to(ACC)
     if RELU:
-        z = tl.maximum(z, 0.0)
+        z = tl.maximum(z, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as torch's
     tl.store(y_ptr + offs, z.to(y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -278,6 +285,13 @@ def _programs(x: torch.Tensor, M: int, block_m: int, channel_blocks: int) -> tup
     return triton.cdiv(tiles, per_prog), per_prog * block_m
 
 
+def _format(t: torch.Tensor) -> torch.memory_format:
+    """channels_last where t is laid out so (also where its shape makes both layouts one), else NCHW."""
+    return (
+        torch.channels_last if t.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    )
+
+
 def _rows(t: torch.Tensor) -> torch.Tensor:
     """t (N, C, H, W) as channels_last contiguous (a copy only when it is not)."""
     return t.contiguous(memory_format=torch.channels_last)
@@ -318,6 +332,11 @@ class _Layout:
 class _BNAct(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, residual, running_mean, running_var, momentum, eps, relu, batch_stats):
+        # The kernels index channels_last rows; other layouts are copied in, and the outputs and the
+        # gradients are handed back in the layout their tensor came in (a copy each: --bn_kernels is
+        # for channels_last models, config_checks refuses it beside --no-channels_last).
+        ctx.x_format = _format(x)
+        ctx.res_format = None if residual is None else _format(residual)
         x = _rows(x)
         k = _Layout(x)
         M, C, P = k.M, k.C, k.P
@@ -342,10 +361,15 @@ class _BNAct(torch.autograd.Function):
         )  # fmt: skip
         ctx.save_for_backward(x, y if res is not None else None, mean, invstd, weight, bias)
         ctx.relu, ctx.has_res = relu, res is not None
-        return y
+        return y.contiguous(memory_format=ctx.x_format)
 
     @staticmethod
     def backward(ctx, dy):
+        if torch.is_grad_enabled():  # create_graph=True: the kernels have no derivative of their own
+            raise RuntimeError(
+                "bn_act (--bn_kernels=triton) has no second derivative: use --bn_kernels=torch for "
+                "double backward (create_graph=True)"
+            )
         x, y, mean, invstd, weight, bias = ctx.saved_tensors
         dy = _rows(dy)
         k = _Layout(x)
@@ -364,6 +388,8 @@ class _BNAct(torch.autograd.Function):
         )  # fmt: skip
         dweight = sums[1].clone() if weight is not None and ctx.needs_input_grad[1] else None
         dbias = sums[0].clone() if bias is not None and ctx.needs_input_grad[2] else None
+        dx = dx.contiguous(memory_format=ctx.x_format)
+        g = None if g is None else g.contiguous(memory_format=ctx.res_format)
         return dx, dweight, dbias, g, None, None, None, None, None, None
 
 
@@ -388,7 +414,13 @@ def bn_act(
     and bias are each a (C,) tensor or None (scale 1, shift 0). Every vector is float32 (float64 for a
     float64 x) and contiguous. Differentiable in x, weight, bias and residual. Equations in the module
     docstring."""
-    check_triton_launch("bn_act", x)
+    if not HAVE_TRITON:
+        raise RuntimeError("bn_act: Triton is not installed; use --bn_kernels=torch.")
+    if x.device.type == "cpu" and not interpreter_enabled():
+        raise RuntimeError(
+            "bn_act: the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1; "
+            "use --bn_kernels=torch."
+        )
     if x.dim() != 4:
         raise ValueError(f"bn_act: x must be (N, C, H, W), got shape {tuple(x.shape)}.")
     N, C, H, W = x.shape
@@ -403,9 +435,12 @@ def bn_act(
     if batch_stats is not None:
         vectors.update(batch_mean=batch_stats[0], batch_var=batch_stats[1])
     for name, t in vectors.items():
-        if t is not None and (t.shape != (C,) or t.dtype != _acc_dtype(x) or not t.is_contiguous()):
-            want = f"a contiguous {_acc_dtype(x)} ({C},) tensor"
-            raise ValueError(f"bn_act: {name} must be {want}, got {tuple(t.shape)} {t.dtype}.")
+        if t is None:
+            continue
+        if t.shape != (C,) or t.dtype != _acc_dtype(x) or not t.is_contiguous() or t.device != x.device:
+            want = f"a contiguous {_acc_dtype(x)} ({C},) tensor on {x.device}"
+            got = f"{tuple(t.shape)} {t.dtype} with strides {t.stride()} on {t.device}"
+            raise ValueError(f"bn_act: {name} must be {want}, got {got}.")
     if (running_mean is None) != (running_var is None):
         raise ValueError("bn_act: running_mean and running_var come in a pair.")
     return _BNAct.apply(

@@ -78,22 +78,29 @@ def _bf16_close(actual, expected):
     torch.testing.assert_close(actual.double(), expected, rtol=2**-7, atol=2**-12 * scale)
 
 
-def _run_case(device, shape, dtype, relu, residual, affine, generator, mean=0.0, std=1.0):
+def _run_case(device, shape, dtype, relu, residual, affine, generator, mean=0.0, std=1.0, layout="cl"):
+    """The kernels' (y, running_mean, running_var, dx, dweight, dbias, dres) and _reference's. layout:
+    "cl" (x, residual, dy channels_last), "nchw" (all three NCHW), "expanded-dy" (dy a stride-0
+    expansion of an (N, C, 1, 1) tensor, as a global pool's backward hands it over)."""
     N, C, H, W = shape
-    x = _cl((torch.randn(shape, generator=generator) * std + mean).to(dtype)).to(device)
+    lay = _cl if layout != "nchw" else (lambda t: t.contiguous())
+    x = lay((torch.randn(shape, generator=generator) * std + mean).to(dtype)).to(device)
     # affine: True (weight and bias), False (neither) or "bias" (the slim batch norm's beta only)
     weight = torch.randn(C, generator=generator).to(device) if affine is True else None
     bias = torch.randn(C, generator=generator).to(device) if affine else None
-    res = _cl(torch.randn(shape, generator=generator).to(dtype)).to(device) if residual else None
+    res = lay(torch.randn(shape, generator=generator).to(dtype)).to(device) if residual else None
     rm = torch.randn(C, generator=generator).to(device)
     rv = (torch.rand(C, generator=generator) + 0.5).to(device)
-    dy = _cl(torch.randn(shape, generator=generator).to(dtype)).to(device)
+    if layout == "expanded-dy":
+        dy = torch.randn(N, C, 1, 1, generator=generator).to(dtype).to(device).expand(shape)
+    else:
+        dy = lay(torch.randn(shape, generator=generator).to(dtype)).to(device)
     inputs = [t.requires_grad_() if t is not None else None for t in (x, weight, bias, res)]
     rm_k, rv_k = rm.clone(), rv.clone()
     y = bn_act(
         inputs[0], inputs[1], inputs[2], rm_k, rv_k, momentum=0.1, eps=1e-3, residual=inputs[3], relu=relu
     )
-    assert y.dtype == dtype and y.is_contiguous(memory_format=CL)
+    assert y.dtype == dtype and (y.is_contiguous() if layout == "nchw" else y.is_contiguous(memory_format=CL))
     wanted = [t for t in inputs if t is not None]
     got = iter(torch.autograd.grad(y, wanted, dy))
     grads = [next(got) if t is not None else None for t in inputs]
@@ -124,19 +131,68 @@ CASES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape, relu, residual, affine", CASES)
-@pytest.mark.parametrize("tiles", ["one-tile", "many-programs"])
+@pytest.mark.parametrize("tiles", ["one-tile", "many-programs", "many-partials"])
 def test_bn_act_matches_torch_batch_norm_in_float64(
     device, shape, relu, residual, affine, tiles, monkeypatch
 ):
-    if tiles == "many-programs":  # several tiles per program, several programs, a masked last tile
+    if tiles != "one-tile":  # several tiles per program, several programs, a masked last tile
         monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
         monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+    if tiles == "many-partials":  # 30-40 programs' partials, merged 4 at a time: the merge's own loop
+        monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 40)
+        monkeypatch.setattr(batch_norm, "MERGE_BLOCK_P", 4)
     g = torch.Generator().manual_seed(sum(shape))
     got, ref = _run_case(device, shape, torch.float32, relu, residual, affine, g)
     for name, a, e in zip(("y", "running_mean", "running_var", "dx", "dweight", "dbias", "dres"), got, ref):
         assert (a is None) == (e is None), name
         if a is not None:
             _close(a.cpu(), e, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["nchw", "expanded-dy"])
+@pytest.mark.parametrize("shape", [(3, 6, 4, 5), (4, 6, 1, 1)], ids=["4x5", "1x1"])
+def test_other_layouts_come_back_in_their_own(device, layout, shape):
+    # The kernels index channels_last rows: an NCHW x and residual are copied in, and y, dx and the
+    # residual's gradient go back NCHW (a model without channels_last keeps its layout); a stride-0 dy
+    # (a global pool's backward) is read whole. (N, C, 1, 1) is both layouts at once.
+    g = torch.Generator().manual_seed(11)
+    got, ref = _run_case(device, shape, torch.float32, True, True, True, g, layout=layout)
+    y, dx, dres = got[0], got[3], got[6]
+    for t in (y, dx, dres):
+        assert t.is_contiguous() if layout == "nchw" else t.is_contiguous(memory_format=CL)
+    for a, e in zip(got, ref):
+        _close(a.cpu(), e, 1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NumPy
+def test_non_finite_values_come_out_as_torch_s_do(device):
+    # A NaN in the residual or an inf in x: torch's relu(NaN) is NaN, so the step's overflow check
+    # sees it; a ReLU that returned 0 for it would hand the step a finite loss.
+    g = torch.Generator().manual_seed(12)
+    x, res = (
+        _cl(torch.randn(2, 3, 4, 4, generator=g)).to(device),
+        _cl(torch.randn(2, 3, 4, 4, generator=g)).to(device),
+    )
+    w, b = torch.randn(3, generator=g).to(device), torch.randn(3, generator=g).to(device)
+    res[0, 1, 0, 0] = float("nan")
+    x_inf = x.clone()
+    x_inf[1, 2, 3, 3] = float("inf")
+    for xx, rr in ((x, res), (x_inf, None)):
+        y = bn_act(xx, w, b, None, None, momentum=0.1, eps=1e-5, residual=rr)
+        want = F.batch_norm(xx, None, None, w, b, True, 0.1, 1e-5)
+        want = torch.relu(want if rr is None else want + rr)
+        assert torch.equal(y.isnan(), want.isnan()) and y.isnan().any()
+
+
+def test_a_second_derivative_is_refused_not_silently_wrong():
+    x = _cl(torch.randn(2, 3, 4, 4)).requires_grad_()
+    w = torch.randn(3, requires_grad=True)
+    y = bn_act(x, w, torch.zeros(3), None, None, momentum=0.1, eps=1e-5)
+    # torch's own would go on to the second derivative; without it, w's would be silently wrong.
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        torch.autograd.grad((y * torch.randn_like(y)).sum(), x, create_graph=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -188,6 +244,8 @@ def test_bn_act_refuses_what_it_cannot_compute():
         bn_act(x, torch.ones(4), torch.zeros(4), None, None, momentum=0.1, eps=1e-5)
     with pytest.raises(ValueError, match="come in a pair"):
         bn_act(x, None, None, torch.zeros(3), None, momentum=0.1, eps=1e-5)
+    with pytest.raises(ValueError, match=r"weight must be .* got \(3,\) torch.float32 with strides \(2,\)"):
+        bn_act(x, torch.ones(6)[::2], torch.zeros(3), None, None, momentum=0.1, eps=1e-5)
     with pytest.raises(ValueError, match="running_mean must be a contiguous torch.float32"):
         bn_act(x, None, None, torch.zeros(3, dtype=torch.float64), torch.ones(3), momentum=0.1, eps=1e-5)
 
@@ -273,6 +331,8 @@ def test_the_settings_that_cannot_go_with_the_kernels_are_refused(monkeypatch):
         make_config(model="resnet50", bn_kernels="triton", compile=True)
     with pytest.raises(ConfigError, match="--sync_bn"):
         make_config(model="resnet50", bn_kernels="triton", sync_bn=True, compile=False)
+    with pytest.raises(ConfigError, match="channels_last"):
+        make_config(model="resnet50", bn_kernels="triton", channels_last=False)
     cfg = make_config(model="resnet50", bn_kernels="triton")
     # --compile's default (on for CUDA) gives way to the kernels, which replace what it fuses.
     assert not compile_wanted(cfg.compile, torch.device("cuda"), False, cfg.bn_kernels)
@@ -281,6 +341,8 @@ def test_the_settings_that_cannot_go_with_the_kernels_are_refused(monkeypatch):
     with pytest.raises(SettingError, match="TRITON_INTERPRET") as err:
         use_bn_kernels(create_model("resnet18", 10, base_channels=4), torch.device("cpu"))
     assert err.value.settings == ("bn_kernels",)
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1; use --bn_kernels=torch"):
+        bn_act(torch.randn(2, 3, 2, 2), None, None, None, None, momentum=0.1, eps=1e-5)
 
 
 @pytest.mark.gpu
