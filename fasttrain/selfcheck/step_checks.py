@@ -247,7 +247,7 @@ def check_padded_stem(ctx: Context) -> str:
 def check_bn_kernels(ctx: Context) -> str:
     """--bn_kernels triton: BatchNorm + residual add + ReLU in fasttrain's Triton kernels at ResNet-50's
     layer1 size in bf16, against torch's BatchNorm in float64 (tests/test_bn_kernels.py)."""
-    needs_cuda(ctx, "the Triton BatchNorm kernels")
+    needs_cuda(ctx, "this check of the Triton BatchNorm kernels")
     from fasttrain.kernels.batch_norm import bn_act
     from fasttrain.models.bn_act import why_no_bn_kernels
 
