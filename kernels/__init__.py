@@ -8,9 +8,9 @@ with identical semantics (the specification the kernel is tested against):
 - momentum:   TensorFlow's Momentum (= torch SGD) + the same extras, one pass.
 - chunked:    both updates again, the fast path where Triton does not run: on the CPU a numba-compiled
               loop (cpu.py), on CUDA below compute capability 7.0 in-place torch ops over chunks.
-- batch_norm: training BatchNorm (+ residual add) (+ ReLU) on channels_last activations in four
-              kernels forward and backward (--bn_kernels triton; an autograd Function, tested against
-              torch's BatchNorm in float64 rather than a reference of its own).
+- batch_norm (+ batch_norm_backward): training BatchNorm (+ residual add) (+ ReLU) on channels_last
+              activations in four kernels forward and backward (--bn_kernels triton; an autograd
+              Function, tested against torch's BatchNorm in float64 rather than a reference of its own).
 
 Kernels run on CUDA devices of compute capability >= 7.0 and, under TRITON_INTERPRET=1, on CPU
 tensors (how CI tests them). Each launcher runs its kernel as a torch custom op

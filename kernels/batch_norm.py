@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import torch
 
+from .batch_norm_backward import _grad_sums_kernel, _grad_x_kernel
 from .common import HAVE_TRITON, interpreter_enabled, lazy_jit, tl, triton
 
 # Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile
@@ -176,82 +177,6 @@ def _apply_kernel(
     if RELU:
         z = tl.maximum(z, 0.0, propagate_nan=tl.PropagateNan.ALL)  # relu(NaN) = NaN, as torch's
     tl.store(y_ptr + offs, z.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@lazy_jit
-def _grad_sums_kernel(
-    dy_ptr, x_ptr, y_ptr, g_ptr, part_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C, rows_per_prog,
-    HAS_RES: tl.constexpr, RELU: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """part[p, 0, c] = sum g, part[p, 1, c] = sum g * xhat over the program's rows; with a residual,
-    g (the masked gradient, = dresidual) is also written."""
-    pid_m = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
-    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
-    a = invstd
-    shift = tl.zeros([BLOCK_C], dtype=ACC)
-    if HAS_W:
-        a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    if HAS_B:
-        shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    start = pid_m.to(tl.int64) * rows_per_prog
-    end = tl.minimum(start + rows_per_prog, M)
-    # Elementwise accumulators per row slot, summed across the slots once at the end.
-    sum_g = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
-    sum_gx = tl.zeros([BLOCK_M, BLOCK_C], dtype=ACC)
-    for r in range(0, rows_per_prog, BLOCK_M):
-        rows = start + r + tl.arange(0, BLOCK_M)
-        mask = (rows < end)[:, None] & cmask[None, :]
-        offs = rows[:, None] * C + cols[None, :]
-        g = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(ACC)
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
-        if RELU:
-            if HAS_RES:
-                keep = tl.load(y_ptr + offs, mask=mask, other=0.0).to(ACC) > 0.0
-            else:
-                keep = (x - mean[None, :]) * a[None, :] + shift[None, :] > 0.0
-            g = tl.where(keep, g, 0.0)
-        if HAS_RES:
-            tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=mask)
-        sum_g += g
-        sum_gx += g * ((x - mean[None, :]) * invstd[None, :])
-    base = part_ptr + pid_m.to(tl.int64) * 2 * C
-    tl.store(base + cols, tl.sum(sum_g, axis=0), mask=cmask)
-    tl.store(base + C + cols, tl.sum(sum_gx, axis=0), mask=cmask)
-
-
-@lazy_jit
-def _grad_x_kernel(
-    g_ptr, x_ptr, dx_ptr, sums_ptr, mean_ptr, invstd_ptr, w_ptr, b_ptr, M, C,
-    MASK_RELU: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, ACC: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_C: tl.constexpr,
-):  # fmt: skip
-    """dx from g (masked here from dy when MASK_RELU, else already masked) and the channel sums."""
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    cmask = cols < C
-    mask = (rows < M)[:, None] & cmask[None, :]
-    offs = rows[:, None] * C + cols[None, :]
-    mean = tl.load(mean_ptr + cols, mask=cmask, other=0.0)
-    invstd = tl.load(invstd_ptr + cols, mask=cmask, other=0.0)
-    a = invstd
-    shift = tl.zeros([BLOCK_C], dtype=ACC)
-    if HAS_W:
-        a = a * tl.load(w_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    if HAS_B:
-        shift = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(ACC)
-    mean_g = tl.load(sums_ptr + cols, mask=cmask, other=0.0) / M
-    mean_gx = tl.load(sums_ptr + C + cols, mask=cmask, other=0.0) / M
-    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(ACC)
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(ACC)
-    if MASK_RELU:
-        g = tl.where((x - mean[None, :]) * a[None, :] + shift[None, :] > 0.0, g, 0.0)
-    xhat = (x - mean[None, :]) * invstd[None, :]
-    dx = a[None, :] * (g - mean_g[None, :] - xhat * mean_gx[None, :])
-    tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
