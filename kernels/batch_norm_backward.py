@@ -5,7 +5,9 @@
                        residual g is also written: it is the residual's gradient
     _grad_x_kernel     dx = a * (g - sum g / M - xhat * sum(g * xhat) / M), a = weight * invstd
 
-Launched by batch_norm._BNAct.backward, with its geometry.
+Launched by batch_norm._BNAct.backward, with its geometry. Each kernel (here and in batch_norm.py)
+spells out the same per-channel preamble (mean, a = weight * invstd, the bias): kernels built by
+common.lazy_jit cannot call a shared @triton.jit helper (it would be frozen in one interpreter mode).
 """
 
 from .common import lazy_jit, tl
