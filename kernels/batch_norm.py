@@ -47,15 +47,18 @@ import torch
 from .batch_norm_backward import _grad_sums_kernel, _grad_x_kernel
 from .common import HAVE_TRITON, interpreter_enabled, lazy_jit, tl, triton
 
-# Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile
-# (128 rows of 64 channels), 8 warps; the reducing kernels (statistics, the backward's sums) run
-# PROGRAMS_PER_SM programs per SM, each looping over its rows' tiles; the merge of their partials takes
-# all of a few channels' partials in one MERGE_TILE tile. First guesses, not tuned on a GPU yet. Under
-# the interpreter every program is a Python loop iteration, so tiles are as large as the tensor allows.
-GPU_TILE = 8192
+# Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile (32
+# rows of 64 channels) over 8 warps: 8 elements, one 16-byte bf16 vector, per thread and tensor. Compiled
+# for sm_90 offline (tests/test_bn_kernels_compile.py) that takes 40-80 registers a thread; tiles of
+# 8192 took 144-255 and spilled (the backward's sums), leaving one program per SM. The reducing kernels
+# (statistics, the backward's sums) run PROGRAMS_PER_SM programs per SM, each looping over its rows'
+# tiles; the merge takes all of a few channels' partials in one MERGE_TILE tile. Not yet timed on a GPU
+# (bench/bench_bn.py). Under the interpreter every program is a Python loop iteration, so tiles are as
+# large as the tensor allows.
+GPU_TILE = 2048
 GPU_NUM_WARPS = 8
-PROGRAMS_PER_SM = 4
-MERGE_TILE = 4096
+PROGRAMS_PER_SM = 8
+MERGE_TILE = 2048
 MERGE_BLOCK_P = 128  # the interpreter's merge: partials per loop iteration
 # Under the interpreter: elements per tile and programs of the reducing kernels (tests set them small,
 # so that several tiles per program, several programs and masked edges run on tiny tensors).
