@@ -10,7 +10,8 @@ them, at batch 256 in bf16 channels_last (ResNet-50 v1.5: the stem's BN, a bottl
 last BN with the shortcut added, and the same in layer3). Contenders, interleaved round after round
 (CUDA events around CALLS calls after warm-up rounds, so drift hits all alike):
 
-    triton   kernels/batch_norm.bn_act: 4 kernels, 8 passes over the activations (11 with the add)
+    triton   kernels/batch_norm.bn_act: 4 kernels, 8 passes over the activations (11 with the add);
+             triton-TILExWARPS the same at another geometry (SWEEP), to tune GPU_TILE and GPU_NUM_WARPS
     eager    F.batch_norm (cuDNN) + add + ReLU, autograd's backward
     inductor torch.compile (mode default) of the eager function: what --compile and (d) run
 
@@ -59,10 +60,24 @@ def _eager(x, w, b, rm, rv, res):
     return torch.relu(y)
 
 
-def _triton(x, w, b, rm, rv, res):
-    from fasttrain.kernels.batch_norm import bn_act
+def _triton(tile=None, warps=None):
+    """bn_act, at the kernels' own geometry or at (tile elements, warps) for this call only."""
+    from fasttrain.kernels import batch_norm
 
-    return bn_act(x, w, b, rm, rv, momentum=0.003, eps=1e-5, residual=res)
+    def fn(x, w, b, rm, rv, res):
+        saved = batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS
+        batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS = tile or saved[0], warps or saved[1]
+        try:
+            return batch_norm.bn_act(x, w, b, rm, rv, momentum=0.003, eps=1e-5, residual=res)
+        finally:
+            batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS = saved
+
+    return fn
+
+
+# Other geometries timed beside the kernels' own (GPU only), so that one run can also tune them:
+# (elements per tile, warps); the backward launches at its forward's geometry (_BNAct keeps it).
+SWEEP = [(1024, 4), (4096, 8), (2048, 4)]
 
 
 def _call(fn, shape, residual):
@@ -97,14 +112,16 @@ def test_bn_relu_interleaved(benchmark, env_info, shape, residual):
     contenders = {"eager": _call(_eager, shape, residual)}
     if ON_GPU:
         contenders["inductor"] = _call(torch.compile(_eager), shape, residual)
-    contenders["triton"] = _call(_triton, shape, residual)
+    contenders["triton"] = _call(_triton(), shape, residual)
+    for tile, warps in SWEEP:  # on the CPU each runs once below, untimed: the interpreter ignores them
+        contenders[f"triton-{tile}x{warps}"] = _call(_triton(tile, warps), shape, residual)
     for call in contenders.values():  # compiles (Triton's JIT, inductor), cuDNN's choice
         call()
     times = {name: [] for name in contenders}
     copy_rates = []
     for r in range(WARMUP_ROUNDS + ROUNDS):
         for name, call in contenders.items():
-            if name == "triton" and not ON_GPU:
+            if name.startswith("triton") and not ON_GPU:
                 continue  # the interpreter runs it once above; its time says nothing
             seconds = timed(call, CALLS, DEVICE)
             if r >= WARMUP_ROUNDS:

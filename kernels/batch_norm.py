@@ -266,7 +266,7 @@ class _BNAct(torch.autograd.Function):
         ctx.x_format = _format(x)
         ctx.res_format = None if residual is None else _format(residual)
         x = _rows(x)
-        k = _Layout(x)
+        k = ctx.layout = _Layout(x)  # the backward launches at the same geometry
         M, C, P = k.M, k.C, k.P
         part = torch.empty((P, 2, C), **k.vector)
         mean = torch.empty(C, **k.vector) if batch_stats is None else batch_stats[0]
@@ -300,7 +300,7 @@ class _BNAct(torch.autograd.Function):
             )
         x, y, mean, invstd, weight, bias = ctx.saved_tensors
         dy = _rows(dy)
-        k = _Layout(x)
+        k = ctx.layout
         part = torch.empty((k.P, 2, k.C), **k.vector)
         g = torch.empty_like(x) if ctx.has_res else None  # the masked gradient, = dresidual
         wb, has_wb = _wb(weight, bias, mean), _has_wb(weight, bias)
