@@ -45,7 +45,7 @@ from __future__ import annotations
 import torch
 
 from .batch_norm_backward import _grad_sums_kernel, _grad_x_kernel
-from .common import HAVE_TRITON, interpreter_enabled, lazy_jit, tl, triton
+from .common import check_triton_launch, interpreter_enabled, lazy_jit, tl, triton
 
 # Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile (32
 # rows of 64 channels) over 8 warps: 8 elements, one 16-byte bf16 vector, per thread and tensor. Compiled
@@ -342,13 +342,7 @@ def bn_act(
     and bias are each a (C,) tensor or None (scale 1, shift 0). Every vector is float32 (float64 for a
     float64 x) and contiguous. Differentiable in x, weight, bias and residual. Equations in the module
     docstring."""
-    if not HAVE_TRITON:
-        raise RuntimeError("bn_act: Triton is not installed; use --bn_kernels=torch.")
-    if x.device.type == "cpu" and not interpreter_enabled():
-        raise RuntimeError(
-            "bn_act: the Triton kernels run on CPU tensors only under TRITON_INTERPRET=1; "
-            "use --bn_kernels=torch."
-        )
+    check_triton_launch("bn_act", x, instead="--bn_kernels=torch")
     if x.dim() != 4:
         raise ValueError(f"bn_act: x must be (N, C, H, W), got shape {tuple(x.shape)}.")
     N, C, H, W = x.shape

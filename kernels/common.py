@@ -88,15 +88,24 @@ def launches(numel: int) -> list[tuple[int, int, tuple[int], dict]]:
     return result
 
 
-def check_triton_launch(name: str, w: torch.Tensor) -> None:
-    """Raise a clear error where the Triton kernel cannot run on `w`'s device."""
+def why_triton_cannot_run(device: torch.device) -> str | None:
+    """Why Triton's kernels cannot run on `device`, or None (the meta device traces them: None)."""
     if not HAVE_TRITON:
-        raise RuntimeError(f"{name}: Triton is not installed; use impl='torch' (the reference).")
-    if w.device.type == "cpu" and not interpreter_enabled():
-        raise RuntimeError(
-            f"{name}: the Triton kernel runs on CPU tensors only under TRITON_INTERPRET=1; "
-            "set it or use impl='torch'."
-        )
+        return "Triton is not installed"
+    if device.type == "cpu" and not interpreter_enabled():
+        return "on the CPU Triton's kernels run only under TRITON_INTERPRET=1"
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (7, 0):
+        return "Triton needs a GPU of compute capability 7.0 or newer"
+    if device.type not in ("cpu", "cuda", "meta"):
+        return f"Triton does not run on {device.type}"
+    return None
+
+
+def check_triton_launch(name: str, w: torch.Tensor, instead: str = "impl='torch'") -> None:
+    """Raise a clear error where the Triton kernel cannot run on `w`'s device, naming `instead`."""
+    reason = why_triton_cannot_run(w.device)
+    if reason:
+        raise RuntimeError(f"{name}: {reason}; use {instead}.")
 
 
 def check_args(name: str, w: torch.Tensor, found_inf, ema_weight, **buffers) -> None:

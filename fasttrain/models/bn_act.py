@@ -31,10 +31,9 @@ def bn_add_relu(
 ) -> torch.Tensor:
     """relu(bn(x) + residual) (each part optional), with bn's running statistics updated in training."""
     if getattr(bn, _FLAG, False) and _kernel_applies(bn, x, residual):
-        from fasttrain.kernels.batch_norm import bn_act
-
         if hasattr(bn, "kernel_forward"):  # a module's own statistics (Inception's SlimBatchNorm)
             return bn.kernel_forward(x, residual, relu)
+        from fasttrain.kernels.batch_norm import bn_act
 
         bn.num_batches_tracked.add_(1)
         return bn_act(
@@ -57,26 +56,13 @@ def _kernel_applies(bn: nn.BatchNorm2d, x: torch.Tensor, residual: torch.Tensor 
     )
 
 
-def why_no_bn_kernels(device: torch.device) -> str | None:
-    """Why the Triton BatchNorm kernels cannot run on `device`, or None."""
-    from fasttrain.kernels.common import HAVE_TRITON, interpreter_enabled
-
-    if not HAVE_TRITON:
-        return "Triton is not installed"
-    if device.type == "cpu" and not interpreter_enabled():
-        return "on the CPU they run only under TRITON_INTERPRET=1 (slowly: for tests)"
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (7, 0):
-        return "Triton needs a GPU of compute capability 7.0 or newer"
-    if device.type not in ("cpu", "cuda", "meta"):
-        return f"Triton does not run on {device.type}"
-    return None
-
-
 def use_bn_kernels(model: nn.Module, device: torch.device) -> int:
     """Mark every nn.BatchNorm2d of `model` to run the Triton kernels where its block calls
     bn_add_relu; returns how many were marked. Raises SettingError (naming --bn_kernels) when the
     device cannot run them."""
-    reason = why_no_bn_kernels(device)
+    from fasttrain.kernels.common import why_triton_cannot_run
+
+    reason = why_triton_cannot_run(device)
     if reason:
         raise SettingError(f"--bn_kernels=triton cannot run on {device}: {reason}", settings=("bn_kernels",))
     marked = 0

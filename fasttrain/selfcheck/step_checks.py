@@ -249,9 +249,9 @@ def check_bn_kernels(ctx: Context) -> str:
     layer1 size in bf16, against torch's BatchNorm in float64 (tests/test_bn_kernels.py)."""
     needs_cuda(ctx, "this check of the Triton BatchNorm kernels")
     from fasttrain.kernels.batch_norm import bn_act
-    from fasttrain.models.bn_act import why_no_bn_kernels
+    from fasttrain.kernels.common import why_triton_cannot_run
 
-    reason = why_no_bn_kernels(ctx.device)
+    reason = why_triton_cannot_run(ctx.device)
     if reason:
         raise Skip(reason)
     gen = torch.Generator().manual_seed(0)
