@@ -11,7 +11,8 @@ last BN with the shortcut added, and the same in layer3). Contenders, interleave
 (CUDA events around CALLS calls after warm-up rounds, so drift hits all alike):
 
     triton   kernels/batch_norm.bn_act: 4 kernels, 8 passes over the activations (11 with the add);
-             triton-TILExWARPS the same at another geometry (SWEEP), to tune GPU_TILE and GPU_NUM_WARPS
+             triton-TILExWARPS the same at another geometry (SWEEP), to tune GPU_TILE, GPU_NUM_WARPS and
+             PROGRAMS_PER_SM
     eager    F.batch_norm (cuDNN) + add + ReLU, autograd's backward
     inductor torch.compile (mode default) of the eager function: what --compile and (d) run
 
@@ -60,24 +61,31 @@ def _eager(x, w, b, rm, rv, res):
     return torch.relu(y)
 
 
-def _triton(tile=None, warps=None):
-    """bn_act, at the kernels' own geometry or at (tile elements, warps) for this call only."""
+def _triton(geometry=None):
+    """bn_act, at the kernels' own geometry or at `geometry` (GPU_TILE, GPU_NUM_WARPS, PROGRAMS_PER_SM)
+    for this call only."""
     from fasttrain.kernels import batch_norm
 
+    names = ("GPU_TILE", "GPU_NUM_WARPS", "PROGRAMS_PER_SM")
+
     def fn(x, w, b, rm, rv, res):
-        saved = batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS
-        batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS = tile or saved[0], warps or saved[1]
+        saved = [getattr(batch_norm, n) for n in names]
+        for name, value in zip(names, geometry or saved):
+            setattr(batch_norm, name, value)
         try:
             return batch_norm.bn_act(x, w, b, rm, rv, momentum=0.003, eps=1e-5, residual=res)
         finally:
-            batch_norm.GPU_TILE, batch_norm.GPU_NUM_WARPS = saved
+            for name, value in zip(names, saved):
+                setattr(batch_norm, name, value)
 
     return fn
 
 
 # Other geometries timed beside the kernels' own (GPU only), so that one run can also tune them:
-# (elements per tile, warps); the backward launches at its forward's geometry (_BNAct keeps it).
-SWEEP = [(1024, 4), (4096, 8), (2048, 4)]
+# (elements per tile, warps, reducing programs per SM: None = as many as fit, one wave); the backward
+# launches at its forward's tiles (_BNAct keeps them). 2048x8 at a fixed 8 per SM: the geometry before
+# the one-wave rule (the statistics then ran in two waves, the backward's sums in three).
+SWEEP = [(2048, 8, 8), (1024, 4, None), (4096, 8, None), (2048, 4, None)]
 
 
 def _call(fn, shape, residual):
@@ -113,8 +121,13 @@ def test_bn_relu_interleaved(benchmark, env_info, shape, residual):
     if ON_GPU:
         contenders["inductor"] = _call(torch.compile(_eager), shape, residual)
     contenders["triton"] = _call(_triton(), shape, residual)
-    for tile, warps in SWEEP:  # on the CPU each runs once below, untimed: the interpreter ignores them
-        contenders[f"triton-{tile}x{warps}"] = _call(_triton(tile, warps), shape, residual)
+    for (
+        tile,
+        warps,
+        per_sm,
+    ) in SWEEP:  # on the CPU each runs once below, untimed: the interpreter ignores them
+        name = f"triton-{tile}x{warps}" + ("" if per_sm is None else f"-{per_sm}perSM")
+        contenders[name] = _call(_triton((tile, warps, per_sm)), shape, residual)
     for call in contenders.values():  # compiles (Triton's JIT, inductor), cuDNN's choice
         call()
     times = {name: [] for name in contenders}

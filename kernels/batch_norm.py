@@ -42,6 +42,8 @@ the block shapes below are a first guess.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .batch_norm_backward import _grad_sums_kernel, _grad_x_kernel
@@ -49,15 +51,18 @@ from .common import check_triton_launch, interpreter_enabled, lazy_jit, tl, trit
 
 # Tile: BLOCK_M rows x BLOCK_C channels (contiguous along C). On a GPU GPU_TILE elements per tile (32
 # rows of 64 channels) over 8 warps: 8 elements, one 16-byte bf16 vector, per thread and tensor. Compiled
-# for sm_90 offline (tests/test_bn_kernels_compile.py) that takes 40-80 registers a thread; tiles of
-# 8192 took 144-255 and spilled (the backward's sums), leaving one program per SM. The reducing kernels
-# (statistics, the backward's sums) run PROGRAMS_PER_SM programs per SM, each looping over its rows'
-# tiles; the merge takes all of a few channels' partials in one MERGE_TILE tile. Not yet timed on a GPU
-# (bench/bench_bn.py). Under the interpreter every program is a Python loop iteration, so tiles are as
-# large as the tensor allows.
+# for sm_90 offline (tests/test_bn_kernels_compile.py; Triton 3.6 and 3.9) that takes 32-70 registers a
+# thread; tiles of 8192 took 144-255 and spilled (the backward's sums), leaving one program per SM. The
+# reducing kernels (statistics, the backward's sums) run as many programs as the GPU holds at once
+# (PROGRAMS_PER_SM None: one wave, counted from the compiled kernel's registers; a number fixes it), each
+# looping over its rows' tiles: at a fixed 8 per SM, Triton 3.6's 40-register statistics (6 fit) ran
+# in two waves, the second a third full, and the 70-register sums (3 fit) in three. The merge takes
+# all of a few channels' partials in one MERGE_TILE tile. Not yet timed on a GPU (bench/bench_bn.py).
+# Under the interpreter every program is a Python loop iteration, so tiles are as large as the tensor
+# allows.
 GPU_TILE = 2048
 GPU_NUM_WARPS = 8
-PROGRAMS_PER_SM = 8
+PROGRAMS_PER_SM = None
 MERGE_TILE = 2048
 MERGE_BLOCK_P = 128  # the interpreter's merge: partials per loop iteration
 # Under the interpreter: elements per tile and programs of the reducing kernels (tests set them small,
@@ -201,16 +206,34 @@ def _geometry(x: torch.Tensor, M: int, C: int) -> tuple[int, int, dict]:
     return GPU_TILE // block_c, block_c, {"num_warps": GPU_NUM_WARPS, "enable_fp_fusion": False}
 
 
-def _programs(x: torch.Tensor, M: int, block_m: int, channel_blocks: int) -> tuple[int, int]:
-    """(P, rows_per_prog) of the reducing kernels: rows_per_prog a multiple of block_m."""
-    tiles = triton.cdiv(M, block_m)
+_RESIDENT: dict = {}  # (kernel, device, dtypes, constexprs, integer specializations) -> programs an SM holds
+
+
+def _programs(kernel, k: _Layout, args: tuple, meta: dict) -> tuple[int, int]:
+    """(P, rows_per_prog) of a reducing kernel (grid (P, channel blocks)) about to be launched with
+    `args` (its `part` and `rows_per_prog` stand-ins: the real ones follow from P) and `meta`:
+    rows_per_prog a multiple of BLOCK_M, every program resident at once on a GPU."""
+    tiles = triton.cdiv(k.M, meta["BLOCK_M"])
+    x = args[0]
     if x.device.type == "cuda":
+        per_sm = PROGRAMS_PER_SM
+        if per_sm is None:
+            ints = tuple((a % 16 == 0, a == 1) for a in args if isinstance(a, int))
+            dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+            key = (kernel, x.device, dtypes, tuple((n, str(v)) for n, v in meta.items()), ints)
+            if key not in _RESIDENT:
+                try:
+                    _RESIDENT[key] = kernel.resident_per_sm(*args, **meta)
+                except Exception as err:  # Triton's warmup/_init_handles are private: a fixed count
+                    warnings.warn(f"bn_act: programs per SM not counted ({err!r}); running 8", stacklevel=2)
+                    _RESIDENT[key] = 8
+            per_sm = _RESIDENT[key]
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-        target = max(1, PROGRAMS_PER_SM * sms // channel_blocks)
+        target = max(1, per_sm * sms // k.cblocks)
     else:
         target = INTERPRETER_PROGRAMS
     per_prog = triton.cdiv(tiles, min(tiles, target))
-    return triton.cdiv(tiles, per_prog), per_prog * block_m
+    return triton.cdiv(tiles, per_prog), per_prog * meta["BLOCK_M"]
 
 
 def _format(t: torch.Tensor) -> torch.memory_format:
@@ -242,19 +265,24 @@ class _Layout:
         self.M, self.C = N * H * W, C
         block_m, block_c, options = _geometry(x, self.M, C)
         self.cblocks = triton.cdiv(C, block_c)
-        self.P, self.rows_per_prog = _programs(x, self.M, block_m, self.cblocks)
         self.tiles = (triton.cdiv(self.M, block_m), self.cblocks)
         self.tile_meta = dict(ACC=_acc(x), BLOCK_C=block_c, BLOCK_M=block_m, **options)
-        # The merge: on a GPU all P partials of a few channels in one tile (one load, no loop, several
-        # programs), MERGE_TILE elements; under the interpreter MERGE_BLOCK_P rows at a time.
+        self.vector = dict(dtype=_acc_dtype(x), device=x.device)
+
+    def merge(self, P: int) -> tuple[tuple[int], dict]:
+        """Grid and constexprs of the merge of P partials: on a GPU all of a few channels' partials in
+        one tile (one load, no loop, several programs), MERGE_TILE elements; under the interpreter
+        MERGE_BLOCK_P rows at a time."""
+        meta = dict(self.tile_meta)
+        block_c = meta.pop("BLOCK_C")
+        meta.pop("BLOCK_M")
         if interpreter_enabled():
             merge_p, merge_c = MERGE_BLOCK_P, block_c
         else:
-            merge_p = min(triton.next_power_of_2(self.P), MERGE_TILE)
+            merge_p = min(triton.next_power_of_2(P), MERGE_TILE)
             merge_c = min(block_c, max(1, MERGE_TILE // merge_p))
-        self.merge_grid = (triton.cdiv(C, merge_c),)
-        self.merge_meta = dict(ACC=_acc(x), BLOCK_C=merge_c, BLOCK_P=merge_p, **options)
-        self.vector = dict(dtype=_acc_dtype(x), device=x.device)
+        grid = (triton.cdiv(self.C, merge_c),)
+        return grid, dict(meta, BLOCK_C=merge_c, BLOCK_P=merge_p)
 
 
 class _BNAct(torch.autograd.Function):
@@ -266,19 +294,21 @@ class _BNAct(torch.autograd.Function):
         ctx.x_format = _format(x)
         ctx.res_format = None if residual is None else _format(residual)
         x = _rows(x)
-        k = ctx.layout = _Layout(x)  # the backward launches at the same geometry
-        M, C, P = k.M, k.C, k.P
-        part = torch.empty((P, 2, C), **k.vector)
+        k = ctx.layout = _Layout(x)  # the backward launches at the same tiles
+        M, C = k.M, k.C
         mean = torch.empty(C, **k.vector) if batch_stats is None else batch_stats[0]
         invstd = torch.empty(C, **k.vector)
-        _stats_kernel[(P, k.cblocks)](x, part, M, C, k.rows_per_prog, **k.tile_meta)
+        P, rows_per_prog = _programs(_stats_kernel, k, (x, invstd, M, C, k.tile_meta["BLOCK_M"]), k.tile_meta)
+        part = torch.empty((P, 2, C), **k.vector)
+        _stats_kernel[(P, k.cblocks)](x, part, M, C, rows_per_prog, **k.tile_meta)
         update = running_mean is not None
-        _merge_kernel[k.merge_grid](
+        merge_grid, merge_meta = k.merge(P)
+        _merge_kernel[merge_grid](
             # Without running statistics their pointers are never read or written; `part` stands in
             # (not `mean`: the interpreter writes every tensor argument back, an alias of an output too).
             part, mean, invstd, running_mean if update else part, running_var if update else part,
-            part if batch_stats is None else batch_stats[1], P, M, C, k.rows_per_prog, float(momentum),
-            float(eps), UPDATE_RUNNING=update, WRITE_VAR=batch_stats is not None, **k.merge_meta,
+            part if batch_stats is None else batch_stats[1], P, M, C, rows_per_prog, float(momentum),
+            float(eps), UPDATE_RUNNING=update, WRITE_VAR=batch_stats is not None, **merge_meta,
         )  # fmt: skip
         res = None if residual is None else _rows(residual)
         y = torch.empty_like(x)
@@ -301,14 +331,16 @@ class _BNAct(torch.autograd.Function):
         x, y, mean, invstd, weight, bias = ctx.saved_tensors
         dy = _rows(dy)
         k = ctx.layout
-        part = torch.empty((k.P, 2, k.C), **k.vector)
         g = torch.empty_like(x) if ctx.has_res else None  # the masked gradient, = dresidual
         wb, has_wb = _wb(weight, bias, mean), _has_wb(weight, bias)
-        _grad_sums_kernel[(k.P, k.cblocks)](
-            dy, x, x if y is None else y, dy if g is None else g, part, mean, invstd, *wb,
-            k.M, k.C, k.rows_per_prog, HAS_RES=ctx.has_res, RELU=ctx.relu, **has_wb, **k.tile_meta,
-        )  # fmt: skip
-        sums = part.sum(0) if k.P > 1 else part[0]
+        tensors = (dy, x, x if y is None else y, dy if g is None else g)
+        vectors = (mean, invstd, *wb, k.M, k.C)  # after `part`, before rows_per_prog
+        meta = dict(HAS_RES=ctx.has_res, RELU=ctx.relu, **has_wb, **k.tile_meta)
+        stand_ins = (*tensors, invstd, *vectors, k.tile_meta["BLOCK_M"])  # for part, rows_per_prog
+        P, rows_per_prog = _programs(_grad_sums_kernel, k, stand_ins, meta)
+        part = torch.empty((P, 2, k.C), **k.vector)
+        _grad_sums_kernel[(P, k.cblocks)](*tensors, part, *vectors, rows_per_prog, **meta)
+        sums = part.sum(0) if P > 1 else part[0]
         dx = torch.empty_like(x)
         _grad_x_kernel[k.tiles](
             dy if g is None else g, x, dx, sums, mean, invstd, *wb, k.M, k.C,

@@ -2,7 +2,8 @@
 
 - `triton` / `tl`: the Triton modules, or placeholders where Triton does not import (macOS, Windows),
   so that the kernel modules still import and their torch references still run.
-- `lazy_jit`: `triton.jit` applied at the first launch, once per interpreter mode (see its docstring).
+- `lazy_jit`: `triton.jit` applied at the first launch, once per interpreter mode (see its docstring);
+  its `resident_per_sm` and `resident_programs`: how many programs of a compiled kernel an SM holds.
 - `split_scalar`: a hyperparameter that is either a Python float or a 0-d device tensor, as op args.
 - `ema_one_minus_decay`: the EMA weight `1 - d` as a 0-d device tensor (TensorFlow's
   ExponentialMovingAverage with `num_updates`), computed once per optimizer step for every group:
@@ -59,11 +60,40 @@ class lazy_jit:  # noqa: N801 - used as a decorator, like triton.jit
         self.fn = fn
         self._by_mode = {}
 
-    def __getitem__(self, grid):
+    def _jit(self):
         mode = interpreter_enabled()
         if mode not in self._by_mode:
             self._by_mode[mode] = triton.jit(self.fn)
-        return self._by_mode[mode][grid]
+        return self._by_mode[mode]
+
+    def __getitem__(self, grid):
+        return self._jit()[grid]
+
+    def resident_per_sm(self, *args, **meta) -> int:
+        """How many programs of this kernel, compiled for a GPU launch with `args` and `meta` (the same
+        specialization: dtypes, 16-byte alignment, integers divisible by 16), one SM holds at once."""
+        compiled = self._jit().warmup(*args, grid=(1,), **meta)  # compiles (or finds) it; no launch
+        compiled = compiled.result() if hasattr(compiled, "result") else compiled  # Triton's async compile
+        compiled._init_handles()  # loads it: the registers a thread are known from here
+        props = torch.cuda.get_device_properties(args[0].device)
+        return resident_programs(
+            compiled.n_regs, compiled.metadata.num_warps, compiled.metadata.shared, props
+        )
+
+
+def resident_programs(regs: int, warps: int, shared: int, props) -> int:
+    """Programs (thread blocks) of `warps` warps, `regs` registers a thread and `shared` bytes of shared
+    memory that one SM of a device with CUDA properties `props` holds at once, by CUDA's occupancy rules
+    for sm_70..sm_90: registers go to warps in units of 256 from each of the SM's 4 quarters (a quarter
+    of regs_per_multiprocessor, 64K on every such GPU); at most max_threads_per_multi_processor threads
+    and 32 blocks; shared memory plus 1 KiB the runtime reserves per block. (48 registers at 8 warps: 5
+    programs; 80: 3.)"""
+    quarter = getattr(props, "regs_per_multiprocessor", 65536) // 4
+    per_warp = -(-max(regs, 1) * 32 // 256) * 256
+    by_regs = 4 * (quarter // per_warp) // warps
+    by_threads = props.max_threads_per_multi_processor // (32 * warps)
+    by_shared = props.shared_memory_per_multiprocessor // (shared + 1024)
+    return max(1, min(by_regs, by_threads, by_shared, 32))
 
 
 def launches(numel: int) -> list[tuple[int, int, tuple[int], dict]]:

@@ -348,8 +348,10 @@ def test_the_settings_that_cannot_go_with_the_kernels_are_refused(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("residual", [False, True])
-def test_bn_act_at_a_resnet_50_layer_s_size_and_in_a_cuda_graph(residual):
+@pytest.mark.parametrize("per_sm", [None, 8])  # one wave (counted from the registers); a fixed 8
+def test_bn_act_at_a_resnet_50_layer_s_size_and_in_a_cuda_graph(residual, per_sm, monkeypatch):
     # ResNet-50's layer1 output at batch 32: M = 100,352 rows of 256 channels, bf16, many programs.
+    monkeypatch.setattr(batch_norm, "PROGRAMS_PER_SM", per_sm)
     g = torch.Generator().manual_seed(7)
     got, ref = _run_case("cuda", (32, 256, 56, 56), torch.bfloat16, True, residual, True, g)
     for i in (0, 3):  # y, dx: bf16

@@ -11,11 +11,13 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from fasttrain.kernels import chunked, rmsprop_tf
 from fasttrain.kernels import momentum as momentum_kernel
+from fasttrain.kernels.common import resident_programs
 from kernel_helpers import (
     _device_skip,
     _triton_interpreter,  # noqa: F401  (an autouse fixture)
@@ -84,6 +86,40 @@ def test_triton_on_cpu_without_interpreter_is_a_clear_error(monkeypatch):
     w, g, acc = (torch.zeros(10) for _ in range(3))
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
         momentum_kernel.momentum_update(w, g, acc, None, lr=0.1, momentum=0.9)
+
+
+# --- programs resident per SM (kernels/common.resident_programs)
+
+H100 = SimpleNamespace(  # torch.cuda.get_device_properties on an H100/H200 (sm_90)
+    regs_per_multiprocessor=65536,
+    max_threads_per_multi_processor=2048,
+    shared_memory_per_multiprocessor=233472,
+)
+A100 = SimpleNamespace(
+    regs_per_multiprocessor=65536,
+    max_threads_per_multi_processor=2048,
+    shared_memory_per_multiprocessor=167936,
+)
+
+
+@pytest.mark.parametrize(
+    "regs, warps, shared, props, expected",
+    [
+        # What NVIDIA's CUDA Occupancy Calculator gives for compute capability 9.0 / 8.0.
+        (40, 8, 1024, H100, 6),  # registers: 1280 a warp, 51 warps of 64K -> 6 blocks of 8
+        (43, 8, 1024, H100, 5),  # 1376 rounds up to 1536 a warp
+        (63, 8, 1024, H100, 4),
+        (70, 8, 0, H100, 3),
+        (255, 8, 0, H100, 1),
+        (32, 8, 0, H100, 8),  # threads: 2048 / 256
+        (32, 4, 0, H100, 16),
+        (16, 2, 0, H100, 32),  # blocks: at most 32 an SM
+        (32, 8, 100 * 1024, H100, 2),  # shared memory: 228 KiB / (100 KiB + 1 KiB reserved)
+        (32, 8, 100 * 1024, A100, 1),  # 164 KiB
+    ],
+)
+def test_resident_programs_follows_cuda_occupancy_rules(regs, warps, shared, props, expected):
+    assert resident_programs(regs, warps, shared, props) == expected
 
 
 # --- compiled mode, without a GPU
