@@ -96,6 +96,9 @@ class Driver:
         )
         if args.dry_run:
             self.env.setdefault("FASTTRAIN_BENCH_SMOKE", "1")
+            # Column (h)'s kernels run in Triton's interpreter on the CPU; Triton 3.6 reads the switch
+            # only when it is first imported (an interpreted kernel then failed at its first tl.zeros).
+            self.env.setdefault("TRITON_INTERPRET", "1")
         earlier = self.work / "results.json"
         if args.resume and earlier.exists():  # a later part on the same (still warm) machine
             before = json.loads(earlier.read_text())
@@ -128,10 +131,18 @@ class Driver:
             return []
         folder = self.work / "hidden-packages"
         for name in self.args.hide.split(","):
-            pkg = folder.joinpath(*name.split("."))
+            parts = name.split(".")
+            pkg = folder.joinpath(*parts)
             pkg.mkdir(parents=True, exist_ok=True)
+            for depth in range(1, len(parts)):  # the parents (nvidia): found here first, their other
+                # modules (nvidia.cudnn, ...) still where they are installed (a regular `nvidia`
+                # package there had taken nvidia.dali from its own folder, past the hidden one)
+                init = folder.joinpath(*parts[:depth], "__init__.py")
+                init.write_text("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
             (pkg / "__init__.py").write_text(
-                f'raise ImportError("{name} is hidden by bench.gpu_run --hide")\n'
+                # ModuleNotFoundError, as a missing package raises: pytest >= 9.2's importorskip
+                # skips on that only (a plain ImportError failed the collection of 5 test modules).
+                f'raise ModuleNotFoundError("{name} is hidden by bench.gpu_run --hide", name="{name}")\n'
             )
         return [str(folder)]
 
