@@ -121,10 +121,12 @@ class FlatOptimizer(torch.optim.Optimizer):
         for group, slices in zip(self.param_groups, self._group_slices):
             if slices is not None:
                 self._update_group(group, *slices, grad_scale, found_inf, ema_weight)
+        # add_, not +=: the same in-place update without assigning the attribute, which torch.compile
+        # (fullgraph) refused on torch 2.11, the GPU machine's ("setattr on a user-defined object").
         if found_inf is None:
-            self.applied_steps += 1
+            self.applied_steps.add_(1)
         else:  # 0-d or one element (GradScaler's shape): a (1,) flag broke this after the update
-            self.applied_steps += (found_inf.reshape(()) == 0).to(torch.int64)
+            self.applied_steps.add_((found_inf.reshape(()) == 0).to(torch.int64))
         return loss
 
     @torch.no_grad()
