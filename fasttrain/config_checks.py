@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import typing
 from typing import Literal
 
@@ -137,6 +138,17 @@ def validate(cfg) -> None:
             f"--image_size must be at least {MIN_IMAGE_SIZE}, got {cfg.image_size} (the evaluation's resize "
             "before its central crop rounds a smaller one to nothing)"
         )
+    for name, images in (("batch_size", cfg.batch_size), ("eval_batch_size", cfg.eval_batch_per_process)):
+        # One batch of uint8 images is the least any loader holds (the thread loader keeps a ring of 3
+        # or more): `--eval_batch_size=100000000` ended in an allocation traceback at the first
+        # evaluation, after the training steps before it.
+        need, memory = images * cfg.image_size**2 * 3, _memory_bytes()
+        if need > memory:
+            raise ConfigError(
+                f"--{name}={getattr(cfg, name)}: one batch of {images:,} images of {cfg.image_size}x"
+                f"{cfg.image_size} is {need / 2**30:,.0f} GiB of input buffers, more than this machine's "
+                f"{memory / 2**30:,.0f} GiB of memory"
+            )
     if cfg.bucket_cap_mb > MAX_BUCKET_MB:
         raise ConfigError(f"--bucket_cap_mb must be at most {MAX_BUCKET_MB:,} MiB, got {cfg.bucket_cap_mb:g}")
     if cfg.model_name == "inception_v3" and cfg.image_size < INCEPTION_MIN_IMAGE_SIZE:
@@ -180,6 +192,14 @@ def validate(cfg) -> None:
 # far inside the int64 step counter; above it, `--num_epochs_per_decay=1e30` ended in an OverflowError.
 _EPOCHS = ("train_epochs", "num_epochs_per_decay", "eval_every_epochs")
 MAX_EPOCHS = 1e6
+
+
+def _memory_bytes() -> float:
+    """This machine's physical memory in bytes (inf where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return math.inf
 
 
 def _check_finite(cfg) -> None:

@@ -159,6 +159,9 @@ def test_resnet_v15_recipe_is_tf_official_2018():
         (["--no-max_steps"], "--no-max_steps: --no- is for on/off flags, and --max_steps takes a value"),
         (["--no-deterministic=1"], "--no-deterministic takes no value"),
         (["positional"], "unexpected argument"),
+        # A batch no machine holds: an allocation traceback at the first evaluation, after training.
+        (["--eval_batch_size=100000000"], "--eval_batch_size=100000000: one batch of 100,000,000 images"),
+        (["--batch_size=10000000"], "--batch_size=10000000: one batch of 10,000,000 images"),
     ],
 )
 def test_bad_flags_name_the_flag(argv, words):
@@ -347,3 +350,15 @@ def test_a_v15_config_saved_before_no_decay_bn_decayed_bn_and_its_resume_names_t
     assert upgrade_saved_config(old)["no_decay_bn"] is False
     changes = changed_settings(old, make_config(recipe="resnet50_v1.5"))
     assert changes == ["no_decay_bn False -> True"] and shaping_changes(changes) == changes
+
+
+def test_a_batch_is_refused_only_past_the_machine_s_memory(monkeypatch):
+    from fasttrain import config_checks
+
+    one_batch = 256 * 224 * 224 * 3  # bytes: uint8 images
+    monkeypatch.setattr(config_checks, "_memory_bytes", lambda: one_batch)
+    parse_args(["--batch_size=256", "--image_size=224"])
+    with pytest.raises(ConfigError, match=re.escape("--batch_size=257: one batch of 257 images of 224x224")):
+        parse_args(["--batch_size=257", "--image_size=224"])
+    with pytest.raises(ConfigError, match=re.escape("--eval_batch_size=257")):
+        parse_args(["--batch_size=256", "--eval_batch_size=257", "--image_size=224"])
