@@ -1,4 +1,5 @@
-"""Every random-number generator's state, in a form torch.load(weights_only=True) accepts.
+"""Every random-number generator's state, in a form torch.load(weights_only=True) accepts; and
+seed_torch, a run's seeding of torch's generator and its choice of (deterministic) algorithms.
 
 Python's `random`, NumPy's global generator, torch's CPU generator and (when present) every CUDA
 generator. Data augmentation does not need to be here: its randomness is derived from
@@ -7,10 +8,13 @@ generator. Data augmentation does not need to be here: its randomness is derived
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
 import torch
+
+from fasttrain.config import Config
 
 
 def get_rng_state() -> dict:
@@ -35,3 +39,18 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"].cpu())  # generator states are CPU byte tensors only
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def seed_torch(cfg: Config, device: torch.device) -> None:
+    """torch's generator from the seed (model initialisation), and the algorithm choices: deterministic
+    ones with cfg.deterministic, else cuDNN's benchmark search on CUDA."""
+    torch.manual_seed(cfg.seed)
+    if cfg.deterministic:
+        if device.type == "cuda":
+            # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
+            # when cuBLAS makes its first handle, which no step has done yet.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    elif device.type == "cuda":
+        # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
+        torch.backends.cudnn.benchmark = True

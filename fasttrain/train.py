@@ -1,4 +1,5 @@
 """The training loop: set-up, restore, steps, logging, checkpoints, evaluation. Reads top to bottom.
+(Its stop on non-finite losses: fasttrain/nonfinite.py; torch's seeding: fasttrain/rng.py.)
 
 python -m fasttrain [--recipe ...]                       one process (CPU or one GPU)
 torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
@@ -8,12 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-import torch
 
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
@@ -34,18 +32,15 @@ from fasttrain.evaluate import EvaluationInterrupted, describe, eval_scalars, ev
 from fasttrain.input_stall import InputStall
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
-from fasttrain.precision import Precision, resolve_precision
+from fasttrain.nonfinite import check_finite
+from fasttrain.precision import resolve_precision
 from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
-from fasttrain.rng import get_rng_state, set_rng_state
+from fasttrain.rng import get_rng_state, seed_torch, set_rng_state
 from fasttrain.run import build_run
 from fasttrain.run_config import processes_per_node, resolve_node_batch
 from fasttrain.schedule import LRSchedule
 from fasttrain.step import LOSS_AVERAGE_WEIGHT
 from fasttrain.threads import available_cores, choose_input, local_ranks
-
-
-class TrainingStopped(FasttrainError, RuntimeError):
-    """The run cannot continue (non-finite loss): printed in one line, exit code 1."""
 
 
 def train(cfg: Config) -> dict:
@@ -370,21 +365,6 @@ def train(cfg: Config) -> dict:
 # --- named pieces of the loop -----------------------------------------------------------------
 
 
-def seed_torch(cfg: Config, device: torch.device) -> None:
-    """torch's generator from the seed (model initialisation), and the algorithm choices: deterministic
-    ones with cfg.deterministic, else cuDNN's benchmark search on CUDA."""
-    torch.manual_seed(cfg.seed)
-    if cfg.deterministic:
-        if device.type == "cuda":
-            # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
-            # when cuBLAS makes its first handle, which no step has done yet.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-    elif device.type == "cuda":
-        # Static shapes: cuDNN's algorithm search pays for itself after a few steps.
-        torch.backends.cudnn.benchmark = True
-
-
 def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) -> RunLock | None:
     """Rank 0 locks run_dir (only rank 0 writes there, see fasttrain/lock.py); every rank stops
     together with rank 0's SettingError when it cannot."""
@@ -400,34 +380,3 @@ def claim_on_rank0(run_dir: Path, info: DistInfo, log: Callable[[str], None]) ->
             settings=("train_dir",),
         )
     return lock
-
-
-def check_finite(
-    streak: int,
-    skipped: int,
-    first: int,
-    step: int,
-    cfg: Config,
-    precision: Precision,
-    last_saved: int,
-    run_dir: Path,
-) -> None:
-    """Stop on non-finite losses. Without loss scaling: at the first log row after any skipped step
-    (`skipped` of steps first..step; the seed asserts at every step); a streak counted only at the row's
-    own step let a single non-finite step between rows pass. With it: after a streak of skips."""
-    if precision.loss_scaling:
-        if streak < cfg.max_nonfinite_steps:
-            return
-        when = f"for the last {streak} step(s) at step {step}"
-    else:
-        if skipped == 0:
-            return
-        when = f"at {skipped} of steps {first}-{step}" if first < step else f"at step {step}"
-    kept = f"; the last good checkpoint is {ckpt.checkpoint_path(run_dir, last_saved)}" if last_saved else ""
-    # fp32 is the advice only where the run is not fp32 already (it said so to fp32 runs too).
-    fp32 = " or use precision=fp32" if precision.name != "fp32" else ""
-    raise TrainingStopped(
-        f"the loss was not finite {when} "
-        f"(updates were skipped, weights are unchanged){kept}; lower initial_learning_rate{fp32}",
-        settings=("initial_learning_rate", "precision"),
-    )

@@ -26,8 +26,9 @@ import fasttrain.run
 import fasttrain.train
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
+from fasttrain.nonfinite import TrainingStopped
 from fasttrain.step import TrainStep
-from fasttrain.train import TrainingStopped, train
+from fasttrain.train import train
 
 
 def _cfg(tmp_path, **overrides):
