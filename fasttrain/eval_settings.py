@@ -1,6 +1,6 @@
-"""`python -m fasttrain.evaluate`'s settings, apart from the evaluation (fasttrain/evaluate.py): its
-arguments, the run's config as the command reads it, where the results may go, and the value every
-rank evaluates."""
+"""`python -m fasttrain.evaluate`'s settings, apart from the evaluation (fasttrain/evaluate.py and
+fasttrain/eval_pass.py): its arguments, the run's config as the command reads it, where the results may
+go, and the value every rank evaluates."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from fasttrain.distributed import (
     rank0_error,
 )
 from fasttrain.errors import FasttrainError, SettingError
-from fasttrain.evaluate import EvaluationInterrupted, describe, eval_scalars, evaluate_raw_and_ema
+from fasttrain.eval_pass import EvaluationInterrupted, describe, eval_scalars, evaluate_raw_and_ema
 from fasttrain.input_stall import InputStall
 from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary

@@ -15,7 +15,8 @@ import torch
 
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
-from fasttrain.evaluate import evaluate, main
+from fasttrain.eval_pass import evaluate
+from fasttrain.evaluate import main
 from fasttrain.models import create_model
 from fasttrain.precision import Precision
 from fasttrain.train import train

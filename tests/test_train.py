@@ -21,7 +21,7 @@ import torch
 import torch.multiprocessing as mp
 from launch_helpers import ENV, command, free_port, loopback_env
 
-import fasttrain.evaluate
+import fasttrain.eval_pass
 import fasttrain.run
 import fasttrain.train
 from fasttrain.config import make_config
@@ -138,7 +138,7 @@ def test_the_training_pipeline_is_released_before_evaluation(tmp_path, monkeypat
     data = tmp_path / "data"
     make_synthetic(data, train_shards=2, val_shards=1, per_shard=24, classes=4, seed=3)  # 12 batches
     pipelines, alive_at_eval = [], []
-    build, evaluate = DaliLoader._build_pipeline, fasttrain.evaluate.evaluate
+    build, evaluate = DaliLoader._build_pipeline, fasttrain.eval_pass.evaluate
 
     def recording_build(self, *args, **kwargs):
         pipe = build(self, *args, **kwargs)
@@ -150,7 +150,7 @@ def test_the_training_pipeline_is_released_before_evaluation(tmp_path, monkeypat
         return evaluate(*args, **kwargs)
 
     monkeypatch.setattr(DaliLoader, "_build_pipeline", recording_build)
-    monkeypatch.setattr(fasttrain.evaluate, "evaluate", checking_evaluate)
+    monkeypatch.setattr(fasttrain.eval_pass, "evaluate", checking_evaluate)
     overrides = dict(data_backend="dali", data_dir=str(data), label_offset=-1, max_steps=3)
     result = train(_cfg(tmp_path, **overrides, eval_at_end=True, max_eval_batches=1, ema_decay=0.0))
     assert result["count"] == 4 and [split for split, _ in pipelines] == ["train", "validation"]

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from fasttrain import evaluate
+from fasttrain import eval_pass
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.monitor import run_summary
@@ -127,7 +127,7 @@ def test_the_summarys_durations():
 
 
 def test_evaluation_shows_progress(data, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(evaluate, "PROGRESS_EVERY_S", 0.0)  # a line a batch (every 10 s by default)
+    monkeypatch.setattr(eval_pass, "PROGRESS_EVERY_S", 0.0)  # a line a batch (every 10 s by default)
     _run(data, tmp_path / "run", max_steps=1, eval_at_end=True)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluating")]
     assert [line.split(",")[0] for line in lines] == [
@@ -208,7 +208,7 @@ def _stop_on_rank_0_only(info, out):
     # Rank 0 is stopped at its second batch, rank 1 never: both must stop (an evaluation's stop is
     # agreed through the sums the ranks all-reduce), and neither may wait at a collective the other
     # has left (rank 1 would evaluate the EMA weights, all-reducing, while rank 0 had returned).
-    from fasttrain.evaluate import EvaluationInterrupted
+    from fasttrain.eval_pass import EvaluationInterrupted
     from fasttrain.models import create_model
     from fasttrain.precision import Precision
 
@@ -223,7 +223,7 @@ def _stop_on_rank_0_only(info, out):
 
     fp32 = Precision("fp32", channels_last=False, cuda_graph=False)
     try:
-        evaluate.evaluate(
+        eval_pass.evaluate(
             model, batches, precision=fp32, device=torch.device("cpu"), preprocess="inception",
             world_size=2, interrupted=interrupted,
         )  # fmt: skip
