@@ -1,8 +1,9 @@
-"""fasttrain.data.resize's kernels against a float64 transcription of TF1's resize_images equations (the
-module docstring's), on the cases the TensorFlow fixtures do not cover: odd and tiny sizes, up- and
-down-scaling, flips, mirrored and strided inputs, grayscale expanded to RGB (a zero channel stride),
-float32 inputs, and the uint8 output that rounds inside the kernel. And the colour distortion's fused
-rounding store. (tests/test_transforms_tf.py compares the pipelines with TensorFlow's own images.)
+"""fasttrain.data.resize's kernels (fasttrain/data/resize_kernels.py) against a float64 transcription of
+TF1's resize_images equations (resize.py's docstring's), on the cases the TensorFlow fixtures do not
+cover: odd and tiny sizes, up- and down-scaling, flips, mirrored and strided inputs, grayscale expanded
+to RGB (a zero channel stride), float32 inputs, and the uint8 output that rounds inside the kernel. And
+the colour distortion's fused rounding store. (tests/test_transforms_tf.py compares the pipelines with
+TensorFlow's own images.)
 
 The transcription computes the source positions as TF does, in float32 (which source cells an output
 reads is part of the equations), and everything after in float64, as per-axis weight matrices.

@@ -17,7 +17,7 @@ means are accumulated in float64 (TF's float32 reduction order differs by about 
 The clip is TF's clip_by_value (max(0, min(1, x)) in float32; NaN stays NaN in both).
 
 `distort_color(x, params, out)` also does the pipeline's last step, out = round(x * 255) as uint8
-(clamped; resize._round's rounding), in its last pass. Cost (one thread, 299 x 299): about 0.6 ms,
+(clamped; resize_kernels._round's rounding), in its last pass. Cost (one thread, 299 x 299): about 0.6 ms,
 of which the saturation and hue arithmetic (3 divisions and a double round trip per pixel, 8 pixels
 per vector instruction) is about 0.4 and the float64 sum of ordering 1's means, a chain of dependent
 additions kept in the transcription's order, 0.12.
@@ -260,7 +260,7 @@ def _shift_hue_row(red, green, blue, delta6):
 
 @numba.njit(**_JIT)
 def _round255(v):
-    """v * 255 rounded to the nearest uint8 level, clamped to [0, 255] (resize._round's rounding)."""
+    """v * 255 rounded to the nearest uint8 level, clamped to [0, 255] (resize_kernels._round's rounding)."""
     v = min(max(v * _F32(255) + _F32(0.5), _F32(0)), _F32(255.5))
     return np.uint8(min(np.int32(v), 255))
 

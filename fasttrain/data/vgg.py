@@ -59,7 +59,8 @@ import numpy as np
 from fasttrain.data.jpeg import fused
 from fasttrain.data.jpeg.decode import jpeg_size
 from fasttrain.data.jpeg.doctor import decode_window_rows
-from fasttrain.data.resize import _lerp_row, resize  # TF's horizontal lerp of one source row
+from fasttrain.data.resize import resize
+from fasttrain.data.resize_kernels import _lerp_row  # TF's horizontal lerp of one source row
 
 _F32 = np.float32
 _CHROMA_MARGIN = 1  # columns decoded beyond the window on each side: the fewest that are exact

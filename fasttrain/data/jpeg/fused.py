@@ -5,7 +5,7 @@ other threads: each drop may cost a wait as long as the others' GIL-held work, a
 this, the train transforms dropped it three times per image (the doctored stream, the decode, the
 resize; the record's read is a fourth), Inception's four (its colour distortion). Here they are one
 numba call (nogil): the doctored stream (fasttrain.data.jpeg.doctor._doctor), TurboJPEG's header
-read, cropping region and decode, and the transform's kernels (ResNet v1.5: resize._bilinear; the
+read, cropping region and decode, and the transform's kernels (ResNet v1.5: resize_kernels._bilinear; the
 Inception seed: the resize method drawn and color._distort; the ResNet seed's vgg window:
 vgg._window_bilinear, in vgg._fused), so a thread drops the GIL twice per image: the read and this
 call. Counted with perf on CPython's take_gil (bench/loader_alone.py, one thread, photo shards with
@@ -55,7 +55,8 @@ from fasttrain.data.color import ColorParams, _distort
 from fasttrain.data.jpeg import decode as _jpeg
 from fasttrain.data.jpeg.doctor import _doctor, decode_window_rows, full_window_region, read_only_views
 from fasttrain.data.jpeg.scan import COLUMN_GROUP, row_checkpoints
-from fasttrain.data.resize import METHODS, _area, _bicubic, _bilinear, _nearest, resize
+from fasttrain.data.resize import METHODS, resize
+from fasttrain.data.resize_kernels import _area, _bicubic, _bilinear, _nearest
 
 __all__ = ["FUSED", "check", "crop_resize", "crop_resize_inception", "decode_window", "run"]
 
