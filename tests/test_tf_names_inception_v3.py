@@ -17,9 +17,10 @@ import torch
 from fasttrain.checkpoint import CheckpointError
 from fasttrain.models.inception_v3 import Inception3
 from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
+from fasttrain.tf.export import export_tensors
 from fasttrain.tf.names import to_torch, variable_map
 from fasttrain.tf.names.inception_v3 import layer_scope, zero_debias_names
-from fasttrain.tf.state import export_tensors, load_run, load_tf_for_eval, model_state
+from fasttrain.tf.state import load_run, load_tf_for_eval, model_state
 
 DATA = Path(__file__).parent / "data" / "tf-inception"
 CKPT = DATA / "reduced" / "model.ckpt-7"

@@ -1,10 +1,11 @@
-"""fasttrain.tf.state and the TF official v1.5 names (fasttrain/tf/names/resnet_v15.py): a trained
-state (weights, BN statistics, RMSProp or Momentum slots, weight and BN EMA, step) exported to a V2
-checkpoint and continued from it comes back exactly, in TF's layouts (checked element by element, not
-through the code under test); TF official ResNet-50's published variable names and shapes; each
-mismatch (another model, a missing, extra or misshapen variable, the other optimizer's slots) is one
-CheckpointError naming the variable; end to end (slow), a run continued from its TF export takes the
-same steps as fasttrain's own resume, and fasttrain.evaluate gives its source's numbers on it."""
+"""fasttrain.tf.state, fasttrain.tf.export and the TF official v1.5 names
+(fasttrain/tf/names/resnet_v15.py): a trained state (weights, BN statistics, RMSProp or Momentum slots,
+weight and BN EMA, step) exported to a V2 checkpoint and continued from it comes back exactly, in TF's
+layouts (checked element by element, not through the code under test); TF official ResNet-50's
+published variable names and shapes; each mismatch (another model, a missing, extra or misshapen
+variable, the other optimizer's slots) is one CheckpointError naming the variable; end to end (slow), a
+run continued from its TF export takes the same steps as fasttrain's own resume, and fasttrain.evaluate
+gives its source's numbers on it."""
 
 import json
 import shutil
@@ -23,8 +24,9 @@ from fasttrain.data.synthetic import make_synthetic
 from fasttrain.models import create_model
 from fasttrain.optim import FusedMomentum, FusedRMSPropTF
 from fasttrain.tf.checkpoint import open_checkpoint, write_checkpoint
+from fasttrain.tf.export import export_tensors
 from fasttrain.tf.names import to_tf, variable_map
-from fasttrain.tf.state import export_tensors, load_run, model_state
+from fasttrain.tf.state import load_run, model_state
 
 
 def trained(kind="rmsprop", seed=0, num_classes=5):

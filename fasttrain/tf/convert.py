@@ -152,7 +152,7 @@ def to_tf(args: argparse.Namespace) -> Path:
     from fasttrain.bn_buffers import BufferEMA
     from fasttrain.run import build_model, build_optimizer, load_weights
     from fasttrain.tf.checkpoint import write_checkpoint
-    from fasttrain.tf.state import export_tensors
+    from fasttrain.tf.export import export_tensors
 
     check_out([Path(f"{args.out}.index"), Path(f"{args.out}.data-00000-of-00001")], args.overwrite)
     source = Path(args.source)

@@ -1,8 +1,8 @@
-"""TF checkpoints of the seeds' models into fasttrain's objects, and back: driven by fasttrain.tf.names.
+"""TF checkpoints of the seeds' models into fasttrain's objects, driven by fasttrain.tf.names; the way
+back, fasttrain's state as TF variables, is fasttrain.tf.export (by the table below).
 
     weights = model_state(ckpt, "inception_v3", model)             # raw weights, or ema=True
     step = load_run(ckpt, cfg, run, log)                            # continue a TF run: everything
-    tensors = export_tensors("inception_v3", model, optimizer, bn_ema, step, "rmsprop")
 
 What a TF run holds and where fasttrain keeps it (`v` is a variable's full name from the name map):
 
@@ -20,13 +20,13 @@ What a TF run holds and where fasttrain keeps it (`v` is a variable's full name 
 The Inception seed's zero-debias state (every TF >= 0.12 writes it for slim's moving averages;
 fasttrain.tf.names.inception_v3.zero_debias_names): `<scope>/BatchNorm/<scope>/BatchNorm/moving_{mean,
 variance}/local_step` (float32) is the layer's bn.num_batches_tracked on import (both must be equal
-whole numbers; 0 when the checkpoint has none, which is what TF's Saver initialisation gives them:
-the first training step then replaces the moving statistics by the batch's), and `.../biased` must
-equal moving * (1 - decay^local_step) (decay the layer's, float32 as TF computes it). Export writes
-both from the count. Model state, load_run, the pretrained restore and evaluation all take the count
-from model_state. (The seed's --pretrained_model_checkpoint_path restores slim's VARIABLES_TO_RESTORE
-only, so TF >= 0.12 restarts local_step at 0 there; we keep the checkpoint's count, as the seed's own
-TF, which had no zero-debias, kept the statistics going.)
+whole numbers; 0 when the checkpoint has none, which is what TF's Saver initialisation gives them: the
+first training step then replaces the moving statistics by the batch's), and `.../biased` must equal
+moving * (1 - decay^local_step) (decay the layer's, float32 as TF computes it). Export
+(fasttrain.tf.export) writes both from the count. Model state, load_run, the pretrained restore and
+evaluation all take the count from model_state. (The seed's --pretrained_model_checkpoint_path restores
+slim's VARIABLES_TO_RESTORE only, so TF >= 0.12 restarts local_step at 0 there; we keep the
+checkpoint's count, as the seed's own TF, which had no zero-debias, kept the statistics going.)
 Variables the seeds' runs hold that fasttrain has no use for (the Inception seed's loss averages
 `tower_0/.../avg`, ...) are left behind on import, with a note from load_run.
 
@@ -126,20 +126,6 @@ def zero_debias_counts(ckpt, model_name: str, model: torch.nn.Module) -> dict[st
     return out
 
 
-def zero_debias_tensors(model_name: str, model: torch.nn.Module) -> dict[str, np.ndarray]:
-    """The zero-debias variables for `model`'s state (float32 local_step and biased, as TF's)."""
-    state, out = model.state_dict(), {}
-    for key, zd in _zero_debias_names(model_name, model).items():
-        count = int(state[key])
-        factor = _bias_factor(_decay_keep(model, key), count)
-        bn = key[: -len(_NUM_BATCHES)]
-        for stat, entry in (("moving_mean", "running_mean"), ("moving_variance", "running_var")):
-            moving = state[f"{bn}.{entry}"].detach().cpu().to(torch.float32)
-            out[zd[f"{stat}/local_step"]] = np.asarray(count, dtype=np.float32)
-            out[zd[f"{stat}/biased"]] = (moving * factor).numpy()
-    return out
-
-
 def unused_variables(ckpt, model_name: str, model: torch.nn.Module) -> list[str]:
     """The checkpoint's variables fasttrain has no counterpart of (e.g. the Inception seed's loss
     averages `tower_0/.../avg`): not the map's, their slots or shadows, zero-debias state or step."""
@@ -164,11 +150,6 @@ def _shapes(ckpt) -> dict:
     if ckpt not in _SHAPE_CACHE:
         _SHAPE_CACHE[ckpt] = ckpt.shapes()
     return _SHAPE_CACHE[ckpt]
-
-
-def global_step_dtype(model_name: str) -> np.dtype:
-    """The seed's global_step dtype: float32 in the Inception seed, int64 in the ResNet seeds."""
-    return np.dtype(np.float32 if model_name == "inception_v3" else np.int64)
 
 
 def name_map(model_name: str, model: torch.nn.Module) -> dict[str, TFVariable]:
@@ -367,46 +348,6 @@ def load_run(ckpt, cfg, run, log: Callable[[str], None]) -> int:
     if not cfg.ema_decay and any(n.endswith(f"/{EMA}") for n in names):
         log(f"note: the TF run kept an EMA ({EMA} shadows), which ema_decay 0 leaves behind")
     return step
-
-
-def export_tensors(
-    model_name: str, model: torch.nn.Module, optimizer, bn_ema, step: int, optimizer_kind: str
-) -> tuple[dict[str, np.ndarray], list[str]]:
-    """The seed's TF variables for fasttrain's state: weights, BN statistics, slots, EMA shadows and
-    global_step (optimizer and bn_ema may be None). Also the notes to show (values TF cannot hold)."""
-    vmap = name_map(model_name, model)
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    out: dict[str, np.ndarray] = {}
-    lost = []
-    for key, var in vmap.items():
-        if var.layout == "ones":
-            if not torch.all(state[key] == 1):
-                lost.append(key)
-            continue
-        out[var.name] = to_tf(state[key].numpy(), var.layout)
-    if optimizer is not None:
-        saved = optimizer.state_dict()["state"]
-        for i, key in enumerate(_param_names(model, optimizer)):
-            var = vmap[key]
-            if var.layout == "ones":
-                continue
-            for state_key, suffix in SLOTS[optimizer_kind].items():
-                out[f"{var.name}/{suffix}"] = to_tf(saved[i][state_key].cpu().numpy(), var.layout)
-            if "ema" in saved[i]:
-                out[f"{var.name}/{EMA}"] = to_tf(saved[i]["ema"].cpu().numpy(), var.layout)
-    if bn_ema is not None:
-        for name, shadow in bn_ema.state_dict().items():
-            if vmap[name].layout != "ones":
-                out[f"{vmap[name].name}/{EMA}"] = to_tf(shadow.cpu().numpy(), vmap[name].layout)
-    out.update(zero_debias_tensors(model_name, model))
-    out[GLOBAL_STEP] = np.asarray(step, dtype=global_step_dtype(model_name))
-    notes = []
-    if lost:
-        notes.append(
-            f"note: {len(lost)} batch-norm scales (e.g. {lost[0]}) are not 1, and the seed's network has no "
-            "such variable: TF will compute with 1 (train with the exact seed network to avoid this)"
-        )
-    return out, notes
 
 
 def load_eval_weights(model: torch.nn.Module, optimizer, bn_ema, raw: dict, ema: dict | None) -> None:

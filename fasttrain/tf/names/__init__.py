@@ -14,7 +14,8 @@ A map covers every floating-point entry of the model's state_dict (parameters an
 statistics; not num_batches_tracked). Layouts: "conv" is TF's HWIO against torch's OIHW, "dense"
 TF's (in, out) against torch's (out, in), "vector" the same on both sides, and "ones" an entry TF
 does not have (slim's batch norm has no gamma): an import fills it with 1, an export leaves it out.
-Optimizer slots, EMA shadows and global_step are named from these variable names by fasttrain.tf.state.
+Optimizer slots, EMA shadows and global_step are named from these variable names by fasttrain.tf.state
+(and fasttrain.tf.export).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ What else a seed checkpoint holds, named from these (tests/data/tf-inception/ful
       <scope>/BatchNorm/<scope>/BatchNorm/moving_mean/{biased,local_step}     (moving_variance alike)
   local_step is the layer's update count: fasttrain's bn.num_batches_tracked (both local_steps of a
   layer are equal); biased = moving * (1 - decay^local_step) (zero_debias_names below;
-  fasttrain.tf.state reads the count and checks biased on import, and writes both on export).
+  fasttrain.tf.state reads the count and checks biased on import, fasttrain.tf.export writes both).
 Not mapped: what the seed's training graph adds beside the model (its loss averages `tower_0/.../avg`,
 made by ExponentialMovingAverage(0.9, name='avg') in inception_train.py's _tower_loss) is left behind
 on import with a note and not written on export.
