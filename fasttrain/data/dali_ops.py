@@ -1,4 +1,4 @@
-"""The per-setting pieces of the DALI graph (fasttrain/data/dali_pipeline.py, whose docstring states
+"""The per-setting pieces of the DALI graph (fasttrain/data/dali_graph.py, whose docstring states
 their equations): the train crop window, the Inception seed's colour distortion, the eval crop and
 resize that make DALI's resize TF1's, and the ResNet seed's vgg geometry. Each takes DALI's `fn`,
 `math` and `types` modules from the graph that calls it, so this module imports no DALI itself.
@@ -10,7 +10,7 @@ import math
 
 
 def distort_color(fn, dmath, types, images, gpu):
-    """The seed's colour distortion on [0, 255] floats (dali_pipeline.py's docstring)."""
+    """The seed's colour distortion on [0, 255] floats (dali_graph.py's docstring)."""
     x = fn.cast(images, dtype=types.FLOAT)
     x = dmath.clamp(x + gpu(fn.random.uniform(range=[-32.0, 32.0])), 0.0, 255.0)
     x = fn.hsv(
@@ -26,7 +26,7 @@ def distort_color(fn, dmath, types, images, gpu):
 
 def train_window(fn, dmath, types, boxes, width, height):
     """(anchor, extent, start, shape): the seeds' distorted bounding-box crop of a (W, H) image with
-    boxes (n, 4) xyXY fractions (dali_pipeline.py's docstring). anchor (x, y) and extent (w, h) are
+    boxes (n, 4) xyXY fractions (dali_graph.py's docstring). anchor (x, y) and extent (w, h) are
     random_bbox_crop's window, fractions of the image (the whole image for an empty one); start (x, y)
     and shape (w, h), int32, the same window in whole pixels for decoders.image_slice, at least one
     pixel a side and inside the image.
@@ -66,7 +66,7 @@ def train_window(fn, dmath, types, boxes, width, height):
 
 
 def eval_images(fn, dmath, types, images, height, width, size: int, preprocess: str):
-    """The decoded images (H, W, 3) resized as the seed's eval does (dali_pipeline.py's docstring):
+    """The decoded images (H, W, 3) resized as the seed's eval does (dali_graph.py's docstring):
     (S, S, 3).
 
     TF1's resize samples source index y * scale (no half-pixel offset); DALI samples at pixel centres,
@@ -111,7 +111,7 @@ def eval_images(fn, dmath, types, images, height, width, size: int, preprocess: 
 
 
 def vgg_images(fn, dmath, types, jpegs, decoder, height, width, size: int, training: bool):
-    """The ResNet seed's vgg_preprocessing geometry (dali_pipeline.py's docstring): (images, mirror,
+    """The ResNet seed's vgg_preprocessing geometry (dali_graph.py's docstring): (images, mirror,
     crop), crop = (side, top, left, flip) per sample, for tests. Every step in float32, as TF's
     _smallest_size_at_least."""
     from fasttrain.data.vgg import resize_sides
