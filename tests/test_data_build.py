@@ -276,7 +276,7 @@ def test_index_files_and_row_checkpoints_in_the_same_pass(tmp_path, capsys):
 def test_a_build_in_one_process_says_how_far_it_is_while_a_shard_runs(tmp_path, capsys, monkeypatch):
     # With one process (--workers 1, one shard left, one core) the jobs ran in the main thread and the
     # progress was looked at between shards only: a one-shard split printed no line however long it took.
-    from fasttrain.data import build, build_shard
+    from fasttrain.data import build_run, build_shard
 
     real = build_shard.stored_image
 
@@ -285,7 +285,7 @@ def test_a_build_in_one_process_says_how_far_it_is_while_a_shard_runs(tmp_path, 
         return real(*args, **kwargs)
 
     monkeypatch.setattr(build_shard, "stored_image", slow)
-    monkeypatch.setattr(build, "PROGRESS_SECONDS", 0.1)
+    monkeypatch.setattr(build_run, "PROGRESS_SECONDS", 0.1)
     one_each = ("--train_shards=1", "--validation_shards=1", "--num_threads=1")
     assert main(build_args(FIXTURE / "input", tmp_path, *one_each)) == 0  # 2 jobs, about 0.75 s
     lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
@@ -295,9 +295,9 @@ def test_a_build_in_one_process_says_how_far_it_is_while_a_shard_runs(tmp_path, 
 
 
 def test_progress_lines_give_the_rate_and_eta(tmp_path, capsys, monkeypatch):
-    from fasttrain.data import build
+    from fasttrain.data import build_run
 
-    monkeypatch.setattr(build, "PROGRESS_SECONDS", 0.0)  # a line after every shard
+    monkeypatch.setattr(build_run, "PROGRESS_SECONDS", 0.0)  # a line after every shard
     assert main(build_args(FIXTURE / "input", tmp_path)) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "ETA" in line]
     assert len(lines) == 7 and lines[0] == "0/15 images, 0 images/s, ETA not yet known"  # an empty shard

@@ -77,7 +77,7 @@ def test_images_left_out_stay_recorded_when_the_build_dies_after_their_shard_is_
     # The main process recorded a shard's left-out images only once the worker's result reached it,
     # after the shard had its name: a build killed in between (SIGKILL, the OOM killer) kept the
     # shard as finished and lost the record, and every rerun said "nothing to do" without the note.
-    from fasttrain.data import build
+    from fasttrain.data import build_run
 
     image = tree / "train/n01440764/n01440764_7.JPEG"
     image.write_bytes(b"")
@@ -87,12 +87,12 @@ def test_images_left_out_stay_recorded_when_the_build_dies_after_their_shard_is_
         pass
 
     def killed(path, value):
-        if path.name == build.SKIPPED_RECORD:
+        if path.name == build_run.SKIPPED_RECORD:
             raise Killed  # the process dies here
         return real(path, value)
 
-    real = build._write_json
-    monkeypatch.setattr(build, "_write_json", killed)
+    real = build_run._write_json
+    monkeypatch.setattr(build_run, "_write_json", killed)
     with pytest.raises(Killed):
         main(build_args(tree, out, "--on_bad=skip"))
     monkeypatch.undo()

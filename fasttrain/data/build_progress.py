@@ -1,6 +1,6 @@
-"""A build's progress lines (fasttrain.data.build): 'done/total images, rate, ETA' every interval, from the
-main loop between shards and, where the shards are written in the main process itself (one worker), from
-a thread of its own while a shard runs."""
+"""A build's progress lines (fasttrain.data.build_run): 'done/total images, rate, ETA' every interval,
+from the main loop between shards and, where the shards are written in the main process itself (one
+worker), from a thread of its own while a shard runs."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def set_counter(counter) -> None:
 
 def skipped_path(shard: Path) -> Path:
     """Where a worker records the images --on_bad skip left out of `shard` before naming it: the main
-    process folds it into the build's record (fasttrain.data.build) and deletes it."""
+    process folds it into the build's record (fasttrain.data.build_run) and deletes it."""
     return shard.with_name(f".{shard.name}.skipped")
 
 
