@@ -9,7 +9,7 @@
           machine is not measured yet).
     CPU   the trainer's wait in next(batches): the step runs synchronously, so that is all of it.
 
-With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader) says why:
+With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader_time) says why:
 threads busy (too few cores or threads), off the CPU inside samples (the GIL, the disk), or idle
 with every slot made (then the loader is not what holds training back).
 

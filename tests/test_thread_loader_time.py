@@ -1,5 +1,6 @@
-"""fasttrain/data/thread_loader.py: where the loader threads' time goes (ThreadTime), and the ring's
-CUDA release events, run here with stand-in events that complete a set time after they are recorded.
+"""fasttrain/data/thread_loader_time.py and thread_loader.py: where the loader threads' time goes
+(ThreadTime), and the ring's CUDA release events, run here with stand-in events that complete a set
+time after they are recorded.
 
 The references are independent of the counters: a sample made to sleep (off the CPU) or to spin (on
 it) for a known time, a consumer that sleeps, and the stand-in events' own completion times.

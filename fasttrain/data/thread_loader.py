@@ -33,11 +33,12 @@ x 224 x 224 x 3 (+2.6-3.7%). A thread waits for a slot's event once: the first t
 clears it for the slot's other samples (tests/test_thread_loader_time.py runs the ring with stand-in
 events; real CUDA events run only on a GPU).
 
-Where the time goes: each thread keeps its own ThreadTime (wall and CPU time inside samples, waits for
-a slot and for the GPU), and the consumer's wait for batches is added; `ThreadLoader.thread_time()`
-sums them, for the trainer's input-bound line and bench/loader_alone.py. Per sample that costs two
-wall-clock and two thread CPU-clock reads, about 1 us with the GIL held (a CPU-clock read is a system
-call, 0.45 us on the project's VM), beside about 49 us of GIL-held work per image (perf, one thread).
+Where the time goes: each thread keeps its own ThreadTime (fasttrain/data/thread_loader_time.py: wall
+and CPU time inside samples, waits for a slot and for the GPU), and the consumer's wait for batches is
+added; `ThreadLoader.thread_time()` sums them, for the trainer's input-bound line and
+bench/loader_alone.py. Per sample that costs two wall-clock and two thread CPU-clock reads, about 1 us
+with the GIL held (a CPU-clock read is a system call, 0.45 us on the project's VM), beside about 49 us
+of GIL-held work per image (perf, one thread).
 
 Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
 calls drop the GIL, or from the train transforms' fused numba call, fasttrain.data.jpeg.fused), the
@@ -66,7 +67,6 @@ stops and joins every thread; a thread finishes the sample it is on first (milli
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 import time
@@ -76,67 +76,11 @@ import torch
 
 from fasttrain.config import Config
 from fasttrain.data.errors import DataError, LabelRangeError, ShardReadError, error_reason
+from fasttrain.data.thread_loader_time import ThreadTime
 from fasttrain.data.torch_pipeline import SampleReader, ShardLoader, all_corrupt
 from fasttrain.stop_signals import stop_signals_blocked
 
 PREFETCH = 2  # batches made ahead of the consumer: enough to cover one slow sample's jitter
-
-
-@dataclasses.dataclass
-class ThreadTime:
-    """Where the loader threads' time went (seconds, all threads summed), and the consumer's wait.
-
-    work: wall time inside samples (read, decode, transform, write); cpu: the CPU time the threads
-    used inside them (time.thread_time), so work - cpu is time a thread spent in a sample off the CPU:
-    waiting to take the GIL back, for a page of the shard from disk, or for a core. slot_wait: no
-    sample to take (the ring's slots full, the batches PREFETCH ahead of the consumer made); gpu_wait:
-    a slot's CUDA release event (the step still copying out of it). consumer_wait: the consumer's
-    (the trainer's main thread) wait for a batch not yet made.
-    """
-
-    threads: int = 0
-    images: int = 0
-    work_s: float = 0.0
-    cpu_s: float = 0.0
-    slot_wait_s: float = 0.0
-    gpu_wait_s: float = 0.0
-    consumer_wait_s: float = 0.0
-
-    def add(self, other: ThreadTime) -> None:
-        for f in dataclasses.fields(self):
-            if f.name != "threads":
-                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
-        self.threads = max(self.threads, other.threads)
-
-    def since(self, earlier: ThreadTime) -> ThreadTime:
-        out = ThreadTime(**vars(self))
-        for f in dataclasses.fields(self):
-            if f.name != "threads":
-                setattr(out, f.name, getattr(self, f.name) - getattr(earlier, f.name))
-        return out
-
-    def shares(self, seconds: float) -> dict[str, float]:
-        """Over `seconds` of wall time: loader_busy, loader_slot_wait, loader_gpu_wait (shares of the
-        threads' time) and loader_off_cpu (the share of the busy time off the CPU)."""
-        span = max(seconds * self.threads, 1e-9)
-        return dict(
-            loader_busy=min(1.0, self.work_s / span),  # a sample counts when it ends: one may straddle
-            loader_off_cpu=max(0.0, (self.work_s - self.cpu_s) / max(self.work_s, 1e-9)),
-            loader_slot_wait=self.slot_wait_s / span,
-            loader_gpu_wait=self.gpu_wait_s / span,
-        )
-
-    def describe(self, seconds: float) -> str:
-        """'14 loader threads 31% busy making images, 12% of that off the CPU (...); idle 60% with
-        every slot ahead made, 9% for the GPU to free a slot' (that last part when it waited), over
-        `seconds` of wall time."""
-        s = self.shares(seconds)
-        return (
-            f"{self.threads} loader thread{'s' * (self.threads != 1)} {s['loader_busy']:.0%} busy making "
-            f"images, {s['loader_off_cpu']:.0%} of that off the CPU (the GIL, disk or too few cores); "
-            f"idle {s['loader_slot_wait']:.0%} with every slot ahead made"
-            + (f", {s['loader_gpu_wait']:.0%} for the GPU to free a slot" if self.gpu_wait_s > 0 else "")
-        )
 
 
 class ThreadLoader(ShardLoader):
