@@ -34,7 +34,8 @@ from fasttrain.lock import RunLock, claim_run_dir, ensure_run_id
 from fasttrain.monitor import MetricsLog, StopRequest, log_step, progress_bar, run_summary
 from fasttrain.nonfinite import check_finite
 from fasttrain.precision import resolve_precision
-from fasttrain.resume import has_checkpoint, restore_run, save_config, save_run
+from fasttrain.resume import restore_run, save_config, save_run
+from fasttrain.resume_source import has_checkpoint
 from fasttrain.rng import get_rng_state, seed_torch, set_rng_state
 from fasttrain.run import build_run
 from fasttrain.run_config import processes_per_node, resolve_node_batch
