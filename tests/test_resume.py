@@ -16,12 +16,9 @@ import pytest
 import torch
 from launch_helpers import ENV, command, reached_step, run_torchrun, trainer, trainer_args, trainer_env
 
-from fasttrain.checkpoint import CheckpointError
 from fasttrain.config import make_config
 from fasttrain.data.synthetic import make_synthetic
-from fasttrain.models import create_model
 from fasttrain.plot import read_metrics
-from fasttrain.pretrained import restore_pretrained
 from fasttrain.resume import changed_settings
 
 
@@ -293,84 +290,6 @@ def test_a_checkpoint_dir_that_does_not_fit_is_not_answered_with_a_new_train_dir
     )
     assert f"the settings it was written with ({source / 'config.json'})" in line, line
     assert "--pretrained_model_checkpoint_path" in line and "new --train_dir" not in line, line
-
-
-# --- --pretrained_model_checkpoint_path: a fasttrain checkpoint, a TF one, or a plain state_dict -----
-
-
-def _pretrained(path, **flags):
-    model = create_model("resnet18", 5, base_channels=8)
-    cfg = make_config(
-        model="resnet18", base_channels=8, num_classes=5, pretrained_model_checkpoint_path=str(path)
-    )
-    logs = []
-    restore_pretrained(model, dataclasses.replace(cfg, **flags), logs.append)
-    return model, logs
-
-
-def test_a_plain_state_dict_is_taken_with_torchvisions_names(tmp_path):
-    # torch.save(model.state_dict(), path), as torchvision's weight files are: it used to end in "is not a
-    # fasttrain checkpoint (no 'model' and 'step' entries)".
-    torch.manual_seed(1)
-    source = create_model("resnet18", 5, base_channels=8)
-    assert "layer1.0.conv1.weight" in source.state_dict()  # torchvision's names (fasttrain/models/resnet.py)
-    torch.save(source.state_dict(), tmp_path / "weights.pt")
-    ddp = {f"module.{k}": v for k, v in source.state_dict().items()}  # a DDP-wrapped model's names
-    torch.save(ddp, tmp_path / "ddp.pt")
-    for name in ("weights.pt", "ddp.pt"):
-        model, logs = _pretrained(tmp_path / name)
-        assert_same_tensors(model.state_dict(), source.state_dict(), name)
-        assert logs == [f"restored weights from {tmp_path / name}"]
-    model, _ = _pretrained(tmp_path / "weights.pt", fine_tune=True, num_classes=7)  # another head
-    assert torch.equal(model.conv1.weight, source.conv1.weight)
-
-
-@pytest.mark.parametrize(
-    "content, words",
-    [
-        (
-            {"state_dict": "SD", "epoch": 3},
-            "holds a dict of 'state_dict', 'epoch', neither a fasttrain checkpoint",
-        ),
-        ([1, 2], "holds list, neither a fasttrain checkpoint nor a state_dict"),
-    ],
-)
-def test_another_file_says_how_to_keep_the_weights(tmp_path, content, words):
-    weights = create_model("resnet18", 5, base_channels=8).state_dict()
-    path = tmp_path / "trainer.pt"
-    torch.save(
-        {k: weights if v == "SD" else v for k, v in content.items()}
-        if isinstance(content, dict)
-        else content,
-        path,
-    )
-    with pytest.raises(CheckpointError) as err:
-        _pretrained(path)
-    message = str(err.value)
-    assert words in message and "\n" not in message, message
-    wrap = f"torch.load({str(path)!r})['state_dict']" if isinstance(content, dict) else "model.state_dict()"
-    assert f"save the weights alone, torch.save({wrap}, 'weights.pt'), and pass that file" in message
-
-
-def test_a_fasttrain_file_without_a_state_dict_is_one_error(tmp_path):
-    # {"model": 5, "step": 0} ended in "'int' object has no attribute 'items'".
-    torch.save({"model": 5, "step": 0}, tmp_path / "odd.pt")
-    with pytest.raises(CheckpointError, match="odd.pt holds no state_dict under 'model'"):
-        _pretrained(tmp_path / "odd.pt")
-    torch.save({0: torch.zeros(1)}, tmp_path / "int_keys.pt")  # ended in a TypeError in str.join
-    with pytest.raises(CheckpointError, match="neither a fasttrain checkpoint nor a state_dict"):
-        _pretrained(tmp_path / "int_keys.pt")
-
-
-def test_a_state_dict_of_other_names_names_both(tmp_path):
-    weights = {
-        f"backbone.{k}": v for k, v in create_model("resnet18", 5, base_channels=8).state_dict().items()
-    }
-    torch.save(weights, tmp_path / "timm.pt")
-    with pytest.raises(
-        CheckpointError, match=r"missing conv1\.weight, .*; it has backbone\.bn1\.bias, .* instead"
-    ):
-        _pretrained(tmp_path / "timm.pt")
 
 
 # --- metrics.jsonl after a resume: each step once --------------------------------------------------
