@@ -1,8 +1,9 @@
-"""The pieces of the DALI graph in fasttrain/data/dali_ops.py that test_dali_pipeline.py does not reach
-(DALI's CPU-only mode): the train crop window of tiny images, and records without box keys.
+"""The pieces of the DALI graph in fasttrain/data/dali_ops.py that test_dali_pipeline.py and
+test_dali_graph.py do not reach (DALI's CPU-only mode): the train crop window of tiny images, and
+records without box keys.
 
 The eval crop and resize are held to TensorFlow's own outputs in test_transforms_tf.py and to the torch
-transforms in test_dali_pipeline.py; the ResNet seed's vgg geometry in test_vgg_dali.py.
+transforms in test_dali_graph.py; the ResNet seed's vgg geometry in test_vgg_dali.py.
 """
 
 import io

@@ -177,7 +177,7 @@ def test_eval_geometry_is_tensorflows_for_every_listed_size():
 
 @pytest.mark.parametrize("preprocess", ["inception", "resnet"])
 def test_dali_eval_against_tensorflow(tmp_path, reference, preprocess):
-    """DALI's eval images (CPU mode) against TF's: the geometry and resize are TF's (test_dali_pipeline),
+    """DALI's eval images (CPU mode) against TF's: the geometry and resize are TF's (test_dali_graph),
     the decoder is not (libjpeg-turbo's accurate IDCT in DALI, the fast one in TF): about 1 level on
     average, the figure the README gives. The small photos' Inception crops are upscaled to S, where
     the bilinear taps of the crop's last rows and columns clamp at the crop's edge as TF's do."""
