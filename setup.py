@@ -49,7 +49,8 @@ setup(
         # `pip install ".[test,dali]"` runs them too, as CI does.
         "test": [
             "pytest>=7",
-            "pytest-benchmark>=4",
+            # 5.3.1: the first that runs under pytest 9.2 (5.2.3 failed every benchmark: no `_nodeid`)
+            "pytest-benchmark>=5.3.1",
             "matplotlib>=3.5",
             "ruff>=0.5",
             "scikit-image>=0.21",  # tests/test_bench_input.py: the photo shard writer

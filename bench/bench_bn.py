@@ -64,19 +64,19 @@ def _eager(x, w, b, rm, rv, res):
 def _triton(geometry=None):
     """bn_act, at the kernels' own geometry or at `geometry` (GPU_TILE, GPU_NUM_WARPS, PROGRAMS_PER_SM)
     for this call only."""
-    from fasttrain.kernels import batch_norm
+    from fasttrain.kernels import batch_norm, batch_norm_layout
 
     names = ("GPU_TILE", "GPU_NUM_WARPS", "PROGRAMS_PER_SM")
 
     def fn(x, w, b, rm, rv, res):
-        saved = [getattr(batch_norm, n) for n in names]
+        saved = [getattr(batch_norm_layout, n) for n in names]
         for name, value in zip(names, geometry or saved):
-            setattr(batch_norm, name, value)
+            setattr(batch_norm_layout, name, value)
         try:
             return batch_norm.bn_act(x, w, b, rm, rv, momentum=0.003, eps=1e-5, residual=res)
         finally:
             for name, value in zip(names, saved):
-                setattr(batch_norm, name, value)
+                setattr(batch_norm_layout, name, value)
 
     return fn
 

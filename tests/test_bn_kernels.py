@@ -19,7 +19,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fasttrain.kernels import batch_norm
+from fasttrain.kernels import batch_norm_layout
 from fasttrain.kernels.batch_norm import bn_act
 from fasttrain.kernels.common import HAVE_TRITON
 from kernel_helpers import DEVICES, _triton_interpreter  # noqa: F401  (an autouse fixture)
@@ -136,11 +136,11 @@ def test_bn_act_matches_torch_batch_norm_in_float64(
     device, shape, relu, residual, affine, tiles, monkeypatch
 ):
     if tiles != "one-tile":  # several tiles per program, several programs, a masked last tile
-        monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
-        monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+        monkeypatch.setattr(batch_norm_layout, "INTERPRETER_TILE", 16)
+        monkeypatch.setattr(batch_norm_layout, "INTERPRETER_PROGRAMS", 3)
     if tiles == "many-partials":  # 30-40 programs' partials, merged 4 at a time: the merge's own loop
-        monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 40)
-        monkeypatch.setattr(batch_norm, "MERGE_BLOCK_P", 4)
+        monkeypatch.setattr(batch_norm_layout, "INTERPRETER_PROGRAMS", 40)
+        monkeypatch.setattr(batch_norm_layout, "MERGE_BLOCK_P", 4)
     g = torch.Generator().manual_seed(sum(shape))
     got, ref = _run_case(device, shape, torch.float32, relu, residual, affine, g)
     for name, a, e in zip(("y", "running_mean", "running_var", "dx", "dweight", "dbias", "dres"), got, ref):
@@ -210,8 +210,8 @@ def test_bn_act_in_bf16_rounds_only_its_outputs(device):
 def test_statistics_hold_when_the_mean_dwarfs_the_spread(device, monkeypatch):
     # mean 1000, std 0.01: E[x^2] - E[x]^2 in float32 would lose every digit of the variance (1e-4
     # against 1e6 * 6e-8); the pairwise (Chan) merges keep it to about 1e-4 of itself.
-    monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
-    monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+    monkeypatch.setattr(batch_norm_layout, "INTERPRETER_TILE", 16)
+    monkeypatch.setattr(batch_norm_layout, "INTERPRETER_PROGRAMS", 3)
     g = torch.Generator().manual_seed(5)
     got, ref = _run_case(device, (4, 3, 6, 6), torch.float32, False, False, True, g, mean=1000.0, std=0.01)
     y, rm, rv = got[:3]
@@ -222,8 +222,8 @@ def test_statistics_hold_when_the_mean_dwarfs_the_spread(device, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bn_act_hands_out_the_batch_mean_and_biased_variance(device, monkeypatch):
     # What Inception's slim batch norm averages itself (TF's zero-debiased moving averages).
-    monkeypatch.setattr(batch_norm, "INTERPRETER_TILE", 16)
-    monkeypatch.setattr(batch_norm, "INTERPRETER_PROGRAMS", 3)
+    monkeypatch.setattr(batch_norm_layout, "INTERPRETER_TILE", 16)
+    monkeypatch.setattr(batch_norm_layout, "INTERPRETER_PROGRAMS", 3)
     g = torch.Generator().manual_seed(9)
     x = _cl(torch.randn(3, 6, 5, 3, generator=g) * 2 + 1).to(device)
     bias = torch.randn(6, generator=g).to(device)
@@ -351,7 +351,7 @@ def test_the_settings_that_cannot_go_with_the_kernels_are_refused(monkeypatch):
 @pytest.mark.parametrize("per_sm", [None, 8])  # one wave (counted from the registers); a fixed 8
 def test_bn_act_at_a_resnet_50_layer_s_size_and_in_a_cuda_graph(residual, per_sm, monkeypatch):
     # ResNet-50's layer1 output at batch 32: M = 100,352 rows of 256 channels, bf16, many programs.
-    monkeypatch.setattr(batch_norm, "PROGRAMS_PER_SM", per_sm)
+    monkeypatch.setattr(batch_norm_layout, "PROGRAMS_PER_SM", per_sm)
     g = torch.Generator().manual_seed(7)
     got, ref = _run_case("cuda", (32, 256, 56, 56), torch.bfloat16, True, residual, True, g)
     for i in (0, 3):  # y, dx: bf16

@@ -27,7 +27,7 @@ import sys
 
 import pytest
 import torch
-from fasttrain.kernels import batch_norm
+from fasttrain.kernels import batch_norm_layout as layout
 
 MAX_REGISTERS = 96
 _INTS = ("M", "C", "rows_per_prog")
@@ -38,16 +38,17 @@ def _variants():
     import triton.language as tl
     from fasttrain.kernels import batch_norm as B
     from fasttrain.kernels import batch_norm_backward as BB
+    from fasttrain.kernels import batch_norm_layout as L
 
     f32, act = "*fp32", "*bf16"
     vectors = dict.fromkeys(("mean_ptr", "invstd_ptr", "w_ptr", "b_ptr"), f32)
-    tile = dict(ACC=tl.float32, BLOCK_C=64, BLOCK_M=B.GPU_TILE // 64)
+    tile = dict(ACC=tl.float32, BLOCK_C=64, BLOCK_M=L.GPU_TILE // 64)
     sig = {"x_ptr": act, "part_ptr": f32, "M": "i32", "C": "i32", "rows_per_prog": "i32"}
     yield "statistics", B._stats_kernel, sig, tile
     sig = dict.fromkeys(("part_ptr", "mean_ptr", "invstd_ptr", "rmean_ptr", "rvar_ptr", "var_ptr"), f32)
     sig.update(P="i32", M="i32", C="i32", rows_per_prog="i32", momentum="fp32", eps="fp32")
     for update, var in ((True, False), (False, True)):  # nn.BatchNorm2d's; the slim batch norm's
-        merge = dict(UPDATE_RUNNING=update, WRITE_VAR=var, ACC=tl.float32, BLOCK_P=B.MERGE_TILE, BLOCK_C=1)
+        merge = dict(UPDATE_RUNNING=update, WRITE_VAR=var, ACC=tl.float32, BLOCK_P=L.MERGE_TILE, BLOCK_C=1)
         yield f"merge update={update}", B._merge_kernel, sig, merge
     apply = {"x_ptr": act, "res_ptr": act, "y_ptr": act, **vectors, "M": "i32", "C": "i32"}
     sums = {"dy_ptr": act, "x_ptr": act, "y_ptr": act, "g_ptr": act, "part_ptr": f32, **vectors}
@@ -67,12 +68,12 @@ def _report() -> None:
     import tempfile
 
     import triton
-    from fasttrain.kernels import batch_norm as B
+    from fasttrain.kernels import batch_norm_layout as L
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    options = {"num_warps": B.GPU_NUM_WARPS, "enable_fp_fusion": False}
+    options = {"num_warps": L.GPU_NUM_WARPS, "enable_fp_fusion": False}
     for name, kernel, signature, constexprs in _variants():
         fn = triton.jit(kernel.fn)
         # What a launch's runtime specialization sees for ResNet's and Inception's BNs: pointers
@@ -140,22 +141,22 @@ def test_reducing_kernels_run_in_one_wave_on_a_gpu(monkeypatch, shape, resident)
     sms = 132  # an H100 SXM
     props = type("Props", (), {"multi_processor_count": sms})()
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
-    monkeypatch.setattr(batch_norm, "interpreter_enabled", lambda: False)
-    monkeypatch.setattr(batch_norm, "_RESIDENT", {})
+    monkeypatch.setattr(layout, "interpreter_enabled", lambda: False)
+    monkeypatch.setattr(layout, "_RESIDENT", {})
     n, c, h, w = shape
     x = torch.empty(shape, device="meta").contiguous(memory_format=torch.channels_last)
-    k = batch_norm._Layout(x)
+    k = layout._Layout(x)
     fake = type("X", (), {"device": torch.device("cuda", 0), "dtype": torch.bfloat16})()
     kernel = _Counted(resident)
     block_m = k.tile_meta["BLOCK_M"]
     for _ in range(2):
-        P, rows = batch_norm._programs(kernel, k, (fake, k.M, k.C, block_m), k.tile_meta)
+        P, rows = layout._programs(kernel, k, (fake, k.M, k.C, block_m), k.tile_meta)
         assert rows % block_m == 0 and P * rows >= k.M > (P - 1) * rows  # every row, no empty program
         assert P * k.cblocks <= resident * sms  # all resident at once
         tiles = -(-k.M // block_m)
         # As many as fit (a wave at least 90% full), unless there are fewer tiles than that.
         assert P * k.cblocks >= min(0.9 * resident * sms, tiles * k.cblocks * 0.5), (P, k.cblocks)
     assert kernel.asked == 1  # counted once per kernel variant, not on every call
-    monkeypatch.setattr(batch_norm, "PROGRAMS_PER_SM", 8)
-    P, _ = batch_norm._programs(kernel, k, (fake, k.M, k.C, block_m), k.tile_meta)
+    monkeypatch.setattr(layout, "PROGRAMS_PER_SM", 8)
+    P, _ = layout._programs(kernel, k, (fake, k.M, k.C, block_m), k.tile_meta)
     assert P * k.cblocks <= 8 * sms and kernel.asked == 1
