@@ -72,6 +72,7 @@ from bench.gpu_plan import (
     parse_args,
     row_args,
 )
+from bench.hidden_packages import hide
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,26 +126,8 @@ class Driver:
         return [s for s in base if not wanted or s.key in wanted]
 
     def _hidden_packages(self) -> list[str]:
-        """--hide a,b: a folder first on the path whose packages of those names fail to import, so the
-        dry run meets what the GPU machine lacks (DALI, tfrecord) as that machine does."""
-        if not self.args.hide:
-            return []
-        folder = self.work / "hidden-packages"
-        for name in self.args.hide.split(","):
-            parts = name.split(".")
-            pkg = folder.joinpath(*parts)
-            pkg.mkdir(parents=True, exist_ok=True)
-            for depth in range(1, len(parts)):  # the parents (nvidia): found here first, their other
-                # modules (nvidia.cudnn, ...) still where they are installed (a regular `nvidia`
-                # package there had taken nvidia.dali from its own folder, past the hidden one)
-                init = folder.joinpath(*parts[:depth], "__init__.py")
-                init.write_text("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
-            (pkg / "__init__.py").write_text(
-                # ModuleNotFoundError, as a missing package raises: pytest >= 9.2's importorskip
-                # skips on that only (a plain ImportError failed the collection of 5 test modules).
-                f'raise ModuleNotFoundError("{name} is hidden by bench.gpu_run --hide", name="{name}")\n'
-            )
-        return [str(folder)]
+        """--hide a,b: bench/hidden_packages.py's folder, first on the dry run's path."""
+        return hide(self.work / "hidden-packages", self.args.hide.split(",")) if self.args.hide else []
 
     def remaining(self) -> float:
         return self.args.budget - (time.monotonic() - self.start)

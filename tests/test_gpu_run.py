@@ -244,15 +244,14 @@ def test_the_report_files_a_reduce_overhead_row_under_its_own_column():
 def test_a_hidden_package_is_missing_as_an_absent_one_is(tmp_path):
     # pytest >= 9.2's importorskip skips a test module on ModuleNotFoundError only: the hidden packages
     # must fail to import as a package the GPU machine lacks does, or 5 modules stop the collection.
-    from bench.gpu_plan import parse_args
-    from bench.gpu_run import Driver
+    from bench.hidden_packages import hide
 
-    args = parse_args(
-        ["--out", str(tmp_path / "out"), "--work", str(tmp_path / "w"), "--hide", "nvidia.dali"]
-    )
-    folder = Driver(args)._hidden_packages()[0]
-    probe = "import nvidia.dali"
-    run = subprocess.run(
-        [sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=folder), capture_output=True, text=True
-    )
-    assert "ModuleNotFoundError: nvidia.dali is hidden" in run.stderr, run.stderr[-500:]
+    folder = hide(tmp_path / "hidden", ["nvidia.dali", "tfrecord"])[0]
+    for name in ("nvidia.dali", "tfrecord"):
+        run = subprocess.run(
+            [sys.executable, "-c", f"import {name}"],
+            env=dict(os.environ, PYTHONPATH=folder),
+            capture_output=True,
+            text=True,
+        )
+        assert f"ModuleNotFoundError: {name} is hidden" in run.stderr, run.stderr[-500:]
