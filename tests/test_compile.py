@@ -210,20 +210,23 @@ def test_a_model_that_stays_eager_never_runs_the_compile_warm_up(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_model_inductor_cannot_compile_runs_eagerly_with_one_line(monkeypatch):
+def test_a_model_inductor_cannot_compile_runs_eagerly_with_one_line():
     # No C++ compiler: inductor's CPU backend fails while compiling the first region.
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
-    monkeypatch.setattr(inductor_config, "force_disable_caches", True)
+    # torch's own config.patch, not monkeypatch: force_disable_caches is an alias of
+    # torch.compiler.config's, and pytest 9.2's monkeypatch undid it by deleting the alias (every later
+    # compile in the session then failed: "torch._inductor.config.force_disable_caches does not exist").
+    no_compiler = inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++"), "force_disable_caches": True})
     torch._dynamo.reset()
     model, log = _model("resnet18"), []
     reference = copy.deepcopy(model)
     step, eager = _step(model, compiled=log), _step(reference)
     try:
-        for batch in _batches(2):
-            step([batch])
-            eager([batch])
+        with no_compiler:
+            for batch in _batches(2):
+                step([batch])
+                eager([batch])
     finally:
         torch._dynamo.reset()
     assert not step.compiled.active
