@@ -121,11 +121,8 @@ def test_bn_relu_interleaved(benchmark, env_info, shape, residual):
     if ON_GPU:
         contenders["inductor"] = _call(torch.compile(_eager), shape, residual)
     contenders["triton"] = _call(_triton(), shape, residual)
-    for (
-        tile,
-        warps,
-        per_sm,
-    ) in SWEEP:  # on the CPU each runs once below, untimed: the interpreter ignores them
+    # On the CPU each runs once below, untimed: the interpreter ignores the geometry.
+    for tile, warps, per_sm in SWEEP:
         name = f"triton-{tile}x{warps}" + ("" if per_sm is None else f"-{per_sm}perSM")
         contenders[name] = _call(_triton((tile, warps, per_sm)), shape, residual)
     for call in contenders.values():  # compiles (Triton's JIT, inductor), cuDNN's choice
