@@ -32,8 +32,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def ignore_sigint() -> None:
     """A process pool's initializer: Ctrl-C reaches every process of the terminal's group, and the
-    main process alone handles it (each worker printed a traceback of its own, and the pool one more)."""
+    main process alone handles it (each worker printed a traceback of its own, and the pool one more).
+    SIGTERM gets its default action back: the data tools' main process turns it into Ctrl-C
+    (fasttrain.data.__main__), and a worker forked with that handler would print a traceback when
+    the pool ends it with SIGTERM."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def ignore_stop_signals(worker_id: int = 0) -> None:

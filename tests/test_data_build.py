@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import simplejpeg
 
+from fasttrain.data import build as build_module
 from fasttrain.data.__main__ import main
 from fasttrain.data.build_image import BadImage, check_jpeg, stored_image
 from fasttrain.data.errors import DataError
@@ -56,10 +57,27 @@ def features(shard: Path) -> list[dict[str, bytes]]:
     return records
 
 
+def allow_empty_shards(monkeypatch) -> None:
+    """The fixture's layout is TensorFlow's own: its 3 validation images in 4 shards over 2 threads
+    leave validation-00000 empty (the split arithmetic's corner), which the script writes as a 0-byte
+    file. fasttrain's build refuses such a layout by default, since the trainer refuses 0-byte shards
+    (test_more_shards_than_images_is_refused_before_anything_is_written); the tests that compare
+    with TensorFlow's shards, or use its layout for other things, lift that refusal."""
+    monkeypatch.setattr(build_module, "refuse_empty_shards", lambda plan: None)
+
+
+@pytest.fixture(autouse=True)
+def tensorflows_layout(request, monkeypatch):
+    if "refusing_empty_shards" not in request.keywords:
+        allow_empty_shards(monkeypatch)
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("built")
-    assert main(build_args(FIXTURE / "input", out, "--workers=2")) == 0
+    with pytest.MonkeyPatch.context() as monkeypatch:  # module scope: before the autouse fixture
+        allow_empty_shards(monkeypatch)
+        assert main(build_args(FIXTURE / "input", out, "--workers=2")) == 0
     return out
 
 
@@ -310,6 +328,11 @@ def test_progress_lines_give_the_rate_and_eta(tmp_path, capsys, monkeypatch):
         (("synsets.txt", "n01440764\n\nn01739381\n"), "line 2 of the labels file"),
         (("synsets.txt", "n01440764\nn01739381\nn01440764\n"), "lists n01440764 twice (lines 1 and 3)"),
         (("boxes.csv", "n01440764_39.JPEG,0.1,0.2,0.3\n"), "line 1 of the bounding-box file"),
+        # process_bounding_boxes.py orders and clips every box; these were stored, the torch loader
+        # clipped them, and DALI's crop stopped training at the image, naming another shard.
+        (("boxes.csv", "n01440764_39.JPEG,1.5,-0.2,2.1,0.8\n"), "line 1 of the bounding-box file"),
+        (("boxes.csv", "x.JPEG,0.1,0.2,0.3,0.4\nn01440764_39.JPEG,0.5,0.2,0.3,0.8\n"), "line 2 of the"),
+        (("boxes.csv", "n01440764_39.JPEG,0.1,nan,0.3,0.8\n"), "is not a box inside the image"),
         (("metadata.txt", "n01440764\ttench\n"), "synset n01739381 has images"),
         (("metadata.txt", "n01440764 tench\n"), "line 1 of the metadata file"),
     ],
@@ -323,8 +346,43 @@ def test_text_file_errors_are_one_line_naming_the_file(tree, tmp_path, capsys, c
 
 
 def test_shard_counts_must_split_evenly_over_threads(tmp_path, capsys):
-    assert main(build_args(FIXTURE / "input", tmp_path, "--train_shards=5")) == 1
+    assert main(build_args(FIXTURE / "input", tmp_path, "--train_shards=5")) == 2  # a flag: exit 2
     assert "--train_shards 5 must be a positive multiple of --num_threads 2" in capsys.readouterr().err
+    # --num_threads 0 was named as if the shard count were wrong ("--validation_shards 4 must be ...").
+    assert main(build_args(FIXTURE / "input", tmp_path, "--num_threads=0")) == 2
+    assert capsys.readouterr().err == "error: --num_threads 0 must be at least 1\n"
+
+
+@pytest.mark.refusing_empty_shards
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        # The fixture's 3 validation images in TensorFlow's 4 shards (its layout leaves one empty).
+        (
+            [],
+            "--validation_shards 4 is more than the 3 images of the validation split can fill: 1 shard "
+            "would be empty (0 bytes), which the trainer refuses; give --validation_shards 2 or fewer",
+        ),
+        (
+            ["--validation_shards=2", "--train_shards=64"],
+            "--train_shards 64 is more than the 12 images of "
+            "the train split can fill: 52 shards would be empty",
+        ),
+        (
+            ["--validation_shards=4", "--num_threads=4"],
+            "give --num_threads 3 or fewer and --validation_shards at most 3",
+        ),
+    ],
+)
+def test_more_shards_than_images_is_refused_before_anything_is_written(tmp_path, capsys, flags, words):
+    # Before: "wrote 18 images in 66 shards", exit 0, 53 of them 0-byte files, which the trainer and
+    # verify then refused ("empty ... re-copy it"): a build that ended well left data nothing could use.
+    out = tmp_path / "out"
+    assert main(build_args(FIXTURE / "input", out, *flags)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert not out.exists() or not list(out.iterdir())
+    assert main(build_args(FIXTURE / "input", out, "--validation_shards=2")) == 0  # as it advised
 
 
 def test_the_trainers_error_for_a_jpeg_folder_names_the_command(tree):

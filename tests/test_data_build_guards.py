@@ -9,11 +9,20 @@ shards into the current directory; every split skipped was exit 0 with nothing w
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
-from test_data_build import FIXTURE, SHARDS, TF_OUTPUT, build_args, features
+from test_data_build import (
+    FIXTURE,
+    SHARDS,
+    TF_OUTPUT,
+    allow_empty_shards,
+    build_args,
+    features,
+    tensorflows_layout,  # noqa: F401 (autouse: TensorFlow's layout, one shard empty)
+)
 
 from fasttrain.data.__main__ import main
 
@@ -96,6 +105,7 @@ def test_images_left_out_stay_recorded_when_the_build_dies_after_their_shard_is_
     with pytest.raises(Killed):
         main(build_args(tree, out, "--on_bad=skip"))
     monkeypatch.undo()
+    allow_empty_shards(monkeypatch)  # undone with the rest
     holder = next(
         n for n in SHARDS if n.startswith("train") and b"n01440764_7.JPEG" in (TF_OUTPUT / n).read_bytes()
     )
@@ -171,3 +181,108 @@ def test_each_shard_is_on_the_disk_before_it_takes_its_name(tree, tmp_path, monk
     assert len(renamed) == len(SHARDS)
     for name in renamed:
         assert events.index(("fsync", name)) < events.index(("replace", name)), name
+
+
+def test_sigterm_stops_a_build_as_ctrl_c_does(tree, tmp_path):
+    # Before: the parent died of the signal (exit -15, no line), its pool's workers went on, each
+    # finishing its shard and then printing BrokenPipeError tracebacks (74 lines of stderr).
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    photo = (tree / "train/n01440764/n01440764_10026.JPEG").read_bytes()
+    for synset in ("n01440764", "n01739381"):  # enough images that the build is still running below
+        for i in range(3000):
+            (tree / "train" / synset / f"{synset}_9{i:05d}.JPEG").write_bytes(photo)
+    out = tmp_path / "out"
+    args = _one_split(build_args(tree, out, "--workers=2", "--train_shards=16"), "train")
+    build = subprocess.Popen(
+        [sys.executable, "-m", "fasttrain.data", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while not list(out.glob(".train-*.tmp")) and build.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert build.poll() is None, "the build ended before it could be stopped"
+    build.send_signal(signal.SIGTERM)  # to the build alone, as kill does, not to its process group
+    stdout, stderr = build.communicate(timeout=60)
+    assert build.returncode == 128 + signal.SIGTERM, stderr
+    assert stderr == "", stderr
+    assert stdout.splitlines()[-1].startswith("interrupted: the finished shards are kept"), stdout
+    assert not list(out.glob(".*.tmp"))
+    time.sleep(0.5)
+    try:  # no worker of its pool is left running
+        os.killpg(build.pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive, "a worker of the stopped build is still running"
+    again = subprocess.run(  # the same command again finishes the rest
+        [sys.executable, "-m", "fasttrain.data", *args], capture_output=True, text=True, timeout=300
+    )
+    assert again.returncode == 0, again.stderr
+    assert len(list(out.glob("train-*-of-00016"))) == 16
+
+
+@pytest.mark.parametrize("copied", ["validation", "train"])
+def test_shards_copied_in_without_the_builds_record_are_checked_by_their_records(
+    tree, tmp_path, capsys, copied
+):
+    # TensorFlow's own shards of one split, copied in (no .fasttrain-build-labels.json): the other split
+    # built from a labels file in another order gave two synsets swapped labels, exit 0, verify passed.
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in SHARDS:
+        if name.startswith(copied):
+            shutil.copy(TF_OUTPUT / name, out / name)
+    lines = (tree / "synsets.txt").read_text().splitlines()
+    swapped = tree / "swapped.txt"
+    swapped.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    other = "train" if copied == "validation" else "validation"
+    with_swapped = [
+        a if not a.startswith("--labels_file=") else f"--labels_file={swapped}" for a in build_args(tree, out)
+    ]
+    assert main(_one_split(with_swapped, other)) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "labelled from another labels file than" in err, err
+    swap = rf"gives synset ({lines[0]} label 1|{lines[1]} label 2), the labels file [12]\b"
+    assert re.search(swap, err), err
+    assert not list(out.glob(f"{other}-*")) and not (out / ".fasttrain-build-labels.json").exists()
+    assert main(_one_split(build_args(tree, out), other)) == 0  # the labels file they were made with
+    assert "reading the labels of the" in capsys.readouterr().out
+    for name in SHARDS:
+        assert features(out / name) == features(TF_OUTPUT / name), name
+    assert json.loads((out / ".fasttrain-build-labels.json").read_text())["synsets"] == lines
+
+
+def test_verify_finds_splits_labelled_from_two_labels_files(tree, tmp_path, capsys):
+    # The same pair as above put together by hand (each split built alone, then copied into one
+    # directory): verify checked every record on its own and passed, exit 0.
+    lines = (tree / "synsets.txt").read_text().splitlines()
+    swapped = tree / "swapped.txt"
+    swapped.write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n")
+    with_swapped = [
+        a if not a.startswith("--labels_file=") else f"--labels_file={swapped}"
+        for a in build_args(tree, tmp_path / "b")
+    ]
+    assert main(_one_split(with_swapped, "train")) == 0
+    data = tmp_path / "data"
+    data.mkdir()
+    for shard in [*TF_OUTPUT.glob("validation-*"), *(tmp_path / "b").glob("train-*")]:
+        shutil.copy(shard, data / shard.name)
+    (data / "validation-00000-of-00004").unlink()  # TensorFlow's empty one, which verify refuses
+    (data / "validation-00000-of-00004").write_bytes((TF_OUTPUT / "validation-00001-of-00004").read_bytes())
+    capsys.readouterr()
+    assert main(["verify", str(data), "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "the shards were labelled from different labels files: " in out, out
+    pair = rf"synset {lines[0]} has label (1 in validation-\S+, 2 in train-|2 in train-\S+, 1 in validation-)"
+    assert re.search(pair, out), out
+    for shard in data.glob("train-*"):  # one split alone is consistent: verify passes it
+        shard.unlink()
+    assert main(["verify", str(data), "--workers", "1"]) == 0

@@ -122,7 +122,8 @@ def test_a_shard_numbered_beyond_its_count(tmp_path):
 def test_an_empty_shard_is_an_error_not_a_shorter_epoch(tmp_path, capsys):
     data = _data(tmp_path)
     (data / "train-00001-of-00003").write_bytes(b"")
-    with pytest.raises(DataError, match=r"shard .*train-00001-of-00003 is empty \(0 bytes\); re-copy it"):
+    empty = r"shard .*train-00001-of-00003 is empty \(0 bytes\): a copy that failed.*; re-copy it"
+    with pytest.raises(DataError, match=empty):
         build_loader(_cfg(data), "train", training=True)
     assert data_main(["verify", str(data), "--workers", "1"]) == 1
     assert "empty shard" in capsys.readouterr().out

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -45,7 +46,7 @@ from fasttrain.data.jpeg import row_build
 from fasttrain.data.synthetic import make_synthetic
 from fasttrain.data.tfrecord import scan_records
 from fasttrain.data.verify import verify_dataset
-from fasttrain.errors import flag_text
+from fasttrain.errors import SettingError, flag_text
 from fasttrain.threads import available_cores
 
 
@@ -251,6 +252,21 @@ def _warm_up(args) -> int:
     return 0
 
 
+def _stop_on_sigterm() -> list[int]:
+    """SIGTERM (kill, timeout, a scheduler, docker stop) ends a command as Ctrl-C does: a build's pool
+    and temporary files are cleaned up and one line said, where the default action left the pool's
+    workers orphaned, each printing tracebacks. The list gets the signal's number when one came.
+    (The workers put the default action back: fasttrain.data.build_shard.init_worker.)"""
+    stopped: list[int] = []
+
+    def stop(signum, frame):
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    return stopped
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -270,17 +286,22 @@ def main(argv=None) -> int:
         "build": build,
         "warm-up": _warm_up,
     }[args.command]
+    stopped = _stop_on_sigterm()
     try:
-        return command(args)
+        status = command(args)
+        return 128 + stopped[0] if status == 130 and stopped else status
+    except SettingError as e:  # a build flag that cannot work with these inputs (too many shards)
+        print(f"error: {flag_text(e)}", file=sys.stderr)
+        return 2
     except DataError as e:
         # The trainer's settings as these commands spell them: DIR is an argument here, and the cache
         # directory --cache-dir (build writes its index files beside its shards and has neither).
         spelled = {"data_dir": "DIR", "data_cache_dir": "--cache-dir"}
         print(f"error: {flag_text(e, spelled)}", file=sys.stderr)  # a raw-image directory is named in it
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback (what was written stays whole)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line, not a traceback (what was written stays whole)
         print("interrupted", file=sys.stderr)
-        return 130
+        return 128 + (stopped[0] if stopped else signal.SIGINT)
     except BrokenPipeError:  # `ls | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

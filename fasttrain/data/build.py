@@ -49,10 +49,40 @@ import fcntl
 import json
 from pathlib import Path
 
+from fasttrain.data.build_labels import first_mismatch
 from fasttrain.data.build_lists import Annotations, EmptySplit, SplitPlan, plan_split, read_annotations
 from fasttrain.data.build_run import _run, _write_json
 from fasttrain.data.build_shard import ShardJob, find_shards, has_row_checkpoints, load_index
 from fasttrain.data.errors import DataError
+from fasttrain.errors import SettingError
+
+
+class BuildFlagError(DataError, SettingError):
+    """A build flag that cannot work (exit 2, as argparse's own errors)."""
+
+
+def refuse_empty_shards(plan: SplitPlan) -> None:
+    """BuildFlagError when the script's split of the images would leave a shard without any.
+
+    The script writes such a shard (a 0-byte file, as TF's TFRecordWriter leaves it), and the trainer
+    and `verify` refuse 0-byte shards, which are far more often a copy that failed: a build that ends
+    well should not hand over a directory the trainer then refuses."""
+    empty = sum(1 for a, b in plan.shard_ranges() if a == b)
+    if not empty:
+        return
+    n, threads = len(plan.files), plan.num_threads
+    most = n // threads * threads  # the most shards, a multiple of --num_threads, that leave none empty
+    advice = (
+        f"give --{plan.split}_shards {most} or fewer (a multiple of --num_threads {threads})"
+        if most
+        else f"give --num_threads {n} or fewer and --{plan.split}_shards at most {n}"
+    )
+    raise BuildFlagError(
+        f"--{plan.split}_shards {plan.num_shards} is more than the {n} images of the {plan.split} split "
+        f"can fill: {empty} shard{'s' * (empty != 1)} would be empty (0 bytes), which the trainer refuses; "
+        f"{advice}"
+    )
+
 
 LABELS_RECORD = ".fasttrain-build-labels.json"  # the synsets, in label order, of the shards in a directory
 
@@ -143,18 +173,27 @@ def _jobs_for(plan: SplitPlan, annotations: Annotations, output: Path, args) -> 
     return jobs, kept
 
 
-def _check_labels(output: Path, annotations: Annotations) -> None:
+def _check_labels(output: Path, annotations: Annotations, out=print) -> None:
     """Refuse a labels file other than the one the shards already in `output` were labelled with.
 
     Each split's own record (.fasttrain-build-<split>.json) guards that split; this one guards the
     pair: the validation split built in one run and the train split in another, from a labels file in
-    another order, gave one synset two labels, and training then scored against the wrong classes."""
+    another order, gave one synset two labels, and training then scored against the wrong classes.
+    Shards without that record (copied in, or TensorFlow's) are checked by their records' synsets."""
     path = output / LABELS_RECORD
     try:
         held = json.loads(path.read_text())["synsets"]
     except (OSError, ValueError, KeyError, TypeError):
         held = None
     shards = [p for split in ("train", "validation") for p in find_shards(output, split)]
+    if held is None and shards:  # copied in, or made elsewhere: their records say
+        problem = first_mismatch(shards, annotations.synsets, out)
+        if problem is not None:
+            raise DataError(
+                f"{output} holds shards labelled from another labels file than "
+                f"{annotations.labels_file}: {problem}; give the labels file they were built with, "
+                "or another --output_directory"
+            )
     if held is not None and shards and held != annotations.synsets:
         k = next((i for i, (a, b) in enumerate(zip(held, annotations.synsets)) if a != b), None)
         if k is None:
@@ -185,9 +224,11 @@ def build(args, out=print) -> int:
         raise DataError("nothing to build: give --train_directory, --validation_directory or both")
     if not str(args.output_directory).strip():  # Path('') is the current directory: shards went there
         raise DataError("--output_directory is empty; give the directory to write the shards to")
+    if args.num_threads < 1:
+        raise BuildFlagError(f"--num_threads {args.num_threads} must be at least 1")
     for split, _, shards in splits:
-        if shards < 1 or args.num_threads < 1 or shards % args.num_threads:
-            raise DataError(
+        if shards < 1 or shards % args.num_threads:
+            raise BuildFlagError(
                 f"--{split}_shards {shards} must be a positive multiple of --num_threads {args.num_threads} "
                 "(the script's layout gives each thread the same number of shards)"
             )
@@ -203,16 +244,8 @@ def build(args, out=print) -> int:
                 raise
             out(f"skipping the {split} split: {e}")
             continue
-        ranges = plan.shard_ranges()
-        empty = sum(1 for a, b in ranges if a == b)
-        out(
-            f"{split}: {len(plan.files)} images from {directory} -> {shards} shards"
-            + (
-                f" ({empty} of them empty: fewer images than shards; the trainer refuses empty shards)"
-                if empty
-                else ""
-            )
-        )
+        refuse_empty_shards(plan)
+        out(f"{split}: {len(plan.files)} images from {directory} -> {shards} shards")
         for note in plan.notes:
             out(f"  {note}")
         plans.append(plan)
@@ -226,7 +259,7 @@ def build(args, out=print) -> int:
         raise DataError(
             f"cannot write to {output} ({e.strerror}); give a writable --output_directory"
         ) from None
-    _check_labels(output, annotations)
+    _check_labels(output, annotations, out)
     jobs, kept = [], 0
     for plan in plans:
         split_jobs, split_kept = _jobs_for(plan, annotations, output, args)

@@ -25,8 +25,9 @@ shuffle: the same inputs give the same shards everywhere. Python 3's random.shuf
 (Python 2's, which the script met in 2016, draws differently).
 
 Where the script would crash with an assertion or go on silently, these raise a one-line DataError:
-a blank or repeated line in the labels file, a metadata or box line of the wrong shape, a synset
-with images but no text, a split directory where no image is found (a flat validation folder).
+a blank or repeated line in the labels file, a metadata or box line of the wrong shape, a box outside
+[0, 1] or with a minimum above its maximum, a synset with images but no text, a split directory where
+no image is found (a flat validation folder).
 """
 
 from __future__ import annotations
@@ -167,12 +168,22 @@ def read_annotations(labels_file: str, metadata_file: str, bounding_box_file: st
             try:
                 if len(parts) != 5:
                     raise ValueError
-                record = _BOX.pack(*(float(v) for v in parts[1:]))
+                xmin, ymin, xmax, ymax = (float(v) for v in parts[1:])
             except ValueError:
                 raise DataError(
                     f"line {number} of the bounding-box file {bounding_box_file} is not "
                     "'name,xmin,ymin,xmax,ymax'; fix that line"
                 ) from None
+            # process_bounding_boxes.py orders each box and clips it into the image: a line that is
+            # not is from elsewhere (pixels, or another column order), and TensorFlow's crop refuses
+            # a coordinate outside [0, 1] in training (so does DALI's), an error only at that image.
+            if not (0.0 <= xmin <= xmax <= 1.0 and 0.0 <= ymin <= ymax <= 1.0):
+                raise DataError(
+                    f"line {number} of the bounding-box file {bounding_box_file} is not a box inside "
+                    f"the image (need 0 <= xmin <= xmax <= 1 and 0 <= ymin <= ymax <= 1, as "
+                    "process_bounding_boxes.py writes them); fix that line"
+                )
+            record = _BOX.pack(xmin, ymin, xmax, ymax)
             boxes.setdefault(parts[0], bytearray()).extend(record)
     return Annotations(
         synsets, texts, {k: bytes(v) for k, v in boxes.items()}, str(labels_file), str(metadata_file)

@@ -128,7 +128,10 @@ def shard_file_problem(path: Path) -> str | None:
     if not stat.S_ISREG(info.st_mode):
         return f"shard {path} is not a regular file"
     if info.st_size == 0:
-        return f"shard {path} is empty (0 bytes); re-copy it"
+        return (
+            f"shard {path} is empty (0 bytes): a copy that failed, or a build with more shards than "
+            "images; re-copy it, or build again with fewer shards"
+        )
     if not os.access(path, os.R_OK):
         return f"cannot read shard {path} (permission denied)"
     return None

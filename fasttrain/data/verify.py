@@ -58,6 +58,8 @@ class ShardReport:
     index: str = "skipped"  # ok, written, rebuilt, not written (broken framing), skipped
     rows: str = "none"  # the row-checkpoint sidecar: current, stale, none, unchecked (broken framing)
     rows_problem: str = ""  # why it is stale
+    synsets: dict[str, int] = field(default_factory=dict)  # image/class/synset -> stored label, as first seen
+    synsets_name_classes: bool = True  # False: a synset with two labels here (a converter's placeholder)
 
 
 @dataclass
@@ -163,12 +165,17 @@ def _scan_shard(
             report.bad.append(flag_text(e))
             continue
         label = record.stored_label
+        if record.synset and report.synsets.setdefault(record.synset, label) != label:
+            report.synsets_name_classes = False
         report.label_min = label if report.label_min is None else min(report.label_min, label)
         report.label_max = label if report.label_max is None else max(report.label_max, label)
         if decode and (problem := _check_jpeg(record)) is not None:
             report.bad.append(problem)
     if report.bytes == 0:
-        report.bad.append(f"empty shard {path} (0 records); re-copy it")
+        report.bad.append(
+            f"empty shard {path} (0 records): a copy that failed, or a build with more shards than "
+            "images; re-copy it, or build again with fewer shards"
+        )
     if not framing_ok:
         report.index = "not written (broken framing)"
         report.rows = "unchecked"
@@ -250,4 +257,46 @@ def verify_dataset(
             pool.terminate()
     order = {str(job[0]): i for i, job in enumerate(jobs)}
     reports.sort(key=lambda r: order[r.file])
+    problems += label_problems(reports)
     return VerifyReport(reports, time.perf_counter() - start, problems)
+
+
+def label_problems(reports: list[ShardReport], shown: int = 3) -> list[str]:
+    """The splits labelled from two labels files: each split one-to-one between synsets and labels,
+    the two splits not the same (the validation split built by one run, the train split by another
+    from a reordered file), so training uses one numbering and evaluation scores on the other, and no
+    record alone is wrong. Data whose synset field names no class (two labels for one synset within a
+    split: another converter's placeholder) is not judged by it."""
+    maps: dict[str, tuple[dict[str, int], dict[int, str], dict[str, str]]] = {}
+    usable = {report.split: True for report in reports}
+    for report in reports:
+        label_of, synset_of, where = maps.setdefault(report.split, ({}, {}, {}))
+        usable[report.split] &= report.synsets_name_classes
+        for synset, label in report.synsets.items():
+            if label_of.setdefault(synset, label) != label or synset_of.setdefault(label, synset) != synset:
+                usable[report.split] = False
+            where.setdefault(synset, Path(report.file).name)
+    splits = [split for split in maps if usable[split]]
+    if len(splits) < 2:
+        return []
+    (a_label, a_synset, a_where), (b_label, _, b_where) = maps[splits[0]], maps[splits[1]]
+    problems = [
+        f"synset {synset} has label {a_label[synset]} in {a_where[synset]}, {label} in {b_where[synset]}"
+        for synset, label in b_label.items()
+        if synset in a_label and a_label[synset] != label
+    ]
+    problems += [
+        f"label {label} is synset {a_synset[label]} in {a_where[a_synset[label]]}, {synset} in "
+        f"{b_where[synset]}"
+        for synset, label in b_label.items()
+        if label in a_synset and a_synset[label] != synset and synset not in a_label
+    ]
+    if not problems:
+        return []
+    more = f" and {len(problems) - shown} more" if len(problems) > shown else ""
+    return [
+        "the shards were labelled from different labels files: "
+        + "; ".join(problems[:shown])
+        + more
+        + "; rebuild one split with the other's labels file (python -m fasttrain.data build)"
+    ]
