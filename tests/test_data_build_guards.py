@@ -63,6 +63,8 @@ def test_an_image_skip_left_out_is_named_until_its_shard_is_written_again(tree, 
     image.write_bytes(b"")
     out = tmp_path / "out"
     assert main(build_args(tree, out, "--on_bad=skip")) == 0
+    first = capsys.readouterr().out  # the run that leaves it out names it, and no "earlier" run
+    assert f"skipped {image}" in first and "earlier" not in first, first
     holder = next(
         n for n in SHARDS if n.startswith("train") and b"n01440764_7.JPEG" in (TF_OUTPUT / n).read_bytes()
     )
@@ -133,6 +135,9 @@ def test_notes_name_the_synsets_and_folders_left_out_and_a_byte_order_mark_is_re
         in printed
     )
     assert f"1 folders in {tree / 'train'} are not synsets of {synsets}: n09999999, left out" in printed
+    # The fixture's n03000134_7.jpeg (lower case, as the script leaves it out) is named, not only counted.
+    lower = tree / "train/n03000134/n03000134_7.jpeg"
+    assert f"(the suffix is case-sensitive there; e.g. {lower})" in printed
     for name in SHARDS:  # class 1 (the first line, after the mark) is there: the same shards as TF's
         assert features(out / name) == features(TF_OUTPUT / name), name
 

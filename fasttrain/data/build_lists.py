@@ -198,7 +198,7 @@ def plan_split(
     if not directory.is_dir():
         what = "is not a directory" if directory.exists() else "does not exist"
         raise DataError(f"the {split} directory {directory} {what}; give the folder of its synset folders")
-    files, missing, empty, other = [], [], [], 0
+    files, missing, empty, other, first_other = [], [], [], 0, ""
     for synset in annotations.synsets:
         try:
             entries = list(os.scandir(directory / synset))
@@ -210,6 +210,8 @@ def plan_split(
                 f"cannot list {directory / synset} ({e.strerror}); check its permissions"
             ) from None
         names = sorted(e.name for e in entries if e.name.endswith(".JPEG") and not e.is_dir())
+        if len(entries) > len(names) and not other:  # the first folder that has any: one is named
+            first_other = f"{synset}/" + min(e.name for e in entries if e.name not in set(names))
         other += len(entries) - len(names)
         if not names:
             empty.append(synset)
@@ -237,7 +239,10 @@ def plan_split(
             f"have no images in {directory} ({'; '.join(k for k in kinds if k)}): no image has their labels"
         )
     if other:
-        notes.append(f"{other} entries of the synset folders are not *.JPEG files and are left out")
+        notes.append(
+            f"{other} entries of the synset folders are not *.JPEG files and are left out, as the script "
+            f"leaves them (the suffix is case-sensitive there; e.g. {directory / first_other})"
+        )
     known = set(annotations.synsets)
     try:
         top = list(os.scandir(directory))

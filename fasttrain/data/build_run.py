@@ -50,9 +50,14 @@ def _left_out(output: Path) -> dict[str, list[str]]:
     return held if isinstance(held, dict) else {}
 
 
-def _note_left_out(output: Path, out) -> None:
-    """A rerun keeps a finished shard, so an image left out of it, fixed since, stays out: say so."""
-    held = {name: lines for name, lines in _left_out(output).items() if (output / name).exists() and lines}
+def _note_left_out(output: Path, out, written: set[str] = frozenset()) -> None:
+    """A rerun keeps a finished shard, so an image left out of it, fixed since, stays out: say so.
+    Not for the shards this run writes (`written`): it names their images as it leaves them out."""
+    held = {
+        name: lines
+        for name, lines in _left_out(output).items()
+        if (output / name).exists() and lines and name not in written
+    }
     if held:
         lines = [line for name in sorted(held) for line in held[name]]
         out(
@@ -88,7 +93,7 @@ def _run(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out) -
     try:
         return _run_jobs(jobs, annotations, kept, args, out, output)
     finally:
-        _note_left_out(output, out)
+        _note_left_out(output, out, {job.path.name for job in jobs if job.write})
 
 
 def _run_jobs(jobs: list[ShardJob], annotations: Annotations, kept: int, args, out, output: Path) -> int:
