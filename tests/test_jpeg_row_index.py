@@ -179,3 +179,27 @@ def test_a_re_signed_sidecar_with_impossible_entries_is_not_used(shard, tmp_path
         assert row_index.RowIndex.find(path, cache) == (None, row_index.INCONSISTENT), what
     written.write_bytes(signed(bytearray(good[header.size :])))  # signed again, unchanged: used
     assert row_index.RowIndex.open(path, cache) is not None
+
+
+def test_the_command_says_where_sidecars_of_a_read_only_data_directory_went(
+    shard, tmp_path, capsys, monkeypatch
+):
+    # They went to the cache directory without a word: the user looked for <shard>.rows beside the shard.
+    import tempfile
+
+    from fasttrain.data.__main__ import main as data_main
+
+    path, _ = shard
+    mkstemp = tempfile.mkstemp
+
+    def read_only(*args, dir=None, **kwargs):
+        if Path(dir) == path.parent:
+            raise PermissionError(13, "Permission denied")
+        return mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    cache = tmp_path / "cache"
+    assert data_main(["row-checkpoints", str(path.parent), "--cache-dir", str(cache)]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"rows: {path.parent} is not writable: the sidecars of 1 shards are in {cache}/")
+    assert line.endswith(f"(give the trainer --data_cache_dir={cache})")

@@ -18,11 +18,11 @@ from fasttrain.data.tfrecord import load_index
 from fasttrain.stop_signals import ignore_sigint
 
 
-def _build_job(args) -> tuple[str, int, float]:
+def _build_job(args) -> tuple[str, int, float, Path]:
     shard, cache_dir = args
     start = time.process_time()
-    build_row_index(shard, cache_dir)
-    return str(shard), len(load_index(shard, cache_dir)[1]), time.process_time() - start
+    written = build_row_index(shard, cache_dir)
+    return str(shard), len(load_index(shard, cache_dir)[1]), time.process_time() - start, written.parent
 
 
 COMMAND_HELP = (
@@ -59,12 +59,15 @@ def build_sidecars(data_dir, *, workers: int = 1, cache_dir=None, force: bool = 
     jobs = [(s, cache_dir) for s in todo]
     workers = max(1, min(workers, len(jobs)))
     start, done, images, cpu, shown = time.perf_counter(), 0, 0, 0.0, 0.0
+    elsewhere: dict[Path, int] = {}  # sidecars not beside their shard (a read-only DATA_DIR): where
     pool = multiprocessing.Pool(workers, ignore_sigint) if workers > 1 else None  # Ctrl-C: this process's
     try:
-        for shard, records, seconds in (
+        for shard, records, seconds, folder in (
             pool.imap_unordered(_build_job, jobs) if pool else map(_build_job, jobs)
         ):
             done, images, cpu = done + 1, images + records, cpu + seconds
+            if folder != Path(shard).parent:
+                elsewhere[folder] = elsewhere.get(folder, 0) + 1
             elapsed = time.perf_counter() - start
             if elapsed - shown < 5 and done < len(jobs):
                 continue  # a line every 5 s (an ImageNet shard takes about a second)
@@ -80,6 +83,9 @@ def build_sidecars(data_dir, *, workers: int = 1, cache_dir=None, force: bool = 
     finally:
         if pool:
             pool.terminate()
+    for folder, count in elsewhere.items():  # the trainer looks there too (--data_cache_dir, as given here)
+        given = f" (give the trainer --data_cache_dir={cache_dir})" if cache_dir is not None else ""
+        print(f"rows: {data_dir} is not writable: the sidecars of {count} shards are in {folder}{given}")
 
 
 def main(argv=None) -> int:
