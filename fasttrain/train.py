@@ -24,6 +24,7 @@ from fasttrain.distributed import (
     DistInfo,
     check_graph_capture_env,
     cleanup,
+    from_rank0,
     init_distributed,
     rank0_error,
 )
@@ -283,6 +284,29 @@ def train(cfg: Config) -> dict:
             seconds = loop_end - loop_start - eval_seconds
             return run_summary(trained, trained * global_batch, seconds, time.perf_counter() - started)
 
+        def periodic_evaluation() -> None:
+            nonlocal tick, eval_seconds
+            eval_started = time.perf_counter()
+            try:
+                log(f"step {step}: {describe(evaluate_now())}")
+            except EvaluationInterrupted:  # a stop signal: not worth a grace period's seconds
+                log(f"step {step}: evaluation cut short by {stop.signal_name or 'a stop signal'}")
+            took = time.perf_counter() - eval_started
+            tick += took  # not counted in the next line's images/s, nor in the summary's
+            eval_seconds += took
+            stall.skip()
+
+        def periodic_step(at: int) -> bool:
+            return bool(eval_every) and at % eval_every == 0 and not (at == max_steps and cfg.eval_at_end)
+
+        # A resume at a step whose evaluation has no row (a stop signal cut it short after the step's
+        # checkpoint, or the run was killed during it) evaluates it first: the loop evaluates only after
+        # a step it makes, and that epoch's figure was lost. Rank 0's file decides for every rank.
+        if step > 0 and not finished and periodic_step(step):
+            if from_rank0(not metrics.has_row(step, split="validation"), info):
+                log(f"step {step}: its evaluation did not finish before the run stopped; evaluating it now")
+                periodic_evaluation()
+
         while step < max_steps:
             step_fn(stall.next_batch(batches))
             step += 1
@@ -293,17 +317,9 @@ def train(cfg: Config) -> dict:
                 save_run(run_dir, step, run, cfg=cfg, total_steps=max_steps, epoch_size=epoch_size)
                 last_saved = step
                 stall.skip()  # the gap the save makes is not the input's
-            evaluated = eval_every and step % eval_every == 0 and not (step == max_steps and cfg.eval_at_end)
+            evaluated = periodic_step(step)
             if evaluated:
-                eval_started = time.perf_counter()
-                try:
-                    log(f"step {step}: {describe(evaluate_now())}")
-                except EvaluationInterrupted:  # a stop signal: not worth a grace period's seconds
-                    log(f"step {step}: evaluation cut short by {stop.signal_name or 'a stop signal'}")
-                took = time.perf_counter() - eval_started
-                tick += took  # not counted in the next line's images/s, nor in the summary's
-                eval_seconds += took
-                stall.skip()
+                periodic_evaluation()
             # After an evaluation (every rank makes one at the same steps) the ranks agree at once: a
             # signal that cut it short is acted on now, not up to log_every steps later.
             if stop.requested(info, step, now=bool(evaluated)):

@@ -190,6 +190,27 @@ def test_a_stop_signal_during_an_evaluation_stops_at_its_next_batch(
     )
 
 
+def test_a_resume_evaluates_the_step_whose_evaluation_a_stop_cut_short(
+    data, tmp_path, capsys, monkeypatch, signal_mid_evaluation
+):
+    # The resumed run began after step 3 and evaluated only after the steps it made: step 3's
+    # evaluation (that epoch's figure) never reached metrics.jsonl or TensorBoard, without a word.
+    run_dir = tmp_path / "run"
+    assert _run(data, run_dir, max_steps=4, eval_every_epochs=0.25, max_eval_batches=0)["stopped"]
+    monkeypatch.undo()  # no more signals
+    _run(data, run_dir, max_steps=4, eval_every_epochs=0.25, max_eval_batches=0)
+    out = capsys.readouterr().out
+    assert "step 3: its evaluation did not finish before the run stopped; evaluating it now" in out, out
+    rows = [r for r in _records(run_dir) if r.get("split") == "validation"]
+    _run(data, tmp_path / "whole", max_steps=4, eval_every_epochs=0.25, max_eval_batches=0)
+    whole = [r for r in _records(tmp_path / "whole") if r.get("split") == "validation"]
+    assert [r["step"] for r in rows] == [r["step"] for r in whole] == [3]
+    for key in ("top1", "top5", "ema_top1", "ema_top5", "count"):  # what the whole run measured there
+        assert rows[0][key] == whole[0][key], key
+    _run(data, run_dir, max_steps=4, eval_every_epochs=0.25, max_eval_batches=0)  # finished: no second row
+    assert [r["step"] for r in _records(run_dir) if r.get("split") == "validation"] == [3]
+
+
 def test_a_finished_run_evaluated_again_keeps_one_row_per_step_and_its_config(data, tmp_path, capsys):
     # The same command again evaluates a finished run: it appended a second validation row at the
     # same step (and a second TensorBoard point), and --max_steps=1 rewrote its config.json.
