@@ -25,6 +25,7 @@ import torch
 from fasttrain import checkpoint as ckpt
 from fasttrain.config import Config
 from fasttrain.distributed import first_rank_error, rank0_error
+from fasttrain.epoch_clock import EpochClock
 from fasttrain.lock import read_run_id
 from fasttrain.resume_source import _agreed_source, _load_agreed
 from fasttrain.run_config import upgrade_saved_config
@@ -126,6 +127,8 @@ def restore_run(
             "written with, or pass a new train_dir",
             settings=("train_dir",),
         ) from None
+    global_batch = cfg.batch_size * cfg.grad_accum_steps * world_size
+    run.epoch_clock = EpochClock.after_resume(state, int(state["step"]), global_batch, epoch_size)
     try:
         data, moved = _data_position(state, cfg, world_size, run.loader)
         run.load_rank_state(data, state.get("rng", []))

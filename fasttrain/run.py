@@ -13,7 +13,7 @@ and the TF converter.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +24,7 @@ from fasttrain.config import Config
 from fasttrain.data import Loader
 from fasttrain.dist_info import DistInfo
 from fasttrain.distributed import broadcast_module, maybe_sync_bn, wrap_ddp
+from fasttrain.epoch_clock import EpochClock
 from fasttrain.models import create_model, param_groups
 from fasttrain.models.bn_act import use_bn_kernels
 from fasttrain.optim import FlatOptimizer, FusedMomentum, FusedRMSPropTF
@@ -49,6 +50,7 @@ class Run:
     bn_ema: BufferEMA | None
     step: TrainStep
     loader: Loader
+    epoch_clock: EpochClock = field(default_factory=EpochClock)  # set by a resume (fasttrain/resume.py)
 
     def state_dict(self) -> dict:
         return {
@@ -57,6 +59,7 @@ class Run:
             "bn_ema": self.bn_ema.state_dict() if self.bn_ema is not None else {},
             "ema": ema_state(self.model, self.optimizer),
             "train_step": self.step.state_dict(),
+            "epoch_clock": self.epoch_clock.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:

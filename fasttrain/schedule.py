@@ -39,16 +39,29 @@ class LRSchedule:
         # Made once here: creating tensors from host values is not allowed during graph capture.
         self._bounds = torch.tensor(self.boundaries or [2**62], dtype=torch.int64, device=device)
         self._factor = torch.tensor(self.factor, dtype=torch.float64, device=device)
+        self.offset = 0.0  # added to the step (fasttrain/epoch_clock.py: a resume with another batch)
+
+    def shift(self, offset: float) -> None:
+        """From now on the schedule is read at step + offset (before the step's graph is captured)."""
+        self.offset = float(offset)
+        self._bounds_f64 = self._bounds.to(torch.float64)
 
     def at(self, step: int) -> float:
         """The LR for the update that follows `step` completed steps."""
+        step = step + self.offset if self.offset else step
         if self.kind == "exponential":
             return self.lr0 * self.factor ** math.floor(step / self.decay_steps)
         return self.lr0 * self.factor ** sum(step > b for b in self.boundaries)
 
     def on_device(self, step: torch.Tensor, out: torch.Tensor) -> None:
         """Write the LR for device step counter `step` (0-d int64) into `out` (0-d float32), no sync."""
-        if self.kind == "exponential":
+        if self.offset:  # in float64, as `at` computes it (a step count is exact there up to 2**53)
+            shifted = step.to(torch.float64) + self.offset
+            if self.kind == "exponential":
+                exponent = torch.floor(shifted / self.decay_steps)
+            else:
+                exponent = (shifted > self._bounds_f64).sum().to(torch.float64)
+        elif self.kind == "exponential":
             exponent = torch.div(step, self.decay_steps, rounding_mode="floor")
         else:
             exponent = (step > self._bounds).sum()

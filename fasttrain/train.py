@@ -8,7 +8,6 @@ torchrun --nproc_per_node=N -m fasttrain [--recipe ...]   one process per device
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -100,7 +99,6 @@ def train(cfg: Config) -> dict:
         global_batch = cfg.batch_size * info.world_size * cfg.grad_accum_steps
         epoch_size = cfg.epoch_size or train_loader.num_records
         steps_per_epoch = max(1, epoch_size // global_batch)
-        max_steps = cfg.max_steps or math.ceil(cfg.train_epochs * steps_per_epoch)
         eval_every = max(1, round(cfg.eval_every_epochs * steps_per_epoch)) if cfg.eval_every_epochs else 0
 
         # --- run directory ----------------------------------------------------------------------
@@ -119,6 +117,9 @@ def train(cfg: Config) -> dict:
             for line in resume_lines:  # the reasons its message refers to
                 log(line)
             raise
+        # Another global batch than the checkpoint's: what is set in epochs goes on in epochs of data.
+        clock_offset, max_steps, note = run.epoch_clock.apply(cfg, step, schedule, epoch_size, global_batch)
+        resume_lines += [note] if note else []
         finished = step >= max_steps  # a finished run, evaluated again: its config.json stays as it was
         problem = ""
         if info.is_main:
@@ -297,11 +298,11 @@ def train(cfg: Config) -> dict:
             stall.skip()
 
         def periodic_step(at: int) -> bool:
-            return bool(eval_every) and at % eval_every == 0 and not (at == max_steps and cfg.eval_at_end)
+            due = bool(eval_every) and (at + clock_offset) % eval_every == 0  # clock: epoch_clock.py
+            return due and not (at == max_steps and cfg.eval_at_end)
 
-        # A resume at a step whose evaluation has no row (a stop signal cut it short after the step's
-        # checkpoint, or the run was killed during it) evaluates it first: the loop evaluates only after
-        # a step it makes, and that epoch's figure was lost. Rank 0's file decides for every rank.
+        # A resume at a step whose evaluation has no row (cut short by a stop signal, or killed) evaluates
+        # it first: the loop evaluates only after the steps it makes. Rank 0's file decides for all.
         if step > 0 and not finished and periodic_step(step):
             if from_rank0(not metrics.has_row(step, split="validation"), info):
                 log(f"step {step}: its evaluation did not finish before the run stopped; evaluating it now")
