@@ -74,11 +74,11 @@ def main(argv: list[str] | None = None) -> int:
             batches_timed=n1 - n0,
         )
         if s0 is not None:  # where the threads' time went: shares of threads x wall time
-            spent = s1.since(s0)
+            spent, span = s1.since(s0), s1.at - s0.at  # the readings' own times: the waits fit in them
             result.update(
-                spent.shares(t1 - t0),
-                consumer_wait=spent.consumer_wait_s / (t1 - t0),
-                threads_said=spent.describe(t1 - t0),
+                spent.shares(span),
+                consumer_wait=spent.consumer_wait_s / span,
+                threads_said=spent.describe(span),
             )
     print(json.dumps(result), flush=True)
     return 0 if len(marks) == 2 else 1

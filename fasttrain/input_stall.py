@@ -72,14 +72,17 @@ class InputStall:
         spent = None
         if threads is not None and self._threads is not None:
             spent = threads.since(self._threads)
+            # Over the time between the two readings, not `seconds`: that leaves out an evaluation,
+            # through which the threads wait with every slot made (an idle share over 100%).
+            span = threads.at - self._threads.at
             if spent.work_s > 0:
-                shares = spent.shares(seconds)
+                shares = spent.shares(span)
                 out.update(loader_busy=shares["loader_busy"], loader_off_cpu=shares["loader_off_cpu"])
         self._intervals += 1
         if stall is not None and stall >= STALLED and self._intervals > 2 and not self.warned:
             self.warned = True
             where = "the GPU idled waiting" if self.cuda else "the step waited"
-            why = f"; {spent.describe(seconds)}" if spent is not None and spent.work_s > 0 else ""
+            why = f"; {spent.describe(span)}" if spent is not None and spent.work_s > 0 else ""
             description = self.loader.description
             options = [self._more_workers()]
             if threads is not None:

@@ -14,6 +14,7 @@ import pytest
 
 import fasttrain.input_stall
 from fasttrain.config import make_config
+from fasttrain.data.thread_loader_time import ThreadTime
 from fasttrain.data.torch_pipeline import SampleReader
 from fasttrain.input_stall import InputStall
 from fasttrain.train import train
@@ -139,3 +140,44 @@ def test_the_line_asks_for_cores_where_the_workers_have_them_all(monkeypatch):
 def test_one_timed_step_says_nothing():
     stall = InputStall(loader=None, cuda=True, log=print, num_workers=0)
     assert stall.read(1, 1, 1.0) == {}  # no pair of steps, no gap to measure (and no CUDA touched)
+
+
+class _Loader:
+    """A stand-in thread loader: thread_time() hands out the test's readings in turn."""
+
+    description = "torch, 1 loader thread"
+
+    def __init__(self, readings):
+        self.readings = iter(readings)
+
+    def thread_time(self):
+        return next(self.readings)
+
+
+def _said(readings, seconds: float, waited: float) -> str:
+    """The input-bound line of a CPU run whose step waited `waited` of each interval's `seconds`, its
+    loader read as `readings` (the first at the start, then one an interval)."""
+    said = []
+    stall = InputStall(_Loader(readings), cuda=False, log=said.append, num_workers=1)
+    for interval in range(len(readings) - 1):
+        stall._waited = waited  # the step's wait in next(batches), as next_batch counts it
+        stall.read(1 + 5 * interval, 5 * (interval + 1), seconds)
+    assert len(said) == 1
+    return said[0]
+
+
+def _reading(at: float, work: float, slot_wait: float, consumer_wait: float) -> ThreadTime:
+    return ThreadTime(
+        threads=1, work_s=work, cpu_s=work / 2, slot_wait_s=slot_wait, consumer_wait_s=consumer_wait, at=at
+    )
+
+
+def test_the_loaders_shares_are_of_the_time_between_its_readings(monkeypatch):
+    # Each interval 10 s between readings, 5 s of it an evaluation the trainer leaves out of `seconds`:
+    # the thread waited for a slot 9 s of each 10 (through the evaluation too), so idle 90%, not 180%.
+    monkeypatch.setattr(fasttrain.input_stall, "available_cores", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    readings = [_reading(10.0 * k, 0.8 * k, 9.0 * k, 0.5 * k) for k in range(4)]
+    line = _said(readings, seconds=5.0, waited=1.0)
+    assert "1 loader thread 8% busy making images, 50% of that off the CPU" in line
+    assert "idle 90% with every slot ahead made" in line

@@ -85,6 +85,27 @@ def test_a_slow_consumer_leaves_the_threads_waiting_for_slots_a_slow_loader_the_
     assert slow.slot_wait_s < 0.1 * slow.consumer_wait_s
 
 
+def test_a_wait_across_readings_is_split_between_their_intervals(synthetic):
+    """A thread waiting for a slot when the loader is read: the wait counts up to the reading, so each
+    interval's waits fit in it. Counted only when a wait ended, the interval that had it all said 0%
+    and the next, much shorter one several times 100% (the trainer's "idle 101%")."""
+    loader = ThreadLoader(_cfg(synthetic, num_workers=2), "train", True)
+    batches = iter(loader)
+    next(batches)
+    time.sleep(0.05)  # every slot ahead made: both threads wait for one (a sample here is ~0.2 ms)
+    readings = []
+    for pause in (0.2, 0.05):
+        readings.append((time.perf_counter(), loader.thread_time()))
+        time.sleep(pause)  # the threads still waiting for a slot
+    readings.append((time.perf_counter(), loader.thread_time()))
+    batches.close()  # stops the threads mid-wait: that wait is kept, not dropped
+    closed = loader.thread_time()
+    for (t0, r0), (t1, r1) in zip(readings, readings[1:]):
+        idle = r1.since(r0).shares(t1 - t0)["loader_slot_wait"]  # the test's own clock for the interval
+        assert 0.8 < idle <= 1.0 + 1e-3, idle  # waited throughout (1e-3: the reads' own microseconds)
+    assert closed.slot_wait_s >= readings[-1][1].slot_wait_s
+
+
 def test_thread_time_sums_the_epochs_and_reads_during_one(synthetic):
     loader = ThreadLoader(_cfg(synthetic, num_workers=2), "train", True)
     for _ in loader:

@@ -36,9 +36,10 @@ events; real CUDA events run only on a GPU).
 Where the time goes: each thread keeps its own ThreadTime (fasttrain/data/thread_loader_time.py: wall
 and CPU time inside samples, waits for a slot and for the GPU), and the consumer's wait for batches is
 added; `ThreadLoader.thread_time()` sums them, for the trainer's input-bound line and
-bench/loader_alone.py. Per sample that costs two wall-clock and two thread CPU-clock reads, about 1 us
-with the GIL held (a CPU-clock read is a system call, 0.45 us on the project's VM), beside about 49 us
-of GIL-held work per image (perf, one thread).
+bench/loader_alone.py. A wait going on when it is read counts up to then (the reading's `at`): each
+interval's waits fit in the time between its two readings. Per sample that costs two wall-clock and two
+thread CPU-clock reads, about 1 us with the GIL held (a CPU-clock read is a system call, 0.45 us on the
+project's VM), beside about 49 us of GIL-held work per image (perf, one thread).
 
 Threads and the GIL: the JPEG decoders (simplejpeg; TurboJPEG's decode through ctypes.CDLL, whose
 calls drop the GIL, or from the train transforms' fused numba call, fasttrain.data.jpeg.fused), the
@@ -110,9 +111,11 @@ class ThreadLoader(ShardLoader):
     def thread_time(self) -> ThreadTime:
         """Where the loader threads' time went so far, all epochs (see ThreadTime); subtract two
         readings for an interval. Read without locks: a running thread's last sample may be missing."""
+        at = time.perf_counter()
         total = ThreadTime(**vars(self._spent))
         if self._epoch is not None:
-            total.add(self._epoch.thread_time())
+            total.add(self._epoch.thread_time(at))
+        total.at = at
         return total
 
     def __iter__(self):
@@ -129,7 +132,7 @@ class ThreadLoader(ShardLoader):
                     yield images, labels
         finally:
             epoch.close()
-            self._spent.add(epoch.thread_time())
+            self._spent.add(epoch.thread_time(time.perf_counter()))
             self._epoch = None
 
 
@@ -158,12 +161,14 @@ class _Epoch:
         self.batches: dict[int, _Batch] = {}  # batches being made or ready, by index
         self.threads = []
         self.clocks = [ThreadTime(threads=1) for _ in range(loader.num_threads)]  # each its thread's own
+        # Each thread's wait going on now (its clock's field, since when), set and cleared under the lock:
+        # a reading counts it up to then, so a wait across two readings is split between their intervals
+        # (counted when it ended, the whole of a long one fell in the later one, over 100% of it).
+        self.waiting: list[tuple[str, float] | None] = [None] * loader.num_threads
         self.consumer_wait_s = 0.0
         with stop_signals_blocked():  # the threads inherit the mask: signals go to the main thread
-            for k, clock in enumerate(self.clocks):
-                t = threading.Thread(
-                    target=self._work, args=(clock,), name=f"fasttrain-loader-{k}", daemon=True
-                )
+            for k in range(len(self.clocks)):
+                t = threading.Thread(target=self._work, args=(k,), name=f"fasttrain-loader-{k}", daemon=True)
                 t.start()
                 self.threads.append(t)
 
@@ -193,10 +198,15 @@ class _Epoch:
             images, labels = images[:rows], labels[:rows]
         return images, labels, batch.skipped
 
-    def thread_time(self) -> ThreadTime:
+    def thread_time(self, at: float) -> ThreadTime:
+        """The threads' clocks summed, with the waits going on counted up to `at` (perf_counter)."""
         total = ThreadTime(consumer_wait_s=self.consumer_wait_s)
-        for clock in self.clocks:
-            total.add(clock)
+        with self.cond:
+            for clock, waiting in zip(self.clocks, self.waiting, strict=True):
+                total.add(clock)
+                if waiting is not None:
+                    field, since = waiting
+                    setattr(total, field, getattr(total, field) + max(0.0, at - since))
         total.threads = len(self.clocks)
         return total
 
@@ -215,21 +225,22 @@ class _Epoch:
         labels = torch.empty(b, dtype=torch.int64, pin_memory=self.cuda)
         return images, labels, images.numpy(), labels.numpy()
 
-    def _take(self, clock: ThreadTime):
-        """(j, i, batch, event) of the next sample to make, or None when there is none or we stop."""
+    def _take(self, k: int):
+        """(j, i, batch, event) of thread k's next sample to make, or None when there is none or we stop."""
         with self.cond:
-            waited = None
-            while True:
-                if self.stopping or self.next_sample >= self.total:
-                    return None
-                u = self.next_sample
-                j, i = self.start + u // self.batch_size, u % self.batch_size
-                if j < self.released + self.slots:  # its slot is free (ring), or not too far ahead
-                    break
-                waited = waited or time.perf_counter()
-                self.cond.wait()
-            if waited is not None:
-                clock.slot_wait_s += time.perf_counter() - waited
+            try:
+                while True:
+                    if self.stopping or self.next_sample >= self.total:
+                        return None
+                    u = self.next_sample
+                    j, i = self.start + u // self.batch_size, u % self.batch_size
+                    if j < self.released + self.slots:  # its slot is free (ring), or not too far ahead
+                        break
+                    if self.waiting[k] is None:
+                        self.waiting[k] = ("slot_wait_s", time.perf_counter())
+                    self.cond.wait()
+            finally:  # a wait the stop ended counts too: a reading may have counted it already
+                self._waited(k)
             self.next_sample += 1
             batch = self.batches.get(j)
             if batch is None:
@@ -240,23 +251,36 @@ class _Epoch:
                 batch = self.batches[j] = _Batch(size, *buffers)
             return j, i, batch, self.events[j % self.slots] if self.ordered else None
 
-    def _work(self, clock: ThreadTime) -> None:
+    def _waited(self, k: int) -> None:
+        """Add thread k's wait going on, if any, to its clock (under the lock)."""
+        if self.waiting[k] is not None:
+            field, since = self.waiting[k]
+            clock = self.clocks[k]
+            setattr(clock, field, getattr(clock, field) + time.perf_counter() - since)
+            self.waiting[k] = None
+
+    def _work(self, k: int) -> None:
         try:
-            self._work_on(clock)
+            self._work_on(k)
         except BaseException as e:  # noqa: BLE001 - the consumer would otherwise wait forever
             with self.cond:
                 self.failure = self.failure or e
                 self.cond.notify_all()
 
-    def _work_on(self, clock: ThreadTime) -> None:
+    def _work_on(self, k: int) -> None:
+        clock = self.clocks[k]
         reader = SampleReader(self.table, self.cfg, self.epoch, self.training, self.row_indexes)
         try:
-            while (task := self._take(clock)) is not None:
+            while (task := self._take(k)) is not None:
                 j, i, batch, event = task
                 if event is not None:
-                    waited = time.perf_counter()
-                    event.synchronize()
-                    clock.gpu_wait_s += time.perf_counter() - waited
+                    with self.cond:  # once a slot, not a sample: the lock costs microseconds here
+                        self.waiting[k] = ("gpu_wait_s", time.perf_counter())
+                    try:
+                        event.synchronize()
+                    finally:
+                        with self.cond:
+                            self._waited(k)
                     # Done: the slot's later samples need not ask (a driver call and a GIL hand-over
                     # each). Its next event comes at batch j's release, after this sample is made.
                     self.events[j % self.slots] = None

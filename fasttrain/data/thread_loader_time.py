@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+_NOT_SUMMED = ("threads", "at")
+
 
 @dataclasses.dataclass
 class ThreadTime:
@@ -17,7 +19,9 @@ class ThreadTime:
     waiting to take the GIL back, for a page of the shard from disk, or for a core. slot_wait: no
     sample to take (the ring's slots full, the batches PREFETCH ahead of the consumer made); gpu_wait:
     a slot's CUDA release event (the step still copying out of it). consumer_wait: the consumer's
-    (the trainer's main thread) wait for a batch not yet made.
+    (the trainer's main thread) wait for a batch not yet made. at: when it was read (perf_counter);
+    a wait going on then is counted up to it, so the waits between two readings fit in the time
+    between them (`later.at - earlier.at`, the `seconds` to give shares and describe).
     """
 
     threads: int = 0
@@ -27,23 +31,27 @@ class ThreadTime:
     slot_wait_s: float = 0.0
     gpu_wait_s: float = 0.0
     consumer_wait_s: float = 0.0
+    at: float = 0.0
 
     def add(self, other: ThreadTime) -> None:
         for f in dataclasses.fields(self):
-            if f.name != "threads":
+            if f.name not in _NOT_SUMMED:
                 setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
         self.threads = max(self.threads, other.threads)
+        self.at = max(self.at, other.at)
 
     def since(self, earlier: ThreadTime) -> ThreadTime:
         out = ThreadTime(**vars(self))
         for f in dataclasses.fields(self):
-            if f.name != "threads":
+            if f.name not in _NOT_SUMMED:
                 setattr(out, f.name, getattr(self, f.name) - getattr(earlier, f.name))
         return out
 
     def shares(self, seconds: float) -> dict[str, float]:
         """Over `seconds` of wall time: loader_busy, loader_slot_wait, loader_gpu_wait (shares of the
-        threads' time) and loader_off_cpu (the share of the busy time off the CPU)."""
+        threads' time) and loader_off_cpu (the share of the busy time off the CPU). With `seconds` the
+        time between the two readings, each wait's share is at most 1: a thread waits for one thing
+        at a time, and a wait going on at a reading is split there."""
         span = max(seconds * self.threads, 1e-9)
         return dict(
             loader_busy=min(1.0, self.work_s / span),  # a sample counts when it ends: one may straddle
