@@ -11,7 +11,9 @@
 
 With the torch thread loader, each interval's ThreadTime (fasttrain.data.thread_loader_time) says why:
 threads busy (too few cores or threads), off the CPU inside samples (the GIL, the disk), or idle
-with every slot made (then the loader is not what holds training back).
+with every slot made (then the loader is not what holds training back). Its consumer wait (for a batch
+not yet made) decides the advice: under half the stall, the batches were made ahead and the line says
+so, and asks for cores, not workers.
 
 The trainer writes `input_stall` (and the threads' `loader_busy`, `loader_off_cpu`) into
 metrics.jsonl and the curves at every log step, and prints one line, once per run, the first time an
@@ -84,15 +86,22 @@ class InputStall:
             where = "the GPU idled waiting" if self.cuda else "the step waited"
             why = f"; {spent.describe(span)}" if spent is not None and spent.work_s > 0 else ""
             description = self.loader.description
-            options = [self._more_workers()]
-            if threads is not None:
-                options.append(self._processes())
-            if not description.startswith("dali"):
-                options.append("--data_backend dali")
-            choices = options[0] if len(options) == 1 else f"{', '.join(options[:-1])} or {options[-1]}"
+            # The thread loader tells a wait for a batch not yet made (its threads behind) from the
+            # rest of the step's wait in next(batches) (batches made ahead, handed over late). DALI
+            # and DataLoader processes do not: their wait is taken to be the workers'.
+            if spent is not None and spent.consumer_wait_s < stall * seconds / 2:
+                advice = self._not_the_loader(spent.consumer_wait_s / seconds)
+            else:
+                options = [self._more_workers()]
+                if threads is not None:
+                    options.append(self._processes())
+                if not description.startswith("dali"):
+                    options.append("--data_backend dali")
+                last_two = f"{', '.join(options[:-1])} or {options[-1]}"
+                advice = f"{options[0] if len(options) == 1 else last_two} would feed it faster"
             self.log(
                 f"input-bound: {where} for its next batch {stall:.0%} of steps {first}-{last} "
-                f"({description}){why}; {choices} would feed it faster"
+                f"({description}){why}; {advice}"
             )
         self._steps, self._waited, self._breaks, self._threads = 0, 0.0, set(), threads
         return out
@@ -106,6 +115,18 @@ class InputStall:
         share = f"{cores} cores" + (f" / {ranks} ranks" if ranks > 1 else "")
         return (
             f"more CPU cores ({n} worker{'s' * (n != 1)} and the trainer have this rank's share of {share})"
+        )
+
+    def _not_the_loader(self, unmade: float) -> str:
+        """The advice where the batches were mostly made before the step asked for them (`unmade`: the
+        share of the interval it waited for one not yet made): more workers would sit idle too."""
+        cores, ranks = available_cores(), local_ranks()
+        share = f"{cores} cores" + (f" for {ranks} ranks" if ranks > 1 else "")
+        host = "the step's launch and its batch's copy" if self.cuda else "the step"
+        return (
+            f"its batches were made ahead (it waited for one not yet made {unmade:.0%} of the time): the "
+            f"wait is the hand-over (the loader's lock, the GIL) and {host} waiting for a core ({share}, "
+            f"shared with the loader threads); more CPU cores would feed it faster, not more --num_workers"
         )
 
     def _processes(self) -> str:

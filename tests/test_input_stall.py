@@ -181,3 +181,23 @@ def test_the_loaders_shares_are_of_the_time_between_its_readings(monkeypatch):
     line = _said(readings, seconds=5.0, waited=1.0)
     assert "1 loader thread 8% busy making images, 50% of that off the CPU" in line
     assert "idle 90% with every slot ahead made" in line
+
+
+def test_a_loader_ahead_is_not_asked_for_more_workers(monkeypatch):
+    # The audit's case (2 ranks on 2 cores, 1 loader thread): the step waited 10% of the interval, the
+    # thread 8% busy and idle the rest with every slot made, and the step waited for a batch not yet
+    # made for 1% of it: the wait is not the loader's making, and more workers would sit idle too.
+    monkeypatch.setattr(fasttrain.input_stall, "available_cores", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    readings = [_reading(10.0 * k, 0.8 * k, 9.0 * k, 0.1 * k) for k in range(4)]
+    line = _said(readings, seconds=10.0, waited=1.0)
+    assert "the step waited for its next batch 10% of steps 11-15" in line
+    assert "--num_workers (now" not in line and "--loader processes" not in line and "dali" not in line
+    assert "its batches were made ahead (it waited for one not yet made 1% of the time)" in line
+    assert line.endswith("more CPU cores would feed it faster, not more --num_workers")
+    assert "(2 cores for 2 ranks, shared with the loader threads)" in line
+    # The same loader, behind: the step waited for batches not yet made most of its wait (busy thread).
+    readings = [_reading(10.0 * k, 9.5 * k, 0.0, 0.9 * k) for k in range(4)]
+    line = _said(readings, seconds=10.0, waited=1.0)
+    assert "idle 0% with every slot ahead made" in line
+    assert "more --num_workers (now 1), --loader processes (no GIL shared) or --data_backend dali" in line
