@@ -266,7 +266,7 @@ def train(cfg: Config) -> dict:
                 # note: a host read, at histogram steps only (log steps, where the loss read has synced)
                 curves.histograms(step, run.model, step_fn.last_grad_scale.item())
             skipped_here, skipped_before = skipped - skipped_before, skipped
-            check_finite(streak, skipped_here, first, step, cfg, precision, last_saved, run_dir)
+            check_finite(streak, skipped_here, first, step, cfg, precision, last_saved, run_dir, info.is_main)
             if step_fn.buckets is not None and (comm := step_fn.buckets.comm_stats()) is not None:
                 log(
                     f"all-reduce: {comm['comm_ms']:.1f} ms/step in {len(comm['buckets'])} buckets, "

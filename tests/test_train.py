@@ -5,7 +5,7 @@ train() runs in this process (two spawned gloo ranks for the stop check). A capt
 exist without a GPU; a TrainStep that marks itself captured after its first step stands for one, and
 records when the trainer releases it. The training top-1 of a log line is the mean of its steps', in the
 log line, metrics.jsonl and TensorBoard. Through the CLI: a loss that is no longer finite stops the run
-in one line naming the last good checkpoint, whose weights are all finite.
+in one line naming the checkpoint a rerun resumes from, whose weights are all finite.
 """
 
 from __future__ import annotations
@@ -85,15 +85,17 @@ def test_one_skipped_step_between_log_rows_stops_an_fp32_run(tmp_path, monkeypat
     with pytest.raises(TrainingStopped, match="the loss was not finite at 1 of steps 1-4") as raised:
         train(cfg)
     # The advice fits the run: lower the learning rate; not "use precision=fp32" to an fp32 run.
-    assert str(raised.value).endswith("lower initial_learning_rate"), str(raised.value)
+    assert "; lower initial_learning_rate: no checkpoint was written before them" in str(raised.value)
+    assert "fp32" not in str(raised.value)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [4] and rows[0]["skipped_steps"] == 1
 
 
 def test_a_stop_after_a_skipped_step_saves_then_says_why_it_stops(tmp_path, monkeypatch):
-    # SIGTERM at step 3 of an fp32 run whose step 2 was skipped: the stop's checkpoint is written (a
-    # skipped step changes nothing it holds), then the non-finite loss stops the run naming it. The
-    # row's check ran before the save, so the run ended without its checkpoint.
+    # SIGTERM at step 3 of an fp32 run whose step 2 was skipped: the stop's checkpoint is written, then
+    # the non-finite loss stops the run. The row's check ran before the save, so the run ended without
+    # its checkpoint. That checkpoint follows a non-finite step (and finite ones that may have blown the
+    # weights up): it is kept, set aside, and the same command does not resume from it.
     import signal
 
     class BadThenStopped(TrainStep):
@@ -108,9 +110,42 @@ def test_a_stop_after_a_skipped_step_saves_then_says_why_it_stops(tmp_path, monk
     monkeypatch.setattr(fasttrain.run, "TrainStep", BadThenStopped)
     cfg = _cfg(tmp_path, precision="fp32", log_every=4, max_steps=8, checkpoint_every=100)
     saved = tmp_path / "run" / "ckpt-3.pt"
-    with pytest.raises(TrainingStopped, match=f"at 1 of steps 1-3 .*the last good checkpoint is {saved}"):
+    with pytest.raises(TrainingStopped, match="at 1 of steps 1-3 .*set aside, as \\*.nonfinite: ckpt-3.pt;"):
         train(cfg)
-    assert saved.is_file()
+    assert not saved.exists() and saved.with_name("ckpt-3.pt.nonfinite").is_file()
+    assert saved.with_name("ckpt-3.pt.sha256.nonfinite").is_file()
+
+
+def test_a_checkpoint_written_among_non_finite_steps_is_set_aside_and_the_one_before_resumed(
+    tmp_path, monkeypatch, capsys
+):
+    # Checkpoints every 2 steps, rows every 4; step 6 not finite. The run named ckpt-6 "the last good
+    # checkpoint", written after it (an audit's run: a finite step with a huge learning rate had left
+    # its weights at 3.5e19), and the same command resumed from it, into the same stop, again and again.
+    class BadAtSix(TrainStep):
+        def __call__(self, batches):
+            super().__call__(batches)
+            if int(self.step_count) == 6:
+                self.nonfinite_streak.fill_(1)
+                self.scaler.skipped_steps.add_(1)
+
+    monkeypatch.setattr(fasttrain.run, "TrainStep", BadAtSix)
+    cfg = _cfg(tmp_path, precision="fp32", log_every=4, max_steps=12, checkpoint_every=2)
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrainingStopped) as raised:
+        train(cfg)
+    assert str(raised.value).endswith(
+        f"set aside, as *.nonfinite: ckpt-6.pt; lower initial_learning_rate: the same command resumes from "
+        f"{run_dir / 'ckpt-4.pt'}, written before them"
+    ), str(raised.value)
+    assert sorted(p.name for p in run_dir.glob("ckpt-*")) == [
+        "ckpt-2.pt", "ckpt-2.pt.sha256", "ckpt-4.pt", "ckpt-4.pt.sha256", "ckpt-6.pt.nonfinite",
+        "ckpt-6.pt.sha256.nonfinite",
+    ]  # fmt: skip
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert train(cfg)["step"] == 12
+    assert "resuming from step 4" in capsys.readouterr().out
 
 
 def test_an_error_after_capture_releases_the_graph_before_leaving_the_group(tmp_path, lifetimes):
