@@ -114,6 +114,9 @@ def test_every_run_ends_with_a_one_line_summary(data, tmp_path, capsys):
     )
     _run(data, tmp_path / "c", max_steps=3)  # resumed: the steps of this run
     assert re.fullmatch(_SUMMARY.format(step=3, steps=1, images=4) + r"not evaluated .*", _last_line(capsys))
+    _run(data, tmp_path / "c", max_steps=3)  # finished, and no evaluation asked: it said "evaluating it"
+    out = capsys.readouterr().out
+    assert "finished run at step 3 (max_steps 3): nothing to do (--eval_at_end=false), not training" in out
 
 
 def test_the_summarys_durations():
