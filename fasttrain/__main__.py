@@ -19,7 +19,14 @@ from fasttrain.errors import exit_code, print_error
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:  # Ctrl-C before the trainer's own handler (importing torch, building data)
+        sys.stderr.write("fasttrain: interrupted before training began; nothing was written to resume from\n")
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     if argv[:1] == ["selfcheck"]:  # `python -m fasttrain selfcheck`: fasttrain/selfcheck.py
         from fasttrain.selfcheck import main as selfcheck
 
@@ -33,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, chosen = parse_command_line(argv)
     except ConfigError as err:
-        print_error(err)
+        # Every rank parses the same flags: under torchrun one line per node, not one per rank.
+        if os.environ.get("LOCAL_RANK", "0") == "0":
+            print_error(err)
         return 2
     except BrokenPipeError:  # `--help | head`: the reader went away, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

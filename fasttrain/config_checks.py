@@ -105,13 +105,16 @@ def validate(cfg) -> None:
     # Written as `not value > 0` so that a NaN (`--initial_learning_rate=nan`) is refused too.
     for name in _POSITIVE:
         if not getattr(cfg, name) > 0:
-            raise ConfigError(f"--{name} must be positive, got {getattr(cfg, name)}")
+            raise ConfigError(f"--{name} must {_a_number('be positive', getattr(cfg, name))}")
     for name in _NON_NEGATIVE:
         if getattr(cfg, name) is None and type(None) in typing.get_args(hints[name]):  # auto
             continue
         if not getattr(cfg, name) >= 0:
-            raise ConfigError(f"--{name} must not be negative, got {getattr(cfg, name)}")
+            raise ConfigError(f"--{name} must {_a_number('not be negative', getattr(cfg, name))}")
     _check_finite(cfg)  # after the ranges, whose messages say more about a NaN
+    # A momentum of 1 or more never forgets a gradient (TensorFlow takes it, and the run diverges).
+    if not cfg.momentum < 1.0:
+        raise ConfigError(f"--momentum must be below 1, got {cfg.momentum}")
     for name in ("rmsprop_decay", "bn_momentum"):
         value = getattr(cfg, name)
         if value is not None and not 0.0 <= value <= 1.0:
@@ -181,6 +184,11 @@ def validate(cfg) -> None:
                 " (to never decay: --learning_rate_decay_factor=1)" if name == "num_epochs_per_decay" else ""
             )
             raise ConfigError(f"--{name} must be between 0 and {MAX_EPOCHS:g} epochs, got {value:g}{never}")
+    if cfg.lr_schedule == "piecewise" and not bounds:  # an unset shell variable: a constant LR, unsaid
+        raise ConfigError(
+            "--lr_schedule=piecewise needs --lr_boundary_epochs (it is empty); for a constant learning "
+            "rate give --learning_rate_decay_factor=1"
+        )
     if any(b <= a for a, b in zip(bounds, bounds[1:])):
         raise ConfigError(
             f"--lr_boundary_epochs={','.join(f'{b:g}' for b in bounds)!r} is not a comma-separated "
@@ -200,6 +208,11 @@ def _memory_bytes() -> float:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return math.inf
+
+
+def _a_number(rule: str, value) -> str:
+    """'be positive, got -1', or for a NaN (which no range takes) 'be a number, got nan', not 'negative'."""
+    return f"be a number, got {value}" if value != value else f"{rule}, got {value}"
 
 
 def _check_finite(cfg) -> None:

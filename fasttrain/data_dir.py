@@ -43,8 +43,10 @@ def prepare_data_dir(cfg: Config, info, log) -> Path | None:
         try:  # another first run may be building it: ensure_synthetic waits for it and uses its set
             ensure_synthetic(target, **DEMO_DATA)
         except OSError as e:
+            # mkdir's "File exists" for a file where the directory goes said nothing of the file.
+            why = f"{e.filename} is a file" if e.filename and Path(e.filename).is_file() else e.strerror
             raise SettingError(
-                f"cannot build the demo data set in {cache} ({e.strerror}); set data_cache_dir "
+                f"cannot build the demo data set in {cache} ({why}); set data_cache_dir "
                 "to a writable directory",
                 settings=("data_cache_dir",),
             ) from None

@@ -47,6 +47,10 @@ IDENTITY_NAME = "run.json"
 def claim_run_dir(run_dir: Path, log=print) -> RunLock:
     """Create and lock run_dir, check it can be written, and delete temporary files of saves that a
     dead trainer never finished; SettingError (one line) if it cannot be written or is in use."""
+    if run_dir.exists() and not run_dir.is_dir():  # mkdir's words for it: "File exists"
+        raise SettingError(
+            f"train_dir {run_dir} is a file, not a directory; pass a directory", settings=("train_dir",)
+        )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / f".write-test-{os.getpid()}"  # fail now, not at the first checkpoint

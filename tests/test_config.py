@@ -139,7 +139,12 @@ def test_resnet_v15_recipe_is_tf_official_2018():
         (["--batch_size"], "needs a value"),
         # These reached the optimizer or the bucketer and ended in a traceback (or, NaN, in training).
         (["--initial_learning_rate=-1"], "--initial_learning_rate must not be negative"),
-        (["--initial_learning_rate=nan"], "--initial_learning_rate must not be negative, got nan"),
+        # A NaN was "negative": what is wrong with it is that it is not a number.
+        (["--initial_learning_rate=nan"], "--initial_learning_rate must be a number, got nan"),
+        (["--batch_size=4", "--bucket_cap_mb=nan"], "--bucket_cap_mb must be a number, got nan"),
+        (["--momentum=2"], "--momentum must be below 1, got 2.0"),  # it trained (and diverged)
+        (["--momentum=1"], "--momentum must be below 1, got 1.0"),
+        (["--lr_schedule=piecewise", "--lr_boundary_epochs="], "--lr_schedule=piecewise needs --lr_boundary"),
         (["--bucket_cap_mb=-1"], "--bucket_cap_mb must be positive"),
         (["--rmsprop_decay=1.5"], "--rmsprop_decay must be in [0, 1]"),
         (["--bn_momentum=-0.1"], "--bn_momentum must be in [0, 1]"),

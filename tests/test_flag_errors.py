@@ -293,3 +293,26 @@ def test_the_distributed_seeds_flags_say_what_to_give_instead(argv, words, capsy
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"fasttrain: error: {argv[0].partition('=')[0]}") or "--job_name/" in line, line
     assert words in line and "unknown flag" not in line, line
+
+
+def test_a_flag_error_is_printed_once_per_node_and_ctrl_c_at_start_up_is_one_line(monkeypatch, capsys):
+    # Under torchrun every rank printed the same error (8 lines for one mistake on an 8-GPU node); and
+    # Ctrl-C while torch was still being imported ended in a KeyboardInterrupt traceback.
+    import fasttrain.flags
+    from fasttrain.__main__ import main
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert main(["--max_step=3"]) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert main(["--max_step=3"]) == 2
+    assert capsys.readouterr().err.count("--max_step") >= 1
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(fasttrain.flags, "parse_command_line", interrupted)
+    assert main(["--max_steps=3"]) == 130
+    assert capsys.readouterr().err == (
+        "fasttrain: interrupted before training began; nothing was written to resume from\n"
+    )

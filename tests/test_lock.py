@@ -221,3 +221,28 @@ def test_same_run_by_directory_or_by_identity(tmp_path):
     assert same_run(a, a / "ckpt-4.pt") and same_run(a, copy / "ckpt-4.pt")
     assert not same_run(a, b / "ckpt-4.pt") and not same_run(a, legacy / "ckpt-4.pt")
     assert same_run(legacy, legacy / "ckpt-4.pt") and not same_run(legacy, a / "ckpt-4.pt")
+
+
+def test_a_train_dir_that_is_a_file_is_named_so(tmp_path):
+    # mkdir's "(File exists)" was the whole message: the user had given a file, and read it as a clash.
+    from fasttrain.errors import SettingError
+    from fasttrain.lock import claim_run_dir
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SettingError, match=r"train_dir .*afile is a file, not a directory; pass a directory"):
+        claim_run_dir(tmp_path / "afile")
+
+
+def test_a_data_cache_dir_that_is_a_file_is_named_so(tmp_path):
+    # The demo data set's cache given as a file: "(File exists)" was all the message said of it.
+    from types import SimpleNamespace
+
+    from fasttrain.config import make_config
+    from fasttrain.data_dir import prepare_data_dir
+    from fasttrain.errors import SettingError
+
+    (tmp_path / "afile").write_text("")
+    cfg = make_config(data_cache_dir=str(tmp_path / "afile"), device="cpu")
+    info = SimpleNamespace(local_rank=0, world_size=1)
+    with pytest.raises(SettingError, match=r"in .*afile \(.*afile is a file\); set data_cache_dir"):
+        prepare_data_dir(cfg, info, lambda line: None)
