@@ -136,7 +136,6 @@ def test_out_is_checked_before_the_work_and_never_replaced_unasked(run_dir, tmp_
     capsys.readouterr()
     for argv, words in (
         (from_tf + [str(ckpt)], f"--out {ckpt} exists; pick another --out, or pass --overwrite"),
-        (from_tf + [str(tmp_path)], f"--out {tmp_path} is a directory"),
         (from_tf + [str(a_file / "x.pt")], f"{a_file} is a file, not a directory"),
         (["to-tf", str(run_dir), "--out", str(prefix)], f"--out {prefix}.index exists"),
         (["to-tf", str(run_dir), "--out", str(a_file / "model.ckpt-1")], f"{a_file} is a file"),
@@ -148,3 +147,60 @@ def test_out_is_checked_before_the_work_and_never_replaced_unasked(run_dir, tmp_
     assert main(from_tf + [str(ckpt), "--overwrite"]) == 0  # asked for: replaced
     assert load_checkpoint(ckpt)["config"]["model"] == "resnet18" and "optimizer" not in load_checkpoint(ckpt)
     assert main(["to-tf", str(run_dir), "--out", str(prefix), "--overwrite"]) == 0
+
+
+def test_an_out_that_names_a_directory_is_a_bad_flag(run_dir, tmp_path, capsys):
+    """to-tf --out DIR (or DIR/) wrote DIR.index and DIR.data-* beside DIR, and made the parent's
+    `checkpoint` file name them; from-tf --out NEW/ wrote a file named NEW."""
+    prefix = tmp_path / "tf" / "model.ckpt-42"
+    assert main(["to-tf", str(run_dir), "--out", str(prefix)]) == 0
+    work = tmp_path / "work"
+    existing = work / "existing"
+    existing.mkdir(parents=True)
+    (work / "checkpoint").write_text('model_checkpoint_path: "other.ckpt-1"\n')
+    pt_file = "the path of the .pt file to write, such as"
+    tf_prefix = "a TensorFlow checkpoint prefix in it, such as"
+    capsys.readouterr()
+    for argv, words in (
+        (["to-tf", str(run_dir), "--out", str(existing)], f"{tf_prefix} {existing / 'model.ckpt-N'}"),
+        (["to-tf", str(run_dir), "--out", f"{existing}/"], f"{tf_prefix} {existing / 'model.ckpt-N'}"),
+        (["to-tf", str(run_dir), "--out", f"{work}/new/"], f"{tf_prefix} {work / 'new' / 'model.ckpt-N'}"),
+        (["from-tf", str(prefix), "--model", "resnet18", "--out", str(existing)], pt_file),
+        (["from-tf", str(prefix), "--model", "resnet18", "--out", f"{work}/new/"], pt_file),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--out {argv[-1]} is a directory; give " in err, (argv, err)
+        assert words in err, (argv, err)
+    assert sorted(p.name for p in work.iterdir()) == ["checkpoint", "existing"]
+    assert not any(existing.iterdir())
+    assert (work / "checkpoint").read_text() == 'model_checkpoint_path: "other.ckpt-1"\n'
+
+
+def test_to_tf_keeps_the_checkpoints_a_checkpoint_file_lists(run_dir, tmp_path, capsys):
+    """A second export into a directory (or one into a TF train directory) rewrote its `checkpoint`
+    file to name the export alone: the checkpoints it listed were dropped. A `checkpoint` that is not
+    TF's file was replaced without --overwrite."""
+    state = tmp_path / "checkpoint"
+    state.write_text('model_checkpoint_path: "model.ckpt-2"\nall_model_checkpoint_paths: "model.ckpt-1"\n')
+    assert main(["to-tf", str(run_dir), "--out", str(tmp_path / "model.ckpt-42")]) == 0
+    listed = ["model.ckpt-1", "model.ckpt-2", "model.ckpt-42"]  # oldest first, as TF's Saver lists them
+    assert state.read_text().splitlines() == [
+        'model_checkpoint_path: "model.ckpt-42"',
+        *(f'all_model_checkpoint_paths: "{name}"' for name in listed),
+    ]
+    assert main(["to-tf", str(run_dir), "--out", str(tmp_path / "model.ckpt-42"), "--overwrite"]) == 0
+    assert state.read_text().count("model.ckpt-42") == 2  # listed once, and named the newest
+
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "checkpoint").write_text("my notes\n")
+    capsys.readouterr()
+    assert main(["to-tf", str(run_dir), "--out", str(other / "model.ckpt-42")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{other / 'checkpoint'} is not a TensorFlow `checkpoint` file" in err
+    assert (other / "checkpoint").read_text() == "my notes\n" and list(other.iterdir()) == [
+        other / "checkpoint"
+    ]
+    assert main(["to-tf", str(run_dir), "--out", str(other / "model.ckpt-42"), "--overwrite"]) == 0
+    assert (other / "checkpoint").read_text().startswith('model_checkpoint_path: "model.ckpt-42"\n')

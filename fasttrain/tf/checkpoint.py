@@ -317,11 +317,31 @@ def _write_data(path: Path, tensors: dict[str, np.ndarray]) -> list[tuple[bytes,
     return items
 
 
+_LISTED_LINE = re.compile(r'^all_model_checkpoint_paths:\s*"((?:[^"\\]|\\.)*)"\s*$', re.M)
+
+
 def write_state_file(prefix: Path) -> None:
-    """The directory's `checkpoint` file naming `prefix` (relative), written whole or not at all."""
+    """The directory's `checkpoint` file naming `prefix` (relative) as the newest, written whole or not at
+    all. The checkpoints a `checkpoint` file there lists stay in its all_model_checkpoint_paths, oldest
+    first and `prefix` last, as TF's Saver keeps them (checkpoint_management.update_checkpoint_state):
+    replacing the file dropped them (a TF train directory's, an earlier export's)."""
+    state = prefix.parent / "checkpoint"
     name = _c_escape(prefix.name)
-    text = f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n'
-    write_atomic(prefix.parent / "checkpoint", lambda f: f.write(text.encode()))
+    try:
+        text = state.read_text(encoding="utf-8", errors="replace")
+    except OSError:  # none yet
+        text = ""
+    newest = _STATE_LINE.search(text)
+    listed = _LISTED_LINE.findall(text) + ([newest.group(1)] if newest else [])
+    kept = [n for n in dict.fromkeys(listed) if _c_unescape(n) not in (prefix.name, str(prefix))]
+    lines = [f'model_checkpoint_path: "{name}"', *(f'all_model_checkpoint_paths: "{n}"' for n in kept)]
+    text = "\n".join([*lines, f'all_model_checkpoint_paths: "{name}"']) + "\n"
+    write_atomic(state, lambda f: f.write(text.encode()))
+
+
+def _c_unescape(body: str) -> str:
+    """A text-format string's body decoded (_c_escape's inverse)."""
+    return codecs.escape_decode(body.encode())[0].decode("utf-8", "replace")
 
 
 def _c_escape(text: str) -> str:

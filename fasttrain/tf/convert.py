@@ -21,8 +21,10 @@ state (a from-tf file) gives weights, BN statistics and zero-debias state only: 
 --pretrained_model_checkpoint_path, not for its --checkpoint_dir or eval program (no slots, no
 shadows). The model comes from the checkpoint's config (--model for one without).
 
-Neither replaces a file that exists (a run's ckpt-<step>.pt, an earlier export) unless --overwrite is
-given; an --out that cannot be written is refused, in one line, before the conversion's work.
+Neither replaces a file that exists (a run's ckpt-<step>.pt, an earlier export), nor to-tf a `checkpoint`
+file that is not TF's, unless --overwrite is given (a TF `checkpoint` file keeps the checkpoints it lists,
+PREFIX the newest, as TF's Saver does); an --out that cannot be written is refused, in one line, before
+the conversion's work, and one that names a directory (it exists, or ends in '/') as a bad flag (exit 2).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from fasttrain import checkpoint as ckpt_io
 from fasttrain.checkpoint import CheckpointError
-from fasttrain.errors import FasttrainError, exit_code, print_error
+from fasttrain.errors import FasttrainError, SettingError, exit_code, print_error
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -62,6 +64,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_out_names_a_file(out: str, example: str) -> None:
+    """Refuse an --out that names a directory (one that exists, or any ending in '/'), as a bad flag: to-tf
+    wrote DIR.index and DIR.data-* beside the directory, and the parent's `checkpoint` file; from-tf a
+    file named DIR. `example`: what to give instead."""
+    if out.endswith(("/", os.sep)) or Path(out).is_dir():
+        raise SettingError(f"--out {out} is a directory; give {example}")
+
+
 def check_out(targets: list[Path], overwrite: bool) -> None:
     """Refuse --out before any work: a directory, a path under a file, or (without --overwrite) a file
     that exists (a run's own ckpt-<step>.pt, replaced, left its old .sha256 beside it and the run could
@@ -85,6 +95,8 @@ def from_tf(args: argparse.Namespace) -> Path:
     from fasttrain.tf.checkpoint import open_checkpoint
     from fasttrain.tf.state import model_state, network_widths, read_global_step
 
+    example = Path(args.out) / "model.pt"
+    check_out_names_a_file(args.out, f"the path of the .pt file to write, such as {example}")
     out = Path(args.out)
     check_out([out], args.overwrite)
     reader = open_checkpoint(args.source)
@@ -148,13 +160,36 @@ def _saved_config(state: dict, model: str):
     return Config(**upgrade_saved_config(saved))
 
 
+def _check_state_file(prefix: Path, overwrite: bool) -> None:
+    """Refuse a `checkpoint` in --out's directory that is not a TF `checkpoint` file (a directory always;
+    a file naming no model_checkpoint_path unless --overwrite): to-tf would replace it. One that is keeps
+    the checkpoints it lists (fasttrain.tf.checkpoint.write_state_file)."""
+    from fasttrain.tf.checkpoint import newest_in_directory
+
+    state = prefix.parent / "checkpoint"
+    if state.is_dir():
+        raise FasttrainError(f"{state} is a directory; give --out in another directory")
+    if overwrite or not state.exists():
+        return
+    try:
+        newest_in_directory(prefix.parent)
+    except CheckpointError:
+        raise FasttrainError(
+            f"{state} is not a TensorFlow `checkpoint` file (it names no model_checkpoint_path), and to-tf "
+            "would replace it; give --out in another directory, or pass --overwrite to replace it"
+        ) from None
+
+
 def to_tf(args: argparse.Namespace) -> Path:
     from fasttrain.bn_buffers import BufferEMA
     from fasttrain.run import build_model, build_optimizer, load_weights
     from fasttrain.tf.checkpoint import write_checkpoint
     from fasttrain.tf.export import export_tensors
 
+    example = Path(args.out) / "model.ckpt-N"
+    check_out_names_a_file(args.out, f"a TensorFlow checkpoint prefix in it, such as {example} (N: the step)")
     check_out([Path(f"{args.out}.index"), Path(f"{args.out}.data-00000-of-00001")], args.overwrite)
+    _check_state_file(Path(args.out), args.overwrite)
     source = Path(args.source)
     if source.is_dir():
         found = ckpt_io.load_latest(source, log=lambda m: print(m, file=sys.stderr))
