@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 
@@ -167,7 +168,13 @@ def _saved_config(run_dir: Path, args: argparse.Namespace):
             )
     if args.recipe:
         print(f"note: --recipe is for a TensorFlow train directory; {path} sets this run's", flush=True)
-    return Config(**upgrade_saved_config(saved))
+    given = {k for k in ("data_dir", "device") if getattr(args, k)}
+    try:
+        Config(**upgrade_saved_config({k: v for k, v in saved.items() if k not in given}))
+    except ConfigError as exc:  # the run's own setting, not a flag of this command: name the file
+        text = re.sub(r"--(\w+)", lambda m: m.group(1) if m.group(1) in known else m.group(0), str(exc))
+        raise ConfigError(f"{path} does not load: {text}; correct it there") from None
+    return Config(**upgrade_saved_config(saved))  # a ConfigError here: --data_dir's or --device's
 
 
 def check_metrics_out(path: Path, given: bool) -> None:

@@ -328,3 +328,16 @@ def test_the_evaluator_batches_as_the_trainer_does(data, tmp_path, capsys):
     row = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
     assert row["source"] == "evaluate" and row["count"] == final["count"] == 16
     assert (row["top1"], row["ema_top1"]) == (final["top1"], final["ema_top1"])
+
+
+def test_a_bad_setting_in_config_json_is_named_by_the_file_not_as_a_flag(tmp_path, capsys):
+    # It said "--model='resnet99' is not one of ...": a flag nobody passed.
+    config = json.loads(_cfg(tmp_path, tmp_path).to_json())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model": "resnet99"}))
+    assert main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--model" not in err, err
+    assert f"{tmp_path / 'config.json'} does not load: model='resnet99' is not one of resnet18, " in err
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main([str(tmp_path), "--device", "tpu"]) == 2  # a flag given here is named as the flag
+    assert "--device='tpu' is not one of auto, cuda, cpu" in capsys.readouterr().err
