@@ -89,3 +89,27 @@ def test_a_state_dict_of_other_names_names_both(tmp_path):
         CheckpointError, match=r"missing conv1\.weight, .*; it has backbone\.bn1\.bias, .* instead"
     ):
         _pretrained(tmp_path / "timm.pt")
+
+
+def test_the_fine_tune_hint_comes_only_when_the_classifier_alone_differs(tmp_path):
+    # A resnet34 run's checkpoint given to a resnet18 was told "unexpected layer1.2.bn1.bias, ... (pass
+    # fine_tune to re-initialise the classifier)": fine_tune does not make another body fit.
+    deeper = create_model("resnet34", 5, base_channels=8)
+    torch.save(
+        {"model": deeper.state_dict(), "step": 3, "config": {"model": "resnet34"}}, tmp_path / "r34.pt"
+    )
+    for flags in ({}, {"fine_tune": True}):
+        with pytest.raises(CheckpointError) as err:
+            _pretrained(tmp_path / "r34.pt", **flags)
+        message = str(err.value)
+        assert f"{tmp_path / 'r34.pt'} does not fit model resnet18 (it is a resnet34 checkpoint): " in message
+        assert "unexpected layer1.2." in message and "pass fine_tune" not in message, message
+    wider = create_model("resnet18", 7, base_channels=8)  # the classifier alone differs: the hint is right
+    torch.save({"model": wider.state_dict(), "step": 3, "config": {"model": "resnet18"}}, tmp_path / "r18.pt")
+    with pytest.raises(CheckpointError) as err:
+        _pretrained(tmp_path / "r18.pt")
+    message = str(err.value)
+    assert "does not fit model resnet18: shapes differ for fc.weight, fc.bias" in message, message
+    assert message.endswith("(pass fine_tune to re-initialise the classifier)")
+    model, _ = _pretrained(tmp_path / "r18.pt", fine_tune=True)
+    assert torch.equal(model.conv1.weight, wider.conv1.weight)
