@@ -12,10 +12,11 @@ appends the result to RUN_DIR/metrics.jsonl ("source": "evaluate") and to Tensor
 checkpoint, every SECONDS, until the run's final step or Ctrl-C. PATH may be a TensorFlow checkpoint
 (its raw weights and ExponentialMovingAverage shadows, as the seed's eval program restores them) or a
 `fasttrain.tf.convert from-tf` file; a TensorFlow train directory has no config.json: --recipe names one.
-A --checkpoint of another run (not in RUN_DIR and not beside a run.json with RUN_DIR's run_id,
-fasttrain/lock.py) is evaluated with RUN_DIR's config and printed but written nowhere, unless
---metrics_out FILE says where to append its result (then no TensorBoard); one that RUN_DIR's model does
-not fit ends in one line giving the command that evaluates it with its own run's config.
+A --checkpoint of another run (not in RUN_DIR, and the run.json beside it, or else its own run_id, not
+RUN_DIR's; or nothing tells: fasttrain/lock.py's checkpoint_run) is evaluated with RUN_DIR's config and
+printed, with a note saying why, but written nowhere, unless --metrics_out FILE says where to append its
+result (then no TensorBoard); one that RUN_DIR's model does not fit ends in one line giving the command
+that evaluates it with its own run's config. Nothing is written before the checkpoint has loaded.
 --metrics_out also redirects RUN_DIR's own results.
 """
 
@@ -39,17 +40,22 @@ from fasttrain.eval_settings import check_metrics_out, parse, run_config
 
 class _Evaluator:
     """The run's model, optimizer (whose flat buffers hold the EMA) and BN EMA, built once; a
-    checkpoint is loaded into them as a resume would, then evaluated as the trainer does."""
+    checkpoint is loaded into them as a resume would, then evaluated as the trainer does. Where results
+    go (`outputs`) is opened once a checkpoint has loaded: a checkpoint that failed to load left an empty
+    TensorBoard file in RUN_DIR/eval."""
 
-    def __init__(self, run_dir: Path, cfg, info, metrics_out: Path | None, curves: bool):
-        from fasttrain.curves import Curves
+    def __init__(self, run_dir: Path, cfg, info):
         from fasttrain.data import build_loader
-        from fasttrain.monitor import MetricsLog
         from fasttrain.precision import resolve_precision
         from fasttrain.run import build_model, build_optimizer
 
         self.run_dir, self.cfg, self.info = run_dir, cfg, info
         self.total_steps = 0  # the run's last step, as its newest loaded checkpoint records it
+        # whether the last checkpoint loaded is the run's (None: nothing tells), and the evidence
+        self.belongs: tuple[bool | None, str] = (True, "")
+        self.outputs: tuple[Path | None, bool] = (run_dir / "metrics.jsonl", True)  # (metrics_out, curves)
+        self.metrics = self.curves = None
+        self.on_read = None  # called with `belongs` once a checkpoint is read, before its weights are loaded
         self.precision = resolve_precision(cfg, info.device)
         layout = torch.channels_last if self.precision.channels_last else torch.contiguous_format
         self.model = build_model(cfg).to(info.device, memory_format=layout)
@@ -65,30 +71,43 @@ class _Evaluator:
             precision=self.precision,
             reuse_buffers=True,  # evaluate() is done with a batch before it asks for the next
         )
+
+    def _open_outputs(self) -> None:
+        """The results' MetricsLog and TensorBoard writer, as `outputs` says, made once."""
+        from fasttrain.curves import Curves
+        from fasttrain.monitor import MetricsLog
+
+        if self.metrics is not None:
+            return
+        metrics_out, curves = self.outputs
         # metrics_out None: a foreign checkpoint's result is printed only (MetricsLog disabled).
         self.metrics = MetricsLog(
-            metrics_out or run_dir / "metrics.jsonl", enabled=info.is_main and metrics_out is not None
+            metrics_out or self.run_dir / "metrics.jsonl",
+            enabled=self.info.is_main and metrics_out is not None,
         )
-        self.curves = Curves(run_dir / "eval", curves and cfg.tensorboard and info.is_main, start_step=None)
+        on = curves and self.cfg.tensorboard and self.info.is_main
+        self.curves = Curves(self.run_dir / "eval", on, start_step=None)
 
     def load(self, path: Path) -> int:
         from fasttrain.checkpoint import CheckpointError, load_checkpoint
+        from fasttrain.lock import checkpoint_run
         from fasttrain.resume import changed_settings, shaping_changes
         from fasttrain.run import load_weights
 
         if _is_tf_checkpoint(path):
+            self._read(checkpoint_run(self.run_dir, path, None))
             return _load_tf(self, path)
         state = load_checkpoint(path, map_location="cpu")
+        written_by = state.get("run_id")
+        self._read(checkpoint_run(self.run_dir, path, written_by if isinstance(written_by, str) else None))
         if "optimizer" not in state:  # written by python -m fasttrain.tf.convert from-tf: weights only
             return _load_tf(self, path, state)
         try:
             load_weights(state, self.model, self.optimizer, self.bn_ema)
         except (KeyError, RuntimeError, ValueError) as exc:
-            from fasttrain.lock import same_run
-
             changes = shaping_changes(changed_settings(state.get("config"), self.cfg))
             reason = "; ".join(changes) or str(exc).strip().splitlines()[0]
-            if same_run(self.run_dir, path):
+            if self.belongs[0]:
                 raise CheckpointError(
                     f"{path} is not a checkpoint of the run in {self.run_dir} ({reason}); name one of its "
                     "own ckpt-<step>.pt files"
@@ -103,8 +122,17 @@ class _Evaluator:
         self.total_steps = int(state.get("total_steps") or 0)  # 0: a checkpoint from before it was kept
         return int(state["step"])
 
+    def _read(self, belongs: tuple[bool | None, str]) -> None:
+        self.belongs = belongs
+        if self.on_read is not None:
+            self.on_read(belongs)
+
     def __call__(self, path: Path) -> dict:
-        step = self._load_on_every_rank(path)
+        return self.evaluate(path, self.load_on_every_rank(path))
+
+    def evaluate(self, path: Path, step: int) -> dict:
+        """Evaluate the checkpoint loaded from `path`; its result written as `outputs` says."""
+        self._open_outputs()
         result = evaluate_raw_and_ema(
             self.model,
             self.loader,
@@ -128,7 +156,7 @@ class _Evaluator:
             print(f"{path}: step {step}, {describe(result)}", flush=True)
         return {"step": step, **result}
 
-    def _load_on_every_rank(self, path: Path) -> int:
+    def load_on_every_rank(self, path: Path) -> int:
         """load(path), and CheckpointError on every rank when any rank could not load it: a rank alone
         going back to wait for the next checkpoint left the others in the evaluation's all-reduce for ever
         (a file pruned or unreadable on one node only). total_steps becomes rank 0's."""
@@ -179,30 +207,44 @@ def evaluate_run(args: argparse.Namespace) -> list[dict]:
 
     run_dir = Path(args.run_dir)
     cfg = run_config(run_dir, args)
-    from fasttrain.lock import same_run
 
     info = init_distributed(cfg.device)
-    # A checkpoint that is not there is named by the evaluator in one line; a note that it belongs to
-    # another run would only mislead before it.
-    given = Path(args.checkpoint) if args.checkpoint else None
-    there = given is not None and (given.exists() or _is_tf_checkpoint(given))
-    own = not there or same_run(run_dir, given)
-    metrics_out = Path(args.metrics_out) if args.metrics_out else (run_dir / "metrics.jsonl" if own else None)
-    if not own and info.is_main:
-        where = (
-            f"appended to {metrics_out}" if metrics_out else "not written anywhere (pass --metrics_out FILE)"
-        )
-        print(
-            f"note: {args.checkpoint} is not a checkpoint of the run in {run_dir} (another run.json): "
-            f"evaluating it with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
-            flush=True,
-        )
-    if info.is_main and metrics_out is not None:
-        check_metrics_out(metrics_out, given=bool(args.metrics_out))
-    evaluator = _Evaluator(run_dir, cfg, info, metrics_out, curves=own and not args.metrics_out)
-    tf_dir = not args.checkpoint and args.recipe and _is_tf_checkpoint(run_dir)
+    if info.is_main and args.metrics_out:
+        check_metrics_out(Path(args.metrics_out), given=True)
+    if not args.checkpoint and info.is_main and not args.metrics_out:
+        check_metrics_out(run_dir / "metrics.jsonl", given=False)
+    evaluator = _Evaluator(run_dir, cfg, info)
+    given_out = Path(args.metrics_out) if args.metrics_out else None
+    evaluator.outputs = (given_out or run_dir / "metrics.jsonl", not args.metrics_out)
     if args.checkpoint:
-        return [evaluator(Path(args.checkpoint))]
+        path = Path(args.checkpoint)
+
+        def whose(belongs: tuple[bool | None, str]) -> None:
+            """Said once the checkpoint is read (a missing or garbage file, a directory: its one-line error
+            alone), before its weights are loaded (another run's that does not fit: the note, then why)."""
+            own, evidence = belongs
+            if own:
+                return
+            evaluator.outputs = (given_out, False)
+            if info.is_main:
+                where = (
+                    f"appended to {given_out}"
+                    if given_out
+                    else "not written anywhere (pass --metrics_out FILE)"
+                )
+                which = "is not" if own is False else "is not known to be"
+                print(
+                    f"note: {path} {which} a checkpoint of the run in {run_dir} ({evidence}): evaluating it "
+                    f"with {run_dir}'s config; its result is {where}, {run_dir}'s curves are untouched",
+                    flush=True,
+                )
+
+        evaluator.on_read = whose
+        step = evaluator.load_on_every_rank(path)
+        if evaluator.belongs[0] and info.is_main and not args.metrics_out:
+            check_metrics_out(run_dir / "metrics.jsonl", given=False)
+        return [evaluator.evaluate(path, step)]
+    tf_dir = args.recipe and _is_tf_checkpoint(run_dir)
     results, done, failed = [], None, None
     while True:
         found = _checkpoints(run_dir, tf_dir) if info.is_main else []

@@ -185,8 +185,28 @@ def ensure_run_id(run_dir: Path, started_from: str = "", log=print) -> str:
 def same_run(run_dir: Path, checkpoint: Path) -> bool:
     """Whether `checkpoint` belongs to the run in run_dir: it lies in run_dir, or beside a run.json with
     the same run_id (a copy of the run's directory)."""
+    return checkpoint_run(run_dir, checkpoint, None)[0] is True
+
+
+def checkpoint_run(run_dir: Path, checkpoint: Path, written_by: str | None) -> tuple[bool | None, str]:
+    """Whether `checkpoint` belongs to the run in run_dir, and the evidence, in words: True when it lies in
+    run_dir; else as the run.json beside it (the identity of the run directory it is in, as a resume
+    takes it), or without one the run_id it was written with (`written_by`, its "run_id"), says against
+    run_dir's run.json; None when nothing tells (a TensorFlow checkpoint, a from-tf file, a checkpoint
+    from before run identities, a run without run.json)."""
     home = Path(checkpoint).resolve().parent
     if home == Path(run_dir).resolve():
-        return True
+        return True, f"it is in {run_dir}"
     own = read_run_id(run_dir)
-    return own is not None and own == read_run_id(home)
+    if own is None:
+        return None, f"it is not in {run_dir}, which has no run.json to compare run_ids with"
+    beside = read_run_id(home)
+    if beside is not None:
+        if beside == own:
+            return True, f"{home / IDENTITY_NAME} is {run_dir}'s run ({own[:8]})"
+        return False, f"{home / IDENTITY_NAME} is run {beside[:8]}; {run_dir}'s is run {own[:8]}"
+    if written_by:
+        if written_by == own:
+            return True, f"it was written by {run_dir}'s run ({own[:8]})"
+        return False, f"it was written by run {written_by[:8]}; {run_dir}'s run.json is run {own[:8]}"
+    return None, f"it is not in {run_dir} and names no run: no run_id in it, no run.json beside it"

@@ -284,3 +284,38 @@ def test_an_evaluation_done_again_adds_no_second_tensorboard_point(run, tmp_path
     acc = ea.EventAccumulator(str(run_dir / "eval"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("eval/top1")] == [2]  # before: [2, 2], the curve doubled back
+
+
+def test_whose_checkpoint_it_is_goes_by_its_run_id_and_a_bad_one_writes_nothing(run, tmp_path, capsys):
+    # A copy of the run's own checkpoint elsewhere (no run.json beside it), a garbage file and a directory
+    # were each called "not a checkpoint of the run in RUN_DIR (another run.json)"; a corrupt checkpoint
+    # in RUN_DIR failed after an empty TensorBoard file had been made in RUN_DIR/eval.
+    run_dir = shutil.copytree(run[0], tmp_path / "run", ignore=shutil.ignore_patterns("eval"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(run_dir / "ckpt-2.pt", elsewhere / "ckpt-6.pt")
+    (elsewhere / "junk.pt").write_bytes(b"not a checkpoint")
+    (elsewhere / "dir.pt").mkdir()
+    (run_dir / "ckpt-8.pt").write_bytes(b"not a checkpoint")  # the run's own: TensorBoard's file was made
+    for path, words in (
+        (elsewhere / "junk.pt", "refusing to load"),
+        (elsewhere / "dir.pt", "is a directory"),
+        (run_dir / "ckpt-8.pt", "refusing to load"),
+    ):
+        assert main([str(run_dir), "--checkpoint", str(path)]) == 1
+        out, err = capsys.readouterr()
+        assert "note:" not in out + err and err.count("\n") == 1 and words in err, (out, err)
+    assert not (run_dir / "eval").exists()
+    before = len(_records(run_dir))
+    assert main([str(run_dir), "--checkpoint", str(elsewhere / "ckpt-6.pt")]) == 0
+    assert "note:" not in capsys.readouterr().out  # its run_id is the run's: its result is the run's
+    assert [r["checkpoint"] for r in _records(run_dir)[before:]] == [str(elsewhere / "ckpt-6.pt")]
+    state = torch.load(elsewhere / "ckpt-6.pt", weights_only=True)
+    torch.save({**state, "run_id": "e" * 32}, elsewhere / "ckpt-7.pt")  # another run's, by its run_id
+    assert main([str(run_dir), "--checkpoint", str(elsewhere / "ckpt-7.pt")]) == 0
+    own = json.loads((run_dir / "run.json").read_text())["run_id"]
+    assert (
+        f"note: {elsewhere / 'ckpt-7.pt'} is not a checkpoint of the run in {run_dir} (it was written by run "
+        f"eeeeeeee; {run_dir}'s run.json is run {own[:8]})" in capsys.readouterr().out
+    )
+    assert len(_records(run_dir)) == before + 1
