@@ -188,7 +188,10 @@ def known_flags() -> list[str]:
 def _suggestion(name: str) -> str:
     """'; did you mean --max_steps?' for the closest known flag (difflib's ratio, at least 0.75: close
     enough for a dropped or swapped letter, far enough not to guess at unrelated words)."""
-    close = difflib.get_close_matches(name, known_flags(), n=1, cutoff=0.75)
+    known = known_flags()
+    by_case = {flag.lower(): flag for flag in known}  # --MAX_STEPS: its letters' case alone (a ratio of 0)
+    close = [by_case[name.lower()]] if name.lower() in by_case else []
+    close = close or difflib.get_close_matches(name, known, n=1, cutoff=0.75)
     return f"; did you mean --{close[0]}?" if close else ""
 
 

@@ -304,6 +304,8 @@ def test_a_raised_bn_epsilon_is_noted(capsys, monkeypatch):
         ("--num_gpu=2", "--num_gpus"),
         ("--learning_rat=0.1", "--learning_rate"),
         ("--num-preprocess-thread=4", "--num_preprocess_threads"),
+        ("--MAX_STEPS=3", "--max_steps"),  # case alone: no suggestion before (difflib's ratio is 0)
+        ("--Train-Batch-Size=32", "--train_batch_size"),
     ],
 )
 def test_an_unknown_flag_suggests_the_closest_known_one(typed, suggested):
