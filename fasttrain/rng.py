@@ -42,9 +42,13 @@ def set_rng_state(state: dict) -> None:
 
 
 def seed_torch(cfg: Config, device: torch.device) -> None:
-    """torch's generator from the seed (model initialisation), and the algorithm choices: deterministic
-    ones with cfg.deterministic, else cuDNN's benchmark search on CUDA."""
+    """torch's generator from the seed (model initialisation), Python's and NumPy's global ones too
+    (nothing in a run draws from them, but checkpoints hold their states: two runs of one command wrote
+    different files), and the algorithm choices: deterministic ones with cfg.deterministic, else cuDNN's
+    benchmark search on CUDA."""
     torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
     if cfg.deterministic:
         if device.type == "cuda":
             # Deterministic cuBLAS needs a fixed workspace, or PyTorch refuses the first matmul; read
