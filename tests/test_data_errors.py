@@ -330,7 +330,11 @@ def test_a_half_built_demo_set_is_replaced(tmp_path):
     target = tmp_path / "demo"
     target.mkdir()
     (target / "train-00000-of-00002").write_bytes(b"partial")
+    killed = tmp_path / ".demo.k3x9q.tmp"  # a build killed with -9 in its own directory: it stayed for good
+    killed.mkdir()
+    (killed / "train-00000-of-00002").write_bytes(b"partial")
     assert ensure_synthetic(target, **_TINY) is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "demo.lock"]
     assert (target / "DONE").exists() and len(list_shards(target, "train")) == 2
     assert ensure_synthetic(target, **_TINY) is False
 

@@ -176,6 +176,9 @@ def ensure_synthetic(
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if (target / "DONE").exists():
             return False  # another process built it while this one waited
+        # A build killed (kill -9) in its temporary directory leaves it: under the lock nobody is using it.
+        for stale in target.parent.glob(f".{target.name}.*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
         try:
             tmp.chmod(0o755)  # mkdtemp's 0700 would hide the set from the cache's other readers
