@@ -12,6 +12,8 @@ import os
 import re
 from pathlib import Path
 
+from fasttrain.cli_parser import Parser
+
 
 def _seconds(text: str) -> float:
     value = float(text)  # argparse turns a ValueError into its one-line usage error
@@ -36,7 +38,7 @@ def _count(text: str) -> int:
 def parse(argv: list[str]) -> argparse.Namespace:
     """The arguments; the seed's eval program's flags (inception_eval.py: --checkpoint_dir, --eval_dir,
     --eval_interval_secs, --run_once, --num_examples, --subset) in fasttrain's terms."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m fasttrain.evaluate",
         description="Evaluate a run's checkpoints on the validation split, raw and EMA weights.",
         epilog="The seed's flags (inception_eval.py) are taken too: --checkpoint_dir DIR (RUN_DIR), "

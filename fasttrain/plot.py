@@ -15,10 +15,11 @@ Needs matplotlib (pip install 'fasttrain[plot]').
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from fasttrain.cli_parser import Parser
 
 PANELS = ("loss", "learning rate", "images/s", "top-1")
 
@@ -108,7 +109,7 @@ def plot_runs(run_dirs: list[Path], out: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fasttrain.plot", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m fasttrain.plot", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     parser.add_argument("--out", type=Path, default=None, help="the PNG (default: RUN_DIR/curves.png)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)

@@ -37,6 +37,7 @@ import sys
 import time
 from pathlib import Path
 
+from fasttrain.cli_parser import Parser
 from fasttrain.data import warm
 from fasttrain.data.build import add_arguments as add_build_arguments
 from fasttrain.data.build import build
@@ -61,7 +62,7 @@ def _count(minimum: int):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m fasttrain.data", description="TFRecord data tools")
+    parser = Parser(prog="python -m fasttrain.data", description="TFRecord data tools")
     commands = parser.add_subparsers(dest="command", required=True)
 
     p = commands.add_parser("verify", help="check every record (CRC, Example, label; JPEG with --decode)")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from fasttrain.cli_parser import Parser
 from fasttrain.selfcheck.common import Skip
 
 STATUSES = ("pass", "fail", "skip")
@@ -169,7 +170,7 @@ def table(env: dict, pol: dict, rows: list[Row]) -> str:
 def _parse(argv: list[str]) -> argparse.Namespace:
     from fasttrain.selfcheck.checks import CHECKS
 
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="fasttrain selfcheck",
         description="Check each fast path (Triton kernels, CUDA-graph step, buckets, DALI) against "
         "its reference on this machine; exit 1 if any fails.",

@@ -37,13 +37,12 @@ from pathlib import Path
 
 from fasttrain import checkpoint as ckpt_io
 from fasttrain.checkpoint import CheckpointError
+from fasttrain.cli_parser import Parser
 from fasttrain.errors import FasttrainError, SettingError, exit_code, print_error
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m fasttrain.tf.convert", description=__doc__.splitlines()[0]
-    )
+    parser = Parser(prog="python -m fasttrain.tf.convert", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     from_tf = sub.add_parser("from-tf", help="a TensorFlow checkpoint -> a fasttrain .pt")
     from_tf.add_argument("source", help="TF checkpoint prefix (model.ckpt-N) or its train directory")

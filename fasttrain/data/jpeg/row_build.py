@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from fasttrain.cli_parser import Parser
 from fasttrain.data.build import at_least_one
 from fasttrain.data.errors import DataError
 from fasttrain.data.imagenet import SPLITS, find_shards
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     `python -m fasttrain.data row-checkpoints`) has always run it: one line and exit status 2 for a
     DATA_DIR without shards, as before (the data tools' subcommand says 1 for that, 2 for a DATA_DIR
     that is not a directory, as their other subcommands do)."""
-    parser = argparse.ArgumentParser(prog="python -m fasttrain.data.jpeg_rows", description=COMMAND_HELP)
+    parser = Parser(prog="python -m fasttrain.data.jpeg_rows", description=COMMAND_HELP)
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
