@@ -95,12 +95,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if args.run_once and args.watch:
         parser.error("--run_once evaluates once and --watch polls; give one of them")
     if args.eval_dir and os.environ.get("RANK", "0") == "0":
-        print(
-            f"note: --eval_dir {args.eval_dir} is not written: the evaluation's TensorBoard files go to "
-            f"{Path(args.run_dir) / 'eval'}, its rows to the run's metrics.jsonl (--metrics_out FILE.jsonl: "
-            "another file)",
-            flush=True,
+        where = (
+            f"its rows go to {args.metrics_out}, and no TensorBoard files are written"
+            if args.metrics_out
+            else f"the evaluation's TensorBoard files go to {Path(args.run_dir) / 'eval'}, its rows to the "
+            "run's metrics.jsonl (--metrics_out FILE.jsonl: another file)"
         )
+        print(f"note: --eval_dir {args.eval_dir} is not written: {where}", flush=True)
     if args.batch_size and os.environ.get("RANK", "0") == "0":
         print(
             f"note: --batch_size {args.batch_size} is not used: the evaluation batches are the run's "

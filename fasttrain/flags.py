@@ -51,7 +51,7 @@ ENTRY_POINTS = (
     (
         "python -m fasttrain.data",
         "check, list, build TFRecord shards and their JPEG row checkpoints (verify, ls, make-synthetic, "
-        "build, row-checkpoints)",
+        "build, row-checkpoints, warm-up)",
     ),
     ("python -m fasttrain.evaluate RUN_DIR", "evaluate a run's checkpoint on the validation split"),
     ("python -m fasttrain.plot RUN_DIR ...", "plot runs' loss, LR and accuracy curves"),
@@ -286,12 +286,15 @@ def flags_table() -> str:
         values = [getattr(recipe, name) for recipe in RECIPES.values()]
         per_recipe = " / ".join(map(_cell, values)) if any(v != base for v in values) else ""
         meaning = doc.replace("|", "\\|")  # a bare | would end the cell
-        lines.append(f"| `--{name}` | {_cell(base)} | {per_recipe} | {meaning} |")
+        shown = "(none)" if name == "recipe" and base is None else _cell(base)  # no recipe, not "auto"
+        lines.append(f"| `--{name}` | {shown} | {per_recipe} | {meaning} |")
     return "\n".join(lines)
 
 
 def _flag_text(value) -> str:
-    """A value as it is spelled on the command line."""
+    """A value as it is spelled on the command line (None: `auto`, which the parser takes for it)."""
+    if value is None:
+        return "auto"
     if isinstance(value, list):
         return ",".join(f"{v:g}" for v in value)
     if isinstance(value, float):  # 12 digits: 1 - 0.997 shows as 0.003, 1.001e-05 as itself

@@ -100,6 +100,8 @@ def build_run(
             "this run resumes from a checkpoint, whose weights it continues"
         )
     model = maybe_sync_bn(model, cfg.sync_bn and info.world_size > 1, info)
+    if cfg.sync_bn and info.world_size == 1:  # config.json keeps it: say it did nothing here
+        log("note: --sync_bn has no effect in one process (the batch's statistics are all there are)")
     memory_format = torch.channels_last if precision.channels_last else torch.contiguous_format
     model = model.to(info.device, memory_format=memory_format)
     if cfg.bn_kernels == "triton":

@@ -156,7 +156,7 @@ def train(cfg: Config) -> dict:
             log(
                 f"{run_dir} already holds a finished run at step {step} (max_steps {max_steps}): "
                 f"{'evaluating it' if cfg.eval_at_end else 'nothing to do (--eval_at_end=false)'}, not "
-                "training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
+                f"training; for a new run pass a new --train_dir (e.g. --train_dir={run_dir}-2), to "
                 f"train this one further a --max_steps above {step}"
             )
             resume_lines = [line for line in resume_lines if not line.startswith("resuming from")]

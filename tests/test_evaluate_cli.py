@@ -232,6 +232,12 @@ def test_the_seeds_eval_flags_are_fasttrains_settings(capsys, monkeypatch):
     assert (args.run_dir, args.num_examples, args.watch) == ("/x", 50000, 0)
     (note,) = capsys.readouterr().out.splitlines()
     assert "--eval_dir /e is not written" in note and "/x/eval" in note and "--metrics_out" in note
+    parse(["/x", "--eval_dir", "/e", "--metrics_out", "/r.jsonl"])  # it said /x/eval and metrics.jsonl
+    (note,) = capsys.readouterr().out.splitlines()
+    assert (
+        note
+        == "note: --eval_dir /e is not written: its rows go to /r.jsonl, and no TensorBoard files are written"
+    )
 
 
 @pytest.mark.parametrize(

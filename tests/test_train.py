@@ -318,3 +318,9 @@ def test_the_logged_loss_holds_the_seeds_l2_term(tmp_path, exempt):
     assert last["l2_loss"] == pytest.approx(expected, rel=1e-5)  # fp32 dot over ~50k values
     assert last["loss"] == pytest.approx(last["cross_entropy"] + expected, rel=1e-5)
     assert last["loss_avg"] == pytest.approx(last["cross_entropy"] + expected, rel=1e-5)  # log_every 1
+
+
+def test_sync_bn_in_one_process_says_it_has_no_effect(tmp_path, capsys):
+    # A one-process CPU run took --sync_bn without a word, and its config.json says sync_bn: true.
+    train(_cfg(tmp_path, sync_bn=True, max_steps=1))
+    assert "note: --sync_bn has no effect in one process" in capsys.readouterr().out

@@ -117,6 +117,7 @@ def test_every_run_ends_with_a_one_line_summary(data, tmp_path, capsys):
     _run(data, tmp_path / "c", max_steps=3)  # finished, and no evaluation asked: it said "evaluating it"
     out = capsys.readouterr().out
     assert "finished run at step 3 (max_steps 3): nothing to do (--eval_at_end=false), not training" in out
+    assert f"(e.g. --train_dir={tmp_path / 'c'}-2)" in out  # this stop's edit had left {run_dir} unfilled
 
 
 def test_the_summarys_durations():
