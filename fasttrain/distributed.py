@@ -31,6 +31,7 @@ from fasttrain.errors import SettingError
 __all__ = [
     "DistInfo",
     "init_distributed",
+    "total_over_ranks",
     "cleanup",
     "broadcast_module",
     "all_reduce_flag",
@@ -252,6 +253,13 @@ def all_reduce_sum(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
     if info.distributed:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def total_over_ranks(value: int, info: DistInfo) -> int:
+    """The sum of every rank's `value` (a host count: records skipped), on every rank; a host sync."""
+    if not info.distributed:
+        return value
+    return int(all_reduce_sum(torch.tensor([value], dtype=torch.int64, device=info.device), info).item())
 
 
 _DDP_DEFAULT_CAP_MB = 25.0  # torch DDP's default bucket_cap_mb

@@ -170,7 +170,8 @@ def _data_position(state: dict, cfg: Config, world_size: int, loader) -> tuple[l
     consumed = batch * saved_batch * saved_world  # records of epoch `epoch`, all ranks together
     step_records = cfg.batch_size * world_size * cfg.grad_accum_steps
     steps = min(consumed // step_records, batches // cfg.grad_accum_steps)
-    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps, "skipped": data[0].get("skipped", 0)}
+    position = {"epoch": epoch, "batch": steps * cfg.grad_accum_steps, "skipped": 0}
+    skipped = sum(int(d.get("skipped", 0)) for d in data)  # the run's count: rank 0 carries it on
     again = consumed - steps * step_records
     if position["batch"] + cfg.grad_accum_steps > batches:  # not one more step of this epoch
         position, again = {**position, "epoch": epoch + 1, "batch": 0}, 0
@@ -186,7 +187,7 @@ def _data_position(state: dict, cfg: Config, world_size: int, loader) -> tuple[l
         if cfg.input_order == "rank_slices"
         else ""
     )
-    return [position] * world_size, (
+    return [{**position, "skipped": skipped}] + [position] * (world_size - 1), (
         f"note: data position: the checkpoint had read {consumed} records of epoch {epoch} ({batch} batches "
         f"of {saved_batch} on each of {saved_world} ranks); this run goes on in {where}{slices}"
     )

@@ -26,6 +26,7 @@ from fasttrain.distributed import (
     from_rank0,
     init_distributed,
     rank0_error,
+    total_over_ranks,
 )
 from fasttrain.errors import FasttrainError, SettingError
 from fasttrain.eval_pass import EvaluationInterrupted, describe, eval_scalars, evaluate_raw_and_ema
@@ -140,7 +141,7 @@ def train(cfg: Config) -> dict:
             )
         if dropped := metrics.resume_at(step):  # rank 0's file: each step once, as the curves' purge_step
             resume_lines.append(dropped)
-        # The input as the loader built it: the resolved backend and its loader ("torch, 4 loader threads").
+        # The input as the loader built it ("torch, 4 loader threads").
         data = f"{data_dir} ({train_loader.description}{auto})" if data_dir else "synthetic"
         log(
             f"fasttrain: {cfg.recipe} | {cfg.model_name} | {info.world_size} x {info.device.type} | "
@@ -169,8 +170,8 @@ def train(cfg: Config) -> dict:
         step_fn = run.step
 
         # --- the loop ------------------------------------------------------------------------------
-        # With several ranks the stop check all-reduces a flag and reads it back: only at the log steps,
-        # where the loss read has drained the GPU already. A signal is acted on within log_every steps.
+        # With several ranks the stop check all-reduces a flag and reads it back, at the log steps only
+        # (the loss read has drained the GPU): a signal is acted on within log_every steps.
         stop = StopRequest(check_every=cfg.log_every)
         progress = progress_bar(max_steps, step, enabled=info.is_main)
         last_saved, tick, tick_step = step, time.perf_counter(), step
@@ -178,16 +179,15 @@ def train(cfg: Config) -> dict:
         batches = batch_stream(train_loader, cfg.grad_accum_steps)
         stall = InputStall(train_loader, info.device.type == "cuda", log, cfg.num_workers)
         step_fn.timeline = stall if stall.cuda else None  # its timing events around each step
-        # The means of the loss and top-1 since the last log line come from the step's device-side sums
-        # (loss_sum, top1_sum), read and zeroed at the log steps: no host sync between. The seed's own
-        # smoothed curve, an exponential moving average, is the step's loss_average.
+        # The loss and top-1 means since the last log line: the step's device-side sums (rank 0's, as the
+        # seed logs one tower's), read and zeroed at log steps. The seed's smoothed curve: loss_average.
         eval_loader = None  # built at the first evaluation
         last_eval: dict = {}  # the newest evaluation's result and step, for the summary at the end
         first_step, loop_start, eval_seconds = step, time.perf_counter(), 0.0
 
         def evaluate_now() -> dict:
-            # The RNG states are put back afterwards (a DataLoader draws its seed from torch's generator),
-            # and the training loader and step are not touched: a run with evaluations trains the same.
+            # The RNG states are put back (a DataLoader seeds from torch's generator), the training loader
+            # and step untouched: a run with evaluations trains the same.
             nonlocal eval_loader
             rng = get_rng_state()
             if eval_loader is None:
@@ -260,7 +260,7 @@ def train(cfg: Config) -> dict:
                 step=step,
                 **record,
                 epoch=train_loader.epoch,
-                skipped_records=train_loader.skipped,
+                skipped_records=total_over_ranks(train_loader.skipped, info),  # every rank's skips
             )
             curves.scalars(step, {f"train/{k}": v for k, v in record.items()})
             if cfg.histogram_every and step % cfg.histogram_every == 0:
@@ -367,9 +367,8 @@ def train(cfg: Config) -> dict:
         log(f"done: step {step}, {summary(loop_end)}; {final}")
         return result
     finally:
-        # Every way out, errors included (a non-finite loss stop, a failed save): the graph goes
-        # before the process group, whose NCCL communicator otherwise waits at exit for the graph
-        # that captured its collectives (pytorch/pytorch#115388).
+        # Every way out, errors included: the graph goes before the process group, whose NCCL communicator
+        # otherwise waits at exit for the graph that captured its collectives (pytorch/pytorch#115388).
         if stop is not None:
             stop.restore()
         if curves is not None:

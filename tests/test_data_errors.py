@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from launch_helpers import ENV, command
+from launch_helpers import ENV, command, run_torchrun
 from PIL import Image
 
 from fasttrain.config import make_config
@@ -370,6 +370,25 @@ def test_corrupt_shard_mid_run_names_file_and_offset(data, tmp_path):
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert str(shard) in out.stderr and f"offset {offset}" in out.stderr
+
+
+def test_skip_corrupt_counts_every_ranks_skipped_records(data, tmp_path):
+    # skipped_records was rank 0's count alone: 2 ranks skipped 4 bad records and the log said fewer.
+    bad, _, _ = _corrupt_copy(data, tmp_path)
+    for shard in list_shards(bad, "train"):  # two more in each shard: 5 in all, on both ranks' slices
+        raw = bytearray(shard.read_bytes())
+        for offset, size in build_index(shard)[10:12] if shard.name.startswith("train-00000") else []:
+            raw[offset + size // 2] ^= 0x55
+        for offset, size in build_index(shard)[15:17] if shard.name.startswith("train-00001") else []:
+            raw[offset + size // 2] ^= 0x55
+        shard.write_bytes(bytes(raw))
+    run_dir = tmp_path / "run"
+    target = ["-m", "fasttrain", *command(bad, run_dir, "--max_steps=6", "--skip_corrupt")[3:]]
+    (out,) = run_torchrun(target, nproc=2, env=ENV)  # 6 steps of 2 x 4: the 48 records, once
+    assert out.returncode == 0, out.stdout[-2000:]  # stderr is in stdout here
+    assert out.stdout.count("skipping: ") == 5, out.stdout[-2000:]
+    last = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["step"] == 6 and last["skipped_records"] == 5
 
 
 def test_skip_corrupt_counts_skipped_records(data, tmp_path):

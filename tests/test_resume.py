@@ -340,3 +340,22 @@ def test_a_resume_notes_that_it_does_not_read_the_pretrained_checkpoint(data, re
     assert (
         "pretrained_model_checkpoint_path" in again.stdout and "is not read: this run resumes" in again.stdout
     )
+
+
+def test_a_resume_on_other_ranks_keeps_the_runs_count_of_skipped_records():
+    # Every rank went on from rank 0's count: after the log began summing the ranks' counts (it had
+    # shown rank 0's alone), 3 ranks resumed from counts [1, 2] would have said 3 x 1.
+    from fasttrain.config import make_config
+    from fasttrain.resume import _data_position
+
+    class Loader:
+        def __len__(self):
+            return 10  # batches per epoch and rank
+
+    state = {
+        "data": [{"epoch": 0, "batch": 2, "skipped": 1}, {"epoch": 0, "batch": 2, "skipped": 2}],
+        "world_size": 2,
+        "config": {"batch_size": 4},
+    }
+    data, note = _data_position(state, make_config(batch_size=4, device="cpu"), 3, Loader())
+    assert [d["skipped"] for d in data] == [3, 0, 0] and "data position" in note
