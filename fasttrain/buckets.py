@@ -136,6 +136,7 @@ class GradBuckets:
         self._observing = True  # record arrival order until the rebuild
         self._observed: list[int] = []
         self._last_order: list[int] | None = None
+        self._order: list[int] | None = None  # the order the buffer was re-laid in
         self._profiler = CommProfiler(info.device) if profile and self.enabled else None
         self._handles = []
         self._cut()
@@ -286,12 +287,30 @@ class GradBuckets:
         order = torch.tensor(self._last_order, dtype=torch.int64, device=self.info.device)
         src = 0 if self.group is None else dist.get_global_rank(self.group, 0)
         dist.broadcast(order, src=src, group=self.group)
-        order_list = order.tolist()  # note: a host sync, once per run
+        self._relay(order.tolist())  # note: a host sync, once per run
+        return True
+
+    def apply_order(self, order: list[int]) -> None:
+        """Re-lay the buffer in the order a checkpoint holds (`order`), before a resumed run's first
+        step: that step then sums its gradients in the layout the uninterrupted run had by then. Every
+        rank reads the same checkpoint, so nothing is broadcast. (Without it the first resumed step ran
+        in the first-step layout, and with three or more ranks gloo's ring summed in another order:
+        a resumed --deterministic run was no longer bit-identical.)"""
+        if self.enabled and not self._rebuilt:
+            self._relay([int(i) for i in order])
+
+    @property
+    def order(self) -> list[int] | None:
+        """The order the buffer was re-laid in (what a checkpoint keeps), or None before that."""
+        return self._order
+
+    def _relay(self, order_list: list[int]) -> None:
         if sorted(order_list) != list(range(len(self.params))):
             raise GradSyncError(
                 "rank 0's gradient order is not a permutation of this rank's parameters; "
                 "every rank must build the same model"
             )
+        self._order = order_list
         self.flat.reorder([self.params[i] for i in order_list])
         position = {i: k for k, i in enumerate(order_list)}
         segments = self.flat.segments
@@ -302,7 +321,6 @@ class GradBuckets:
         self._rebuilt, self._observing, self._observed = True, False, []
         if self._profiler is not None:
             self._profiler.reset()
-        return True
 
     # --- reporting and teardown ------------------------------------------------------------------
 

@@ -363,14 +363,19 @@ class TrainStep:
     # --- state -----------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {
+        state = {
             "step_count": self.step_count.clone(),
             "nonfinite_streak": self.nonfinite_streak.clone(),
             "scaler": self.scaler.state_dict(),
             "loss_average": self.loss_average.clone(),
         }
+        if self.buckets is not None and self.buckets.order is not None:
+            state["bucket_order"] = list(self.buckets.order)  # the flat buffer's layout (buckets.py)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        if self.buckets is not None and state.get("bucket_order"):
+            self.buckets.apply_order(state["bucket_order"])
         self.step_count.copy_(state["step_count"])
         self.nonfinite_streak.copy_(state["nonfinite_streak"])
         self.scaler.load_state_dict(state["scaler"])
