@@ -25,14 +25,21 @@ class Parser(argparse.ArgumentParser):
         known = _options(self)
         for word in message[len(prefix) :].split():
             name = word.split("=", 1)[0]
-            if not name.startswith("--"):
-                continue
-            by_case = {k.lower(): k for k in known}
-            close = [by_case[name.lower()]] if name.lower() in by_case else []
-            close = close or difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-            if close:
-                return f"; did you mean {close[0]}?"
+            if name.startswith("--") and (close := closest(name, known)):
+                return f"; did you mean {close}?"
         return ""
+
+
+def closest(name: str, known: list[str]) -> str | None:
+    """The known name a typed one most likely meant: the same but for its letters' case (`--MAX_STEPS`,
+    whose difflib ratio is 0), else difflib's closest at a ratio of at least 0.75 (close enough for a
+    dropped or swapped letter, far enough not to guess at unrelated words); None when none is. The
+    trainer's flags (fasttrain/flags.py) and the other commands' options go by it."""
+    by_case = {k.lower(): k for k in known}
+    if name.lower() in by_case:
+        return by_case[name.lower()]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def _options(parser: argparse.ArgumentParser) -> list[str]:

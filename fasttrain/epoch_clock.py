@@ -31,11 +31,11 @@ class EpochClock:
 
     def lr_offset(self, steps_per_epoch: float) -> float:
         """Added to the step the LR schedule sees (its steps per epoch: unrounded, as the seeds')."""
-        return self.epochs * steps_per_epoch - self.step if self.step else 0.0
+        return self.epochs * steps_per_epoch - self.step
 
     def step_offset(self, steps_per_epoch: int) -> int:
         """Added to the step for --train_epochs and --eval_every_epochs (whole steps per epoch)."""
-        return round(self.epochs * steps_per_epoch) - self.step if self.step else 0
+        return round(self.epochs * steps_per_epoch) - self.step
 
     def apply(self, cfg, step: int, schedule, epoch_size: int, global_batch: int) -> tuple[int, int, str]:
         """For a run at `step`: (the step offset for --eval_every_epochs, max_steps, a note when this

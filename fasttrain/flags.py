@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import inspect
 import os
 import sys
 import textwrap
 import typing
 
+from fasttrain.cli_parser import closest
 from fasttrain.config import ALIASES, RECIPES, Config, ConfigError, make_config, number_list
 from fasttrain.config_checks import without_effect
 from fasttrain.seed_flags import (  # noqa: F401 (BOTH_SEEDS_FLAGS ...: re-exported for the tests)
@@ -186,13 +186,9 @@ def known_flags() -> list[str]:
 
 
 def _suggestion(name: str) -> str:
-    """'; did you mean --max_steps?' for the closest known flag (difflib's ratio, at least 0.75: close
-    enough for a dropped or swapped letter, far enough not to guess at unrelated words)."""
-    known = known_flags()
-    by_case = {flag.lower(): flag for flag in known}  # --MAX_STEPS: its letters' case alone (a ratio of 0)
-    close = [by_case[name.lower()]] if name.lower() in by_case else []
-    close = close or difflib.get_close_matches(name, known, n=1, cutoff=0.75)
-    return f"; did you mean --{close[0]}?" if close else ""
+    """'; did you mean --max_steps?' for the closest known flag (fasttrain.cli_parser.closest)."""
+    close = closest(name, known_flags())
+    return f"; did you mean --{close}?" if close else ""
 
 
 def _convert(name: str, text: str):

@@ -50,8 +50,9 @@ def check_finite(
     # did (one step with a huge learning rate can blow the weights up and leave its loss finite): a
     # checkpoint written in them is set aside, and the same command resumes from the one before them,
     # where the last log row found every loss finite (it had called ckpt-4 good, weights of 3.5e19).
-    aside = _set_aside(run_dir, first) if is_main else []
-    before = [s for s, _ in ckpt.list_checkpoints(run_dir) if s < first] if is_main else []
+    saved = ckpt.list_checkpoints(run_dir) if is_main else []
+    aside = _set_aside([path for s, path in saved if s >= first])
+    before = [s for s, _ in saved if s < first]
     moved = f"; set aside, as *.nonfinite: {', '.join(aside)}" if aside else ""
     if not is_main:
         again = "rank 0's message says where the same command resumes"
@@ -68,13 +69,10 @@ def check_finite(
     )
 
 
-def _set_aside(run_dir: Path, first: int) -> list[str]:
-    """Rename the checkpoints of steps first.. (and their .sha256) to *.nonfinite: kept, not resumed."""
-    names = []
-    for step, path in ckpt.list_checkpoints(run_dir):
-        if step >= first:
-            for file in (path, path.with_name(path.name + ".sha256")):
-                if file.exists():
-                    file.rename(file.with_name(file.name + ".nonfinite"))
-            names.append(path.name)
-    return names
+def _set_aside(paths: list[Path]) -> list[str]:
+    """Rename the checkpoints (and their .sha256) to *.nonfinite: kept, not resumed; their names."""
+    for path in paths:
+        for file in (path, path.with_name(path.name + ".sha256")):
+            if file.exists():
+                file.rename(file.with_name(file.name + ".nonfinite"))
+    return [path.name for path in paths]
