@@ -98,7 +98,13 @@ def test_compiled_step_equals_the_eager_step(name, size, images, bound, stem):
         torch.manual_seed(100 + k)
         eager([batch])
         torch.manual_seed(100 + k)
-        compiled([batch])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+            compiled([batch])
+        if k > 0:  # (the first step's compile traces ATen's ops too)
+            # The stems' max pools run inside compiled regions (ATen's max pool, run between regions,
+            # took 5 ms of Inception v3's 34 ms step on an H200): no max pool of ATen's runs.
+            eager_pools = {e.name for e in profile.events() if e.name.startswith("aten::max_pool")}
+            assert not eager_pools, eager_pools
         ours, theirs = (
             compiled.optimizer._buffers["momentum_buffer"],
             eager.optimizer._buffers["momentum_buffer"],
@@ -166,13 +172,13 @@ def test_regions_are_the_blocks():
             for name in ("resnet50", "resnet50_v2", "inception_v3")
         }
     assert names["resnet50"][:3] == ["stem", "layer1.0", "layer1.1"] and len(names["resnet50"]) == 1 + 16
-    assert len(names["resnet50_v2"]) == 16
+    assert names["resnet50_v2"][:2] == ["stem", "layer1.0"] and len(names["resnet50_v2"]) == 1 + 16
     assert names["inception_v3"][:5] == [
         "Conv2d_1a_3x3",
         "Conv2d_2a_3x3",
-        "Conv2d_2b_3x3",
+        "conv_pool1",  # Conv2d_2b_3x3 and maxpool1
         "Conv2d_3b_1x1",
-        "Conv2d_4a_3x3",
+        "conv_pool2",  # Conv2d_4a_3x3 and maxpool2
     ]
     assert "AuxLogits" in names["inception_v3"] and "Mixed_7c" in names["inception_v3"]
     assert len(names["inception_v3"]) == 5 + 11 + 1

@@ -220,8 +220,13 @@ class ResNetV2(nn.Module):
         nn.init.xavier_uniform_(self.fc.weight)
         nn.init.zeros_(self.fc.bias)
 
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """conv1 and the SAME max pool: a method of its own, which --compile compiles as one region
+        (fasttrain.compile: inductor fuses the padding into the pool and its backward)."""
+        return tf_same_max_pool(self.conv1(x))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = tf_same_max_pool(self.conv1(x))
+        x = self.stem(x)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         x = bn_add_relu(self.final_bn, x)
         # The seed's 7x7 VALID average pool is the global average at 224 px (a 7x7 map), the only size
