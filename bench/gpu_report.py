@@ -174,7 +174,8 @@ def kernel_table(results: dict) -> list[str]:
             continue
         if "passes_at_copy" in info:  # bench/bench_bn.py
             cells = ", ".join(
-                f"{name} {ms:.3f} ms ({info['passes_at_copy'][name]:.1f} passes)"
+                f"{name} {ms:.3f} ms ({info['passes_at_copy'][name]:.1f} passes"
+                f"{', host-bound' if name in info.get('host_bound', ()) else ''})"
                 for name, ms in info["ms"].items()
             )
             add = " + add" if info["residual"] else ""
