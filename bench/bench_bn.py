@@ -160,9 +160,8 @@ def test_bn_relu_interleaved(benchmark, env_info, shape, residual):
         calls=CALLS, ms=ms, passes_at_copy=passes, kernel_passes=11 if residual else 8,
         copy_gb_per_s=copy_gb_per_s, pass_gb=pass_gb, host_bound=sorted(host_bound), **ratios,
     )  # fmt: skip
-    line = ", ".join(
-        f"{k} {v:.3f} ms ({passes[k]:.1f} passes{', host-bound' if k in host_bound else ''})" for k, v in ms.items()
-    )
+    marks = {k: ", host-bound" if k in host_bound else "" for k in ms}
+    line = ", ".join(f"{k} {v:.3f} ms ({passes[k]:.1f} passes{marks[k]})" for k, v in ms.items())
     print(f"\nBN{' + add' if residual else ''} + ReLU fwd+bwd {tuple(shape)} {DTYPE}: {line}")
     benchmark.pedantic(contenders["triton"] if ON_GPU else contenders["eager"], rounds=1, iterations=1)
 
