@@ -62,6 +62,7 @@ def bundle(work: Path) -> bytes:
             keep = (
                 path.suffix in (".log", ".txt", ".json", ".jsonl", ".xml", ".md")
                 and "shards" not in path.parts
+                and "caches" not in path.parts  # inductor's cache: caches.tar.gz (bench/gpu_caches.py)
             )
             if path.is_file() and keep and path.stat().st_size < 4 * 2**20:
                 tar.add(path, arcname=str(path.relative_to(work)))

@@ -125,6 +125,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--gpu_tests_k", default="",
         help="pytest -k expression for the GPU tests (a rerun of what failed; default: every GPU test)",
     )  # fmt: skip
+    p.add_argument(
+        "--caches", default=str(Path(__file__).resolve().parents[1] / ".gpu_cache" / "caches.tar.gz"),
+        help="an earlier run's caches.tar.gz, unpacked before anything compiles (bench/gpu_caches.py)",
+    )  # fmt: skip
     p.add_argument("--commit", default="", help="the checkout's git commit (the device copy has no .git)")
     p.add_argument("--dry-run", action="store_true", help="on the CPU at tiny sizes (CI)")
     p.add_argument(

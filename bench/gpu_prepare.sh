@@ -14,6 +14,14 @@ for wheel in "${wheels[@]}"; do
 done
 tree=$(git ls-files -co --exclude-standard -z | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1)
 carried=$(du -cb .whl/*.whl | tail -1 | cut -f1)
+# An earlier run's inductor cache (its OUT/caches.tar.gz, copied to .gpu_cache/; bench/gpu_caches.py):
+# the device call then carries [".whl", ".gpu_cache"].
+if [ -f .gpu_cache/caches.tar.gz ]; then
+  carried=$((carried + $(stat -c %s .gpu_cache/caches.tar.gz)))
+  echo "gpu_prepare: .gpu_cache/caches.tar.gz travels too: carry [\".whl\", \".gpu_cache\"]"
+else
+  echo "gpu_prepare: no .gpu_cache/caches.tar.gz (an earlier run's OUT/caches.tar.gz): the compiles start cold"
+fi
 limit=$((64 * 1024 * 1024))
 total=$((tree + carried))
 echo "gpu_prepare: $(ls .whl | wc -l) wheels, $((carried / 1024)) KiB; the tree that travels $((tree / 1024)) KiB;" \

@@ -42,7 +42,8 @@ whatever an earlier step did, except the preflight:
                each inductor kernel's GB/s against the copy's (bench/inductor_bw.py)
 Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
 rewritten after every step, so a run cut off at its limit keeps what it measured (the device tool
-brings back 8 files at most, none deeper than two folders).
+brings back 8 files at most, none deeper than two folders), and caches.tar.gz, inductor's cache for
+the next session to carry (bench/gpu_caches.py; not in the dry run).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from bench import gpu_report
+from bench import gpu_caches, gpu_report
 from bench.common import run_limited
 from bench.gpu_output import read_jsonl, write_outputs
 from bench.gpu_plan import (
@@ -92,6 +93,8 @@ class Driver:
             settings=[asdict(s) | {"key": s.key} for s in self.settings()], steps={}, compile_warm={},
         )  # fmt: skip
         self.env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if not args.dry_run:  # (the CPU's inductor cache stays where CI's other tests warmed it)
+            self.env.update(gpu_caches.environment(self.work))
         self.env["PYTHONPATH"] = os.pathsep.join(
             [*self._hidden_packages(), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
@@ -158,6 +161,16 @@ class Driver:
         self.log(f"{name}: {status} in {run['seconds']:.0f} s: {record['last_line']}")
         self.save()
         return record
+
+    def caches(self, pack: bool) -> None:
+        """Unpack a carried inductor cache (before anything compiles), or pack this run's."""
+        env = (self.results.get("preflight") or {}).get("environment", {})
+        if self.args.dry_run:
+            return
+        if pack:
+            self.log(gpu_caches.pack(self.work, self.out, env, env.get("date", "")))
+        else:
+            self.log(gpu_caches.unpack(Path(self.args.caches), self.work, env))
 
     def not_run(self, name: str, why: str) -> None:
         with self.lock:
@@ -365,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"gpu_run: preflight failed, nothing else ran: {why}", file=sys.stderr)
         return 3
+    driver.caches(pack=False)
     kernels_ready, checks_done = threading.Event(), threading.Event()
 
     def after_kernels(check):
@@ -384,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for lane in others:
         lane.join()
     driver.log("untimed lanes done; timed items from here on, one at a time")
+    driver.caches(pack=True)  # every compile done: packed before the timed items (a cut-off run keeps it)
     for kind, setting in driver.queue():
         if kind == "rows" and "rows" in args.steps:
             driver.rows(setting)
@@ -393,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
             driver.e2e()
         elif kind == "inductor_bw" and "inductor_bw" in args.steps:
             driver.inductor_bw(setting)
+    driver.caches(pack=True)
     driver.save()
     driver.log(f"done in {time.monotonic() - driver.start:.0f} s")
     return 0

@@ -1,0 +1,89 @@
+"""Inductor's compile cache carried from one GPU run to the next (bench/gpu_run.py).
+
+Every lent GPU machine starts bare, and a session has 15 minutes of it: in the fourth run (2026-11-28)
+the cold compiles of ResNet-50's and Inception v3's columns (f) and (d) kept the untimed lanes busy for
+307 s, where the same compiles from inductor's cache take 16-27 s each. So the run keeps inductor's
+cache in its work folder (TORCHINDUCTOR_CACHE_DIR: FX graphs, AOTAutograd's, Triton's kernels and
+their tuned configurations) and packs it into OUT/caches.tar.gz (at most 16 MiB comes back in a file;
+a larger pack is left out, with a line saying its size). Here, the next session puts that file in
+.gpu_cache/ (git-ignored) and the device call carries it: carry=[".whl", ".gpu_cache"]; the run
+unpacks it before anything compiles, if it was made with the same torch, Triton, CUDA and GPU (its
+caches.json says), else says why not and compiles cold. Inductor's own keys decide each hit; a model
+whose code changed since compiles that region cold.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from bench.gpu_output import atomic_write
+
+ARCHIVE = "caches.tar.gz"
+STAMP = "caches.json"
+LIMIT_BYTES = 16 * 2**20 - 64 * 2**10  # what a file coming back from the device may hold, less a margin
+STAMP_KEYS = ("torch", "triton", "cuda", "gpu", "python")
+COLD = "compiles start cold"
+
+
+def cache_dir(work: Path) -> Path:
+    return work / "caches" / "inductor"
+
+
+def environment(work: Path) -> dict[str, str]:
+    """The variables every step's process gets: inductor's cache in the work folder."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir(work))}
+
+
+def stamp(preflight_environment: dict) -> dict:
+    return {k: str(preflight_environment.get(k)) for k in STAMP_KEYS}
+
+
+def unpack(archive: Path, work: Path, preflight_environment: dict) -> str:
+    """Put a carried cache into the work folder; one line saying what happened."""
+    target = cache_dir(work)
+    if not archive.is_file():
+        return f"caches: no {archive} carried; {COLD}"
+    if target.exists() and any(target.iterdir()):
+        return f"caches: {target} already holds a cache (a later part); {archive.name} not unpacked"
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            member = tar.getmember(STAMP)
+            made = json.loads(tar.extractfile(member).read())
+            now = stamp(preflight_environment)
+            differ = [f"{k} {made.get(k)} -> {now[k]}" for k in STAMP_KEYS if made.get(k) != now[k]]
+            if differ:
+                return f"caches: {archive.name} was made with another {', '.join(differ)}; {COLD}"
+            target.mkdir(parents=True, exist_ok=True)
+            members = [m for m in tar.getmembers() if m.name != STAMP]
+            tar.extractall(target, members=members, filter="data")
+    except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
+        return f"caches: {archive} could not be read ({type(exc).__name__}: {exc}); {COLD}"
+    made_on = made.get("date")
+    return f"caches: {len(members)} entries of inductor's cache unpacked from {archive.name} (made {made_on})"
+
+
+def pack(work: Path, out: Path, preflight_environment: dict, date: str) -> str:
+    """Pack the work folder's inductor cache into out/caches.tar.gz; one line saying what happened."""
+    source = cache_dir(work)
+    if not source.is_dir() or not any(source.iterdir()):
+        return "caches: inductor's cache is empty; nothing packed"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        made = json.dumps(stamp(preflight_environment) | {"date": date}).encode()
+        info = tarfile.TarInfo(STAMP)
+        info.size = len(made)
+        tar.addfile(info, io.BytesIO(made))
+        for path in sorted(source.rglob("*")):
+            if path.is_file() and not path.name.endswith(".lock"):
+                tar.add(path, arcname=str(path.relative_to(source)), recursive=False)
+    data = buf.getvalue()
+    target = out / ARCHIVE
+    if len(data) > LIMIT_BYTES:
+        target.unlink(missing_ok=True)
+        size = len(data) / 2**20
+        return f"caches: inductor's cache packs to {size:.1f} MiB, over what comes back (16 MiB); not kept"
+    atomic_write(target, data)
+    return f"caches: inductor's cache packed into {target.name} ({len(data) / 2**20:.1f} MiB)"

@@ -1,0 +1,97 @@
+"""bench/gpu_caches.py: inductor's cache packed at the end of one GPU run and unpacked at the start of the
+next, only where torch, Triton, CUDA, the GPU and Python are the same; what cannot come back is left out
+with a line saying why."""
+
+import json
+import os
+import tarfile
+
+from bench import gpu_caches
+
+H200 = dict(torch="2.11.0+cu130", triton="3.6.0", cuda="13.0", gpu="NVIDIA H200", python="3.12.3")
+
+
+def _cache(work, files=None):
+    root = gpu_caches.cache_dir(work)
+    files = files or {
+        "fxgraph/ab/entry": b"graph",
+        "triton/0/k.cubin": b"\x7fELF" + bytes(100),
+        "a.lock": b"",
+    }
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    return root
+
+
+def test_a_packed_cache_unpacks_into_the_next_runs_work_folder(tmp_path):
+    _cache(tmp_path / "run1")
+    out = tmp_path / "out"
+    out.mkdir()
+    line = gpu_caches.pack(tmp_path / "run1", out, H200, "2026-11-28")
+    assert line.startswith("caches: inductor's cache packed into caches.tar.gz"), line
+    line = gpu_caches.unpack(out / "caches.tar.gz", tmp_path / "run2", H200)
+    assert "2 entries of inductor's cache unpacked" in line, line  # the lock file is not carried
+    root = gpu_caches.cache_dir(tmp_path / "run2")
+    assert (root / "fxgraph/ab/entry").read_bytes() == b"graph"
+    assert (root / "triton/0/k.cubin").read_bytes() == b"\x7fELF" + bytes(100)
+    assert not (root / "a.lock").exists() and not (root / "caches.json").exists()
+    # The steps' processes are pointed at that folder.
+    assert gpu_caches.environment(tmp_path / "run2") == {"TORCHINDUCTOR_CACHE_DIR": str(root)}
+
+
+def test_a_cache_made_with_another_torch_or_gpu_is_not_unpacked(tmp_path):
+    _cache(tmp_path / "run1")
+    gpu_caches.pack(tmp_path / "run1", tmp_path, H200, "2026-11-28")
+    for changed in (dict(torch="2.12.0+cu130"), dict(gpu="NVIDIA H100 80GB HBM3")):
+        line = gpu_caches.unpack(tmp_path / "caches.tar.gz", tmp_path / "run2", H200 | changed)
+        assert "was made with another" in line and "compiles start cold" in line, line
+        assert list(changed.values())[0] in line
+        assert not gpu_caches.cache_dir(tmp_path / "run2").exists()
+
+
+def test_missing_corrupt_or_already_there_each_say_so_and_unpack_nothing(tmp_path):
+    line = gpu_caches.unpack(tmp_path / "nothing.tar.gz", tmp_path / "run", H200)
+    assert line.startswith("caches: no ") and "compiles start cold" in line
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(b"not a tar file at all")
+    line = gpu_caches.unpack(bad, tmp_path / "run", H200)
+    assert "could not be read" in line and str(bad) in line, line
+    with tarfile.open(tmp_path / "nostamp.tar.gz", "w:gz"):
+        pass
+    assert "could not be read" in gpu_caches.unpack(tmp_path / "nostamp.tar.gz", tmp_path / "run", H200)
+    assert not gpu_caches.cache_dir(tmp_path / "run").exists()
+    # A later part (--resume) keeps the cache its work folder holds.
+    _cache(tmp_path / "run1")
+    gpu_caches.pack(tmp_path / "run1", tmp_path, H200, "2026-11-28")
+    line = gpu_caches.unpack(tmp_path / "caches.tar.gz", tmp_path / "run1", H200)
+    assert "already holds a cache" in line
+
+
+def test_a_pack_over_what_comes_back_is_left_out_and_an_older_one_removed(tmp_path, monkeypatch):
+    _cache(tmp_path / "run", {"triton/big.cubin": bytes(range(256)) * 4096})
+    (tmp_path / "caches.tar.gz").write_bytes(b"an earlier part's")
+    monkeypatch.setattr(gpu_caches, "LIMIT_BYTES", 1000)
+    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200, "2026-11-28")
+    assert "over what comes back (16 MiB); not kept" in line, line
+    assert not (tmp_path / "caches.tar.gz").exists()
+    line = gpu_caches.pack(tmp_path / "empty", tmp_path, H200, "")
+    assert line == "caches: inductor's cache is empty; nothing packed"
+
+
+def test_the_stamp_is_read_from_the_preflights_environment(tmp_path):
+    _cache(tmp_path / "run")
+    gpu_caches.pack(tmp_path / "run", tmp_path, H200 | {"numpy": "2.5.2"}, "2026-11-28")
+    with tarfile.open(tmp_path / "caches.tar.gz") as tar:
+        assert json.loads(tar.extractfile("caches.json").read()) == H200 | {"date": "2026-11-28"}
+
+
+def test_a_gpu_run_points_every_step_at_its_work_folders_cache_and_the_dry_run_does_not(tmp_path):
+    from bench.gpu_plan import parse_args
+    from bench.gpu_run import Driver
+
+    gpu = Driver(parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]))
+    assert gpu.env["TORCHINDUCTOR_CACHE_DIR"] == str(gpu_caches.cache_dir(tmp_path / "work"))
+    assert gpu.args.caches.endswith("/.gpu_cache/caches.tar.gz")  # what carry=[".gpu_cache"] brings
+    dry = Driver(parse_args(["--out", str(tmp_path / "o2"), "--work", str(tmp_path / "w2"), "--dry-run"]))
+    assert dry.env.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
