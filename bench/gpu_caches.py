@@ -65,25 +65,41 @@ def unpack(archive: Path, work: Path, preflight_environment: dict) -> str:
     return f"caches: {len(members)} entries of inductor's cache unpacked from {archive.name} (made {made_on})"
 
 
+# Triton's intermediate forms of a kernel: a cached kernel loads from its metadata and its binary alone
+# (triton.compiler's CompiledKernel takes the files of its group that exist), so these go first when the
+# whole cache packs to more than comes back.
+INTERMEDIATE = (".ttir", ".ttgir", ".llir", ".ptx", ".source")
+
+
+def _archive(source: Path, made: bytes, lean: bool) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        info = tarfile.TarInfo(STAMP)
+        info.size = len(made)
+        tar.addfile(info, io.BytesIO(made))
+        for path in sorted(source.rglob("*")):
+            if not path.is_file() or path.name.endswith(".lock") or (lean and path.suffix in INTERMEDIATE):
+                continue
+            tar.add(path, arcname=str(path.relative_to(source)), recursive=False)
+    return buf.getvalue()
+
+
 def pack(work: Path, out: Path, preflight_environment: dict, date: str) -> str:
     """Pack the work folder's inductor cache into out/caches.tar.gz; one line saying what happened."""
     source = cache_dir(work)
     if not source.is_dir() or not any(source.iterdir()):
         return "caches: inductor's cache is empty; nothing packed"
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        made = json.dumps(stamp(preflight_environment) | {"date": date}).encode()
-        info = tarfile.TarInfo(STAMP)
-        info.size = len(made)
-        tar.addfile(info, io.BytesIO(made))
-        for path in sorted(source.rglob("*")):
-            if path.is_file() and not path.name.endswith(".lock"):
-                tar.add(path, arcname=str(path.relative_to(source)), recursive=False)
-    data = buf.getvalue()
+    made = json.dumps(stamp(preflight_environment) | {"date": date}).encode()
+    data, lean = _archive(source, made, lean=False), ""
+    if len(data) > LIMIT_BYTES:
+        whole = len(data) / 2**20
+        data, lean = _archive(source, made, lean=True), f" (whole {whole:.1f} MiB; without Triton's IR files)"
     target = out / ARCHIVE
     if len(data) > LIMIT_BYTES:
         target.unlink(missing_ok=True)
         size = len(data) / 2**20
-        return f"caches: inductor's cache packs to {size:.1f} MiB, over what comes back (16 MiB); not kept"
+        return (
+            f"caches: inductor's cache packs to {size:.1f} MiB{lean}, over what comes back (16 MiB); not kept"
+        )
     atomic_write(target, data)
-    return f"caches: inductor's cache packed into {target.name} ({len(data) / 2**20:.1f} MiB)"
+    return f"caches: inductor's cache packed into {target.name} ({len(data) / 2**20:.1f} MiB{lean})"

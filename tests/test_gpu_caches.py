@@ -4,6 +4,7 @@ with a line saying why."""
 
 import json
 import os
+import random
 import tarfile
 
 from bench import gpu_caches
@@ -95,3 +96,13 @@ def test_a_gpu_run_points_every_step_at_its_work_folders_cache_and_the_dry_run_d
     assert gpu.args.caches.endswith("/.gpu_cache/caches.tar.gz")  # what carry=[".gpu_cache"] brings
     dry = Driver(parse_args(["--out", str(tmp_path / "o2"), "--work", str(tmp_path / "w2"), "--dry-run"]))
     assert dry.env.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+
+
+def test_over_the_limit_triton_s_intermediate_files_are_left_out_first(tmp_path, monkeypatch):
+    noise = random.Random(1).randbytes(40_000)  # incompressible
+    _cache(tmp_path / "run", {"triton/k/k.ptx": noise, "triton/k/k.llir": noise, "triton/k/k.cubin": b"bin"})
+    monkeypatch.setattr(gpu_caches, "LIMIT_BYTES", 60_000)
+    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200, "2026-11-28")
+    assert "without Triton's IR files" in line and "packed into caches.tar.gz" in line, line
+    with tarfile.open(tmp_path / "caches.tar.gz") as tar:
+        assert set(tar.getnames()) == {"caches.json", "triton/k/k.cubin"}
