@@ -1,4 +1,4 @@
-"""Inductor's compile cache carried from one GPU run to the next (bench/gpu_run.py).
+"""Inductor's and numba's compile caches carried from one GPU run to the next (bench/gpu_run.py).
 
 Every lent GPU machine starts bare, and a session has 15 minutes of it: in the fourth run (2026-11-28)
 the cold compiles of ResNet-50's and Inception v3's columns (f) and (d) kept the untimed lanes busy for
@@ -9,7 +9,10 @@ a larger pack is left out, with a line saying its size). Here, the next session 
 .gpu_cache/ (git-ignored) and the device call carries it: carry=[".whl", ".gpu_cache"]; the run
 unpacks it before anything compiles, if it was made with the same torch, Triton, CUDA and GPU (its
 caches.json says), else says why not and compiles cold. Inductor's own keys decide each hit; a model
-whose code changed since compiles that region cold.
+whose code changed since compiles that region cold. numba's cache (NUMBA_CACHE_DIR: the loaders'
+JPEG and resize kernels, 55 s cold on that machine) travels in the same file: numba (0.62 and newer)
+keys it on the source file's contents and its folder's path, both the same in each device call's fresh
+copy of the checkout, and on the CPU's name and features (another CPU compiles afresh).
 """
 
 from __future__ import annotations
@@ -29,12 +32,16 @@ COLD = "compiles start cold"
 
 
 def cache_dir(work: Path) -> Path:
-    return work / "caches" / "inductor"
+    """The caches' folder in the work folder: inductor/ and numba/."""
+    return work / "caches"
 
 
 def environment(work: Path) -> dict[str, str]:
-    """The variables every step's process gets: inductor's cache in the work folder."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(cache_dir(work))}
+    """The variables every step's process gets: inductor's and numba's caches in the work folder."""
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir(work) / "inductor"),
+        "NUMBA_CACHE_DIR": str(cache_dir(work) / "numba"),
+    }
 
 
 def stamp(preflight_environment: dict) -> dict:
@@ -61,8 +68,8 @@ def unpack(archive: Path, work: Path, preflight_environment: dict) -> str:
             tar.extractall(target, members=members, filter="data")
     except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
         return f"caches: {archive} could not be read ({type(exc).__name__}: {exc}); {COLD}"
-    made_on = made.get("date")
-    return f"caches: {len(members)} entries of inductor's cache unpacked from {archive.name} (made {made_on})"
+    n, made_on = len(members), made.get("date")
+    return f"caches: {n} cache entries (inductor's, numba's) unpacked from {archive.name} ({made_on})"
 
 
 # Triton's intermediate forms of a kernel: a cached kernel loads from its metadata and its binary alone
@@ -85,10 +92,10 @@ def _archive(source: Path, made: bytes, lean: bool) -> bytes:
 
 
 def pack(work: Path, out: Path, preflight_environment: dict, date: str) -> str:
-    """Pack the work folder's inductor cache into out/caches.tar.gz; one line saying what happened."""
+    """Pack the work folder's caches into out/caches.tar.gz; one line saying what happened."""
     source = cache_dir(work)
     if not source.is_dir() or not any(source.iterdir()):
-        return "caches: inductor's cache is empty; nothing packed"
+        return "caches: the caches are empty; nothing packed"
     made = json.dumps(stamp(preflight_environment) | {"date": date}).encode()
     data, lean = _archive(source, made, lean=False), ""
     if len(data) > LIMIT_BYTES:
@@ -98,8 +105,6 @@ def pack(work: Path, out: Path, preflight_environment: dict, date: str) -> str:
     if len(data) > LIMIT_BYTES:
         target.unlink(missing_ok=True)
         size = len(data) / 2**20
-        return (
-            f"caches: inductor's cache packs to {size:.1f} MiB{lean}, over what comes back (16 MiB); not kept"
-        )
+        return f"caches: the caches pack to {size:.1f} MiB{lean}, over what comes back (16 MiB); not kept"
     atomic_write(target, data)
-    return f"caches: inductor's cache packed into {target.name} ({len(data) / 2**20:.1f} MiB{lean})"
+    return f"caches: packed into {target.name} ({len(data) / 2**20:.1f} MiB{lean})"

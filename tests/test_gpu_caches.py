@@ -5,7 +5,10 @@ with a line saying why."""
 import json
 import os
 import random
+import subprocess
+import sys
 import tarfile
+import time
 
 from bench import gpu_caches
 
@@ -30,15 +33,18 @@ def test_a_packed_cache_unpacks_into_the_next_runs_work_folder(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     line = gpu_caches.pack(tmp_path / "run1", out, H200, "2026-11-28")
-    assert line.startswith("caches: inductor's cache packed into caches.tar.gz"), line
+    assert line.startswith("caches: packed into caches.tar.gz"), line
     line = gpu_caches.unpack(out / "caches.tar.gz", tmp_path / "run2", H200)
-    assert "2 entries of inductor's cache unpacked" in line, line  # the lock file is not carried
+    assert "2 cache entries (inductor's, numba's) unpacked" in line, line  # the lock file is not carried
     root = gpu_caches.cache_dir(tmp_path / "run2")
     assert (root / "fxgraph/ab/entry").read_bytes() == b"graph"
     assert (root / "triton/0/k.cubin").read_bytes() == b"\x7fELF" + bytes(100)
     assert not (root / "a.lock").exists() and not (root / "caches.json").exists()
     # The steps' processes are pointed at that folder.
-    assert gpu_caches.environment(tmp_path / "run2") == {"TORCHINDUCTOR_CACHE_DIR": str(root)}
+    assert gpu_caches.environment(tmp_path / "run2") == {
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "NUMBA_CACHE_DIR": str(root / "numba"),
+    }
 
 
 def test_a_cache_made_with_another_torch_or_gpu_is_not_unpacked(tmp_path):
@@ -77,7 +83,7 @@ def test_a_pack_over_what_comes_back_is_left_out_and_an_older_one_removed(tmp_pa
     assert "over what comes back (16 MiB); not kept" in line, line
     assert not (tmp_path / "caches.tar.gz").exists()
     line = gpu_caches.pack(tmp_path / "empty", tmp_path, H200, "")
-    assert line == "caches: inductor's cache is empty; nothing packed"
+    assert line == "caches: the caches are empty; nothing packed"
 
 
 def test_the_stamp_is_read_from_the_preflights_environment(tmp_path):
@@ -92,10 +98,12 @@ def test_a_gpu_run_points_every_step_at_its_work_folders_cache_and_the_dry_run_d
     from bench.gpu_run import Driver
 
     gpu = Driver(parse_args(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]))
-    assert gpu.env["TORCHINDUCTOR_CACHE_DIR"] == str(gpu_caches.cache_dir(tmp_path / "work"))
+    assert gpu.env["TORCHINDUCTOR_CACHE_DIR"] == str(gpu_caches.cache_dir(tmp_path / "work") / "inductor")
+    assert gpu.env["NUMBA_CACHE_DIR"] == str(gpu_caches.cache_dir(tmp_path / "work") / "numba")
     assert gpu.args.caches.endswith("/.gpu_cache/caches.tar.gz")  # what carry=[".gpu_cache"] brings
     dry = Driver(parse_args(["--out", str(tmp_path / "o2"), "--work", str(tmp_path / "w2"), "--dry-run"]))
-    assert dry.env.get("TORCHINDUCTOR_CACHE_DIR") == os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "NUMBA_CACHE_DIR"):
+        assert dry.env.get(name) == os.environ.get(name)
 
 
 def test_over_the_limit_triton_s_intermediate_files_are_left_out_first(tmp_path, monkeypatch):
@@ -106,3 +114,45 @@ def test_over_the_limit_triton_s_intermediate_files_are_left_out_first(tmp_path,
     assert "without Triton's IR files" in line and "packed into caches.tar.gz" in line, line
     with tarfile.open(tmp_path / "caches.tar.gz") as tar:
         assert set(tar.getnames()) == {"caches.json", "triton/k/k.cubin"}
+
+
+NUMBA_MODULE = """
+import numba
+
+
+@numba.njit(cache=True)
+def twice(x):
+    return 2 * x
+"""
+
+NUMBA_CALL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import carried
+assert carried.twice(21) == 42
+print(carried.twice.stats.cache_hits.most_common() and "hit" or "miss")
+"""
+
+
+def test_numbas_cache_holds_for_a_fresh_copy_of_the_same_source_in_the_same_place(tmp_path):
+    # What carrying numba's cache relies on: a device call copies the checkout afresh (the same bytes
+    # and path, new mtimes), and numba keys its cache on the source's contents, not its mtime.
+    src, cache = tmp_path / "src", tmp_path / "cache"
+    src.mkdir()
+    module = src / "carried.py"
+
+    def run():
+        env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+        cmd = [sys.executable, "-c", NUMBA_CALL, str(src)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip()
+
+    module.write_text(NUMBA_MODULE)
+    assert run() == "miss"  # compiled and cached in NUMBA_CACHE_DIR
+    module.unlink()
+    module.write_text(NUMBA_MODULE)  # a fresh copy
+    os.utime(module, (time.time() + 3600, time.time() + 3600))
+    assert run() == "hit"
+    module.write_text(NUMBA_MODULE.replace("2 * x", "x + x"))
+    assert run() == "miss"  # changed code compiles again
