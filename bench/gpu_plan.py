@@ -51,16 +51,19 @@ DRY = [Setting("resnet18", "fp32", 4, 32, 8), Setting("resnet18_v2", "fp32", 4, 
 # (d-ro): torch.compile with its own CUDA graphs (mode reduce-overhead), what a user picks where
 # launches bound the step; (d) and (d-max) have none, so at batch 32 their gap to (f) is mostly launch
 # time (the third run: (d)'s kernels 10.8 ms of a 42.8 ms ResNet-101 v2 step, (f)'s 11.6 of 12.1).
+# (f-max): fasttrain with --compile_mode max-autotune-no-cudagraphs (inductor's conv and GEMM templates
+# autotuned, its reductions tuned by coordinate descent), beside (d-max): the fourth run's (f) and (d)
+# spent the same 20.8 ms in the same inductor kernels at ResNet-50 batch 256.
 COMPILE_MODES = {
     "d": "default", "d-max": "max-autotune-no-cudagraphs", "d-ro": "reduce-overhead", "f": "default",
-    "g": "default",
+    "g": "default", "f-max": "max-autotune-no-cudagraphs",
 }  # fmt: skip
-COLUMNS = ("a", "f", "g", "e", "b", "d", "d-max", "d-ro", "h")
+COLUMNS = ("a", "f", "g", "e", "b", "d", "d-max", "d-ro", "h", "f-max")
 # Columns without a compile, measured in turn in one process (the "aeb" item).
 EAGER = ("a", "e", "b", "h")
 # Columns that compile, each in a process of its own, warmed in the lane in this order: (g) after (d), so
 # that with two compiles at once (g) starts once (f) has put the blocks they share in inductor's cache.
-COMPILED = ("f", "d", "g", "d-max", "d-ro")
+COMPILED = ("f", "d", "g", "d-max", "d-ro", "f-max")
 STEPS = ("selfcheck", "gpu_tests", "rows", "kernels", "e2e", "inductor_bw")
 # Seconds an item needs at least to be worth starting, and its own limit (GPU; the dry run's in DRY_LIMITS).
 # The second run (bench/results/2026-11-27-h200-second-run/): the loaders' kernels took 132 s cold under
@@ -152,7 +155,7 @@ def row_args(
     those of (a), (e), (b), (h) that `columns` asks for, in one process), its rows appended to `result`;
     `warm`: the compile lane's run, nothing timed."""
     spec = dict(
-        row="d" if column.startswith("d") else column, model=s.model, batch=s.batch,
+        row=column.split("-")[0], model=s.model, batch=s.batch,
         image_size=s.image_size, base_channels=s.base_channels, precision=s.precision,
         compile_mode=COMPILE_MODES.get(column, "default"),
     )  # fmt: skip

@@ -33,14 +33,17 @@ COLUMN_TITLES = {
     "d-max": "(d-max) compile max-autotune-no-cudagraphs",
     "d-ro": "(d-ro) compile reduce-overhead (its own CUDA graphs)",
     "h": "(h) (a) with --bn_kernels=triton",
+    "f-max": "(f-max) (f) with --compile_mode max-autotune-no-cudagraphs",
 }
 
 
 def column_of(row: dict) -> str:
     spec = row["spec"]
+    mode = spec.get("compile_mode")
+    if spec["row"] == "f":
+        return "f-max" if mode == "max-autotune-no-cudagraphs" else "f"
     if spec["row"] != "d":
         return spec["row"]
-    mode = spec.get("compile_mode")
     return {"default": "d", "reduce-overhead": "d-ro"}.get(mode, "d-max")
 
 
@@ -89,7 +92,7 @@ def speed_table(results: dict) -> list[str]:
     if not columns:
         return ["No step-speed row ran."]
     head = ["setting", *(titles[c] for c in columns), "a / b", "a / e", "a / d", "a / d-max"]
-    head += ["f / b", "f / d", "f / d-max", "f / d-ro", "f / g", "h / f", "h / d"]
+    head += ["f / b", "f / d", "f / d-max", "f / d-ro", "f / g", "h / f", "h / d", "f-max / d-max"]
     out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     steps = results.get("steps", {})
     for key in [s["key"] for s in results.get("settings", [])] + sorted(by_setting):
@@ -102,6 +105,7 @@ def speed_table(results: dict) -> list[str]:
         ratios += [_ratio(f, _rate(cols.get(c))) for c in ("b", "d", "d-max", "d-ro", "g")]
         h = _rate(cols.get("h"))
         ratios += [_ratio(h, f), _ratio(h, _rate(cols.get("d")))]
+        ratios += [_ratio(_rate(cols.get("f-max")), _rate(cols.get("d-max")))]
         cells = []
         for c in columns:
             # A process that died (a CUDA error, a kill at its limit) wrote no row: say so, not "not run".

@@ -28,12 +28,12 @@ whatever an earlier step did, except the preflight:
     only while its minimum time is left in --budget, else it is recorded as not run:
       rows     one configuration: (a) fasttrain --no-compile, (e) with --no-cuda_graph, (b) eager
                PyTorch and (h) (a) with --bn_kernels triton in one process; then each in a process of
-               its own: (f) fasttrain as its
-               CLI runs it on CUDA (inductor regions inside the whole-step graph), (g) (f) with
-               --pad_stem (the 4-channel stem), (d) torch.compile of (b), default mode, and (d-max) mode
-               max-autotune-no-cudagraphs, where --columns asks for them; each row, once written,
-               profiled for 3 steps (bench/step_profile.py: device time by kind of kernel, in
-               rows.profile.jsonl; at most 30 s, else its process ends)
+               its own: (f) fasttrain as its CLI runs it on CUDA (inductor regions inside the
+               whole-step graph), (g) (f) with --pad_stem (the 4-channel stem), (d) torch.compile of
+               (b), default mode, and (d-max) mode max-autotune-no-cudagraphs and (f-max) (f) in that
+               mode, where --columns asks for them; each row, once written, profiled for 3 steps
+               (bench/step_profile.py: device time by kind of kernel, in rows.profile.jsonl; at most
+               30 s, else its process ends)
       kernels  bench/bench_optim.py's interleaved rounds on the ResNet-50 and Inception v3 parameter sets,
                bench/bench_stem.py's ResNet-50 conv1 with 3 against 4 input channels, and
                bench/bench_bn.py's BatchNorm + add + ReLU (Triton kernels, eager, inductor)
@@ -242,7 +242,7 @@ class Driver:
                 continue
             result = self.work / f"warm-{setting.key}-{column}.jsonl"
             cmd = self._row_cmd(setting, column, result, warm=True)
-            limit = self.limits["compile-max" if column == "d-max" else "compile"]
+            limit = self.limits["compile-max" if column.endswith("-max") else "compile"]
             record = self.run(name, cmd, limit, f"warm-{setting.key}-{column}.log")
             rows = read_jsonl(result)
             if rows and rows[-1]["status"] == "ok":
@@ -299,13 +299,15 @@ class Driver:
             if self.measured(s, [column]):
                 continue
             warm = self.results["compile_warm"].get(f"{s.key} {column}", {}).get("status") == "ok"
-            need = MIN_START["d" if warm else ("d-max" if column == "d-max" else "d-cold")]
+            need = MIN_START["d" if warm else ("d-max" if column.endswith("-max") else "d-cold")]
             name = f"{column} {s.key}"
             if self.remaining() < need:
                 self.not_run(name, f"time budget ({self.remaining():.0f} s left, {need} s needed)")
                 continue
             limit = (
-                self.limits["d"] if warm else self.limits["compile-max" if column == "d-max" else "compile"]
+                self.limits["d"]
+                if warm
+                else self.limits["compile-max" if column.endswith("-max") else "compile"]
             )
             self.run(name, self._row_cmd(s, column, result), limit, f"{column}-{s.key}.log")
 

@@ -241,6 +241,31 @@ def test_the_report_files_a_reduce_overhead_row_under_its_own_column():
     assert dict(zip(head, line))["f / d-ro"] == "1.25x" and dict(zip(head, line))["f / d"] == "4.00x"
 
 
+def test_f_max_is_fasttrain_in_max_autotune_beside_d_max():
+    # (f-max): the trainer's step with --compile_mode max-autotune-no-cudagraphs, a row "f" of that
+    # mode; it was filed under (f), and its process ran torch.compile's row, "f-max" being no row.
+    from bench.gpu_plan import Setting, row_args
+    from bench.gpu_report import column_of, speed_table
+
+    spec = json.loads(
+        row_args(Setting("resnet50", "bf16", 256, 224), "f-max", Path("r"), ["f-max"], False)[3]
+    )
+    assert spec["row"] == "f" and spec["compile_mode"] == "max-autotune-no-cudagraphs"
+
+    def row(column, mode, rate):
+        spec = dict(row=column, model="resnet50", precision="bf16", batch=256, compile_mode=mode)
+        ips = dict(median=rate, min=rate, max=rate)
+        return dict(spec=spec, status="ok", images_per_s=ips, warmup_seconds=1.0)
+
+    mode = "max-autotune-no-cudagraphs"
+    rows = [row("f", "default", 6800.0), row("f", mode, 7700.0), row("d", mode, 7000.0)]
+    assert [column_of(r) for r in rows] == ["f", "f-max", "d-max"]
+    table = speed_table(dict(rows=rows, settings=[dict(key="resnet50-bf16-256")]))
+    cells = dict(zip(*[[c.strip() for c in table[i].strip("|").split("|")] for i in (0, 2)]))
+    assert cells["f-max / d-max"] == "1.10x" and cells["f / d-max"] == "0.97x"
+    assert cells["(f) fasttrain, graph + --compile (the CLI on CUDA)"].startswith("6,800")
+
+
 def test_a_hidden_package_is_missing_as_an_absent_one_is(tmp_path):
     # pytest >= 9.2's importorskip skips a test module on ModuleNotFoundError only: the hidden packages
     # must fail to import as a package the GPU machine lacks does, or 5 modules stop the collection.
