@@ -12,7 +12,8 @@ caches.json says), else says why not and compiles cold. Inductor's own keys deci
 whose code changed since compiles that region cold. numba's cache (NUMBA_CACHE_DIR: the loaders'
 JPEG and resize kernels, 55 s cold on that machine) travels in the same file: numba (0.62 and newer)
 keys it on the source file's contents and its folder's path, both the same in each device call's fresh
-copy of the checkout, and on the CPU's name and features (another CPU compiles afresh).
+copy of the checkout, and on the CPU's name and features (another CPU compiles afresh). Keep --work
+the same from session to session (/tmp/gpurun): the caches' entries name the folder they were made in.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ whatever an earlier step did, except the preflight:
                each inductor kernel's GB/s against the copy's (bench/inductor_bw.py)
 Output in --out: results.json, summary.md, selfcheck.json, gpu_tests.txt and logs.tar.gz (every log),
 rewritten after every step, so a run cut off at its limit keeps what it measured (the device tool
-brings back 8 files at most, none deeper than two folders), and caches.tar.gz, inductor's cache for
-the next session to carry (bench/gpu_caches.py; not in the dry run).
+brings back 8 files at most, none deeper than two folders), and caches.tar.gz, inductor's and numba's
+caches for the next session to carry (bench/gpu_caches.py; not in the dry run).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ class Driver:
         return record
 
     def caches(self, pack: bool) -> None:
-        """Unpack a carried inductor cache (before anything compiles), or pack this run's."""
+        """Unpack carried compile caches (before anything compiles), or pack this run's."""
         env = (self.results.get("preflight") or {}).get("environment", {})
         if self.args.dry_run:
             return
