@@ -92,12 +92,13 @@ def _archive(source: Path, made: bytes, lean: bool) -> bytes:
     return buf.getvalue()
 
 
-def pack(work: Path, out: Path, preflight_environment: dict, date: str) -> str:
-    """Pack the work folder's caches into out/caches.tar.gz; one line saying what happened."""
+def pack(work: Path, out: Path, preflight_environment: dict) -> str:
+    """Pack the work folder's caches into out/caches.tar.gz (stamped with the preflight's environment
+    and date); one line saying what happened."""
     source = cache_dir(work)
     if not source.is_dir() or not any(source.iterdir()):
         return "caches: the caches are empty; nothing packed"
-    made = json.dumps(stamp(preflight_environment) | {"date": date}).encode()
+    made = json.dumps(stamp(preflight_environment) | {"date": preflight_environment.get("date", "")}).encode()
     data, lean = _archive(source, made, lean=False), ""
     if len(data) > LIMIT_BYTES:
         whole = len(data) / 2**20

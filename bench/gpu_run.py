@@ -164,11 +164,11 @@ class Driver:
 
     def caches(self, pack: bool) -> None:
         """Unpack carried compile caches (before anything compiles), or pack this run's."""
-        env = (self.results.get("preflight") or {}).get("environment", {})
         if self.args.dry_run:
             return
+        env = (self.results.get("preflight") or {}).get("environment", {})
         if pack:
-            self.log(gpu_caches.pack(self.work, self.out, env, env.get("date", "")))
+            self.log(gpu_caches.pack(self.work, self.out, env))
         else:
             self.log(gpu_caches.unpack(Path(self.args.caches), self.work, env))
 
@@ -242,13 +242,16 @@ class Driver:
                 continue
             result = self.work / f"warm-{setting.key}-{column}.jsonl"
             cmd = self._row_cmd(setting, column, result, warm=True)
-            limit = self.limits["compile-max" if column.endswith("-max") else "compile"]
-            record = self.run(name, cmd, limit, f"warm-{setting.key}-{column}.log")
+            record = self.run(name, cmd, self._cold_limit(column), f"warm-{setting.key}-{column}.log")
             rows = read_jsonl(result)
             if rows and rows[-1]["status"] == "ok":
                 record["compile_seconds"] = rows[-1].get("warmup_seconds")
             with self.lock:
                 self.results["compile_warm"][f"{setting.key} {column}"] = record
+
+    def _cold_limit(self, column: str) -> float:
+        """A compiled column's limit when it compiles cold: the max-autotune modes take longer."""
+        return self.limits["compile-max" if column.endswith("-max") else "compile"]
 
     def _compile_items(self):
         wanted = [c for c in COMPILED if c in self.args.column_list]
@@ -304,11 +307,7 @@ class Driver:
             if self.remaining() < need:
                 self.not_run(name, f"time budget ({self.remaining():.0f} s left, {need} s needed)")
                 continue
-            limit = (
-                self.limits["d"]
-                if warm
-                else self.limits["compile-max" if column.endswith("-max") else "compile"]
-            )
+            limit = self.limits["d"] if warm else self._cold_limit(column)
             self.run(name, self._row_cmd(s, column, result), limit, f"{column}-{s.key}.log")
 
     def kernels(self) -> None:

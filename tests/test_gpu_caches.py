@@ -32,7 +32,7 @@ def test_a_packed_cache_unpacks_into_the_next_runs_work_folder(tmp_path):
     _cache(tmp_path / "run1")
     out = tmp_path / "out"
     out.mkdir()
-    line = gpu_caches.pack(tmp_path / "run1", out, H200, "2026-11-28")
+    line = gpu_caches.pack(tmp_path / "run1", out, H200 | {"date": "2026-11-28"})
     assert line.startswith("caches: packed into caches.tar.gz"), line
     line = gpu_caches.unpack(out / "caches.tar.gz", tmp_path / "run2", H200)
     assert "2 cache entries (inductor's, numba's) unpacked" in line, line  # the lock file is not carried
@@ -49,7 +49,7 @@ def test_a_packed_cache_unpacks_into_the_next_runs_work_folder(tmp_path):
 
 def test_a_cache_made_with_another_torch_or_gpu_is_not_unpacked(tmp_path):
     _cache(tmp_path / "run1")
-    gpu_caches.pack(tmp_path / "run1", tmp_path, H200, "2026-11-28")
+    gpu_caches.pack(tmp_path / "run1", tmp_path, H200 | {"date": "2026-11-28"})
     for changed in (dict(torch="2.12.0+cu130"), dict(gpu="NVIDIA H100 80GB HBM3")):
         line = gpu_caches.unpack(tmp_path / "caches.tar.gz", tmp_path / "run2", H200 | changed)
         assert "was made with another" in line and "compiles start cold" in line, line
@@ -70,7 +70,7 @@ def test_missing_corrupt_or_already_there_each_say_so_and_unpack_nothing(tmp_pat
     assert not gpu_caches.cache_dir(tmp_path / "run").exists()
     # A later part (--resume) keeps the cache its work folder holds.
     _cache(tmp_path / "run1")
-    gpu_caches.pack(tmp_path / "run1", tmp_path, H200, "2026-11-28")
+    gpu_caches.pack(tmp_path / "run1", tmp_path, H200 | {"date": "2026-11-28"})
     line = gpu_caches.unpack(tmp_path / "caches.tar.gz", tmp_path / "run1", H200)
     assert "already holds a cache" in line
 
@@ -79,16 +79,16 @@ def test_a_pack_over_what_comes_back_is_left_out_and_an_older_one_removed(tmp_pa
     _cache(tmp_path / "run", {"triton/big.cubin": bytes(range(256)) * 4096})
     (tmp_path / "caches.tar.gz").write_bytes(b"an earlier part's")
     monkeypatch.setattr(gpu_caches, "LIMIT_BYTES", 1000)
-    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200, "2026-11-28")
+    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200 | {"date": "2026-11-28"})
     assert "over what comes back (16 MiB); not kept" in line, line
     assert not (tmp_path / "caches.tar.gz").exists()
-    line = gpu_caches.pack(tmp_path / "empty", tmp_path, H200, "")
+    line = gpu_caches.pack(tmp_path / "empty", tmp_path, H200 | {"date": ""})
     assert line == "caches: the caches are empty; nothing packed"
 
 
 def test_the_stamp_is_read_from_the_preflights_environment(tmp_path):
     _cache(tmp_path / "run")
-    gpu_caches.pack(tmp_path / "run", tmp_path, H200 | {"numpy": "2.5.2"}, "2026-11-28")
+    gpu_caches.pack(tmp_path / "run", tmp_path, H200 | {"numpy": "2.5.2"} | {"date": "2026-11-28"})
     with tarfile.open(tmp_path / "caches.tar.gz") as tar:
         assert json.loads(tar.extractfile("caches.json").read()) == H200 | {"date": "2026-11-28"}
 
@@ -110,7 +110,7 @@ def test_over_the_limit_triton_s_intermediate_files_are_left_out_first(tmp_path,
     noise = random.Random(1).randbytes(40_000)  # incompressible
     _cache(tmp_path / "run", {"triton/k/k.ptx": noise, "triton/k/k.llir": noise, "triton/k/k.cubin": b"bin"})
     monkeypatch.setattr(gpu_caches, "LIMIT_BYTES", 60_000)
-    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200, "2026-11-28")
+    line = gpu_caches.pack(tmp_path / "run", tmp_path, H200 | {"date": "2026-11-28"})
     assert "without Triton's IR files" in line and "packed into caches.tar.gz" in line, line
     with tarfile.open(tmp_path / "caches.tar.gz") as tar:
         assert set(tar.getnames()) == {"caches.json", "triton/k/k.cubin"}
